@@ -1,0 +1,136 @@
+package ipc
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Code is the numeric error code of an ERROR frame (docs/PROTOCOL.md).
+// A Code is itself an error, so that errors.Is(err, ipc.ErrMismatch) and
+// errors.Is(err, ipc.CodeMismatch) both hold for any *Error of that code.
+type Code uint16
+
+const (
+	CodeBadFrame    Code = 1
+	CodeVersion     Code = 2
+	CodeJob         Code = 3
+	CodeRankTaken   Code = 4
+	CodeRankRange   Code = 5
+	CodeFull        Code = 6
+	CodePermission  Code = 7
+	CodeQuota       Code = 8
+	CodeBadSegment  Code = 9
+	CodeBusy        Code = 10
+	CodeBadFD       Code = 11
+	CodeBadRequest  Code = 12
+	CodeTooLarge    Code = 13
+	CodeTooMany     Code = 14
+	CodeMismatch    Code = 15
+	CodeTimeout     Code = 16
+	CodePeerLost    Code = 17
+	CodeTrainerLost Code = 18
+	CodeAborted     Code = 19
+	CodeShutdown    Code = 20
+	CodeUnsupported Code = 21
+	CodeInternal    Code = 22
+)
+
+var codeNames = [...]string{
+	"", "BAD_FRAME", "VERSION", "JOB", "RANK_TAKEN", "RANK_RANGE", "FULL",
+	"PERMISSION", "QUOTA", "BAD_SEGMENT", "BUSY", "BAD_FD", "BAD_REQUEST",
+	"TOO_LARGE", "TOO_MANY", "MISMATCH", "TIMEOUT", "PEER_LOST",
+	"TRAINER_LOST", "ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL",
+}
+
+// String is the name the protocol document uses, e.g. "MISMATCH".
+func (c Code) String() string {
+	if c != 0 && int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("CODE(%d)", uint16(c))
+}
+
+// Known reports whether c is a code of protocol version 1.
+func (c Code) Known() bool { return c != 0 && int(c) < len(codeNames) }
+
+// Error makes a Code usable as a sentinel error.
+func (c Code) Error() string { return "collectived: " + c.String() }
+
+// Sentinels for errors.Is. Each is the Code itself, so any *Error with that
+// code (which unwraps to its Code) matches.
+var (
+	ErrBadFrame    error = CodeBadFrame
+	ErrVersion     error = CodeVersion
+	ErrJob         error = CodeJob
+	ErrRankTaken   error = CodeRankTaken
+	ErrRankRange   error = CodeRankRange
+	ErrFull        error = CodeFull
+	ErrPermission  error = CodePermission
+	ErrQuota       error = CodeQuota
+	ErrBadSegment  error = CodeBadSegment
+	ErrBusy        error = CodeBusy
+	ErrBadFD       error = CodeBadFD
+	ErrBadRequest  error = CodeBadRequest
+	ErrTooLarge    error = CodeTooLarge
+	ErrTooMany     error = CodeTooMany
+	ErrMismatch    error = CodeMismatch
+	ErrTimeout     error = CodeTimeout
+	ErrPeerLost    error = CodePeerLost
+	ErrTrainerLost error = CodeTrainerLost
+	ErrAborted     error = CodeAborted
+	ErrShutdown    error = CodeShutdown
+	ErrUnsupported error = CodeUnsupported
+	ErrInternal    error = CodeInternal
+)
+
+// Error is the content of an ERROR frame: what went wrong (Code, for
+// programs), why (Message, for people) and whether the daemon closes the
+// connection after it (Fatal, the header's FATAL flag).
+type Error struct {
+	Code    Code
+	Message string
+	Fatal   bool
+}
+
+// Errorf builds a non-fatal *Error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Fatalf builds a fatal *Error.
+func Fatalf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Fatal: true}
+}
+
+func (e *Error) Error() string {
+	s := "collectived: " + e.Code.String()
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	if e.Fatal {
+		s += " (connection closed)"
+	}
+	return s
+}
+
+// Unwrap returns the Code, which is what errors.Is compares with the
+// sentinels.
+func (e *Error) Unwrap() error { return e.Code }
+
+// truncateMessage cuts s to at most MaxErrorMessage bytes without splitting
+// a UTF-8 sequence, and replaces invalid UTF-8, so that any Go error text
+// can travel in an ERROR frame.
+func truncateMessage(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if len(s) <= MaxErrorMessage {
+		return s
+	}
+	n := MaxErrorMessage
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
