@@ -43,13 +43,16 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	ok := HelloOK{Version: 1, WorldRank: 5, WorldSize: 8, NodeRank: 1, NodeCount: 2, LocalRank: 1, LocalSize: 4,
-		InlineLimit: 65536, MaxFrame: 65536 + 4096, MaxInFlight: 16, Generation: 3, ShmQuota: 1 << 30, Timeout: 90 * time.Second}
+		InlineLimit: 65536, MaxFrame: 65536 + 4096, MaxInFlight: 16, Generation: 3, ShmQuota: 1 << 30, TimeoutMS: 90000}
 	_, p = splitFrame(t, ok.Encode(1))
 	if len(p) != HelloOKSize {
 		t.Fatalf("HELLO_OK payload %d bytes", len(p))
 	}
 	if got, err := DecodeHelloOK(p); err != nil || got != ok {
 		t.Errorf("DecodeHelloOK = %+v, %v; want %+v", got, err, ok)
+	}
+	if ok.Timeout() != 90*time.Second || (HelloOK{TimeoutMS: 1 << 63}).Timeout() <= 0 {
+		t.Errorf("Timeout() = %v", ok.Timeout())
 	}
 
 	_, p = splitFrame(t, Alloc{Size: 4096}.Encode(2))

@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"encoding/binary"
+	"math"
 	"time"
 
 	"github.com/collectived/collectived/collective"
@@ -129,7 +130,15 @@ type HelloOK struct {
 	MaxInFlight uint32
 	Generation  uint32
 	ShmQuota    uint64
-	Timeout     time.Duration // whole milliseconds on the wire
+	TimeoutMS   uint64 // the daemon's collective timeout
+}
+
+// Timeout is TimeoutMS as a Duration, saturating at the largest Duration.
+func (m HelloOK) Timeout() time.Duration {
+	if m.TimeoutMS > uint64(math.MaxInt64/int64(time.Millisecond)) {
+		return math.MaxInt64
+	}
+	return time.Duration(m.TimeoutMS) * time.Millisecond
 }
 
 // HelloOKSize is the HELLO_OK payload length.
@@ -145,7 +154,7 @@ func (m HelloOK) Append(b []byte, id uint64) []byte {
 		b = le.AppendUint32(b, v)
 	}
 	b = le.AppendUint64(b, m.ShmQuota)
-	b = le.AppendUint64(b, uint64(m.Timeout/time.Millisecond))
+	b = le.AppendUint64(b, m.TimeoutMS)
 	return endFrame(b, start)
 }
 
@@ -169,11 +178,7 @@ func DecodeHelloOK(p []byte) (HelloOK, error) {
 		*f = le.Uint32(p[4+4*i:])
 	}
 	m.ShmQuota = le.Uint64(p[44:])
-	ms := le.Uint64(p[52:])
-	if ms > uint64(1<<63-1)/uint64(time.Millisecond) {
-		return m, Fatalf(CodeBadFrame, "HELLO_OK: timeout_ms %d is out of range", ms)
-	}
-	m.Timeout = time.Duration(ms) * time.Millisecond
+	m.TimeoutMS = le.Uint64(p[52:])
 	if m.Version != Version {
 		return m, Fatalf(CodeVersion, "HELLO_OK: daemon speaks protocol version %d, client speaks %d", m.Version, Version)
 	}
