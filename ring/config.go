@@ -1,0 +1,92 @@
+package ring
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Config tunes one Ring. Start from DefaultConfig and set Rank, Size and
+// Generation; the remaining fields have working defaults.
+type Config struct {
+	Rank, Size int
+	// Generation is this rank's proposal; Start adopts the maximum
+	// proposal of all ranks.
+	Generation uint32
+	// SegmentBytes is the pipeline segment: the largest data frame payload
+	// and the size of each receive buffer. A multiple of 8.
+	SegmentBytes int
+	// SmallBytes is the allreduce size below which every rank's whole
+	// buffer circulates once instead of the reduce-scatter/allgather ring.
+	SmallBytes int
+	// OpTimeout fails an op that makes no progress (no frame received, no
+	// frame sent) for this long.
+	OpTimeout time.Duration
+	// HeartbeatInterval is how long a link may stay silent before a
+	// heartbeat frame is sent on it.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout is how long a peer may send nothing at all (while
+	// we are ready to read) before it is declared hung.
+	HeartbeatTimeout time.Duration
+	// MaxGatherBytes bounds one rank's block in an allgather; a peer
+	// announcing a larger block fails the ring with ErrBadFrame.
+	MaxGatherBytes int
+	// SocketBuffer, if > 0, sets SO_SNDBUF and SO_RCVBUF on TCP links.
+	// 0 leaves the kernel's autotuning alone (best on loopback and LANs).
+	SocketBuffer int
+	// AbortWait bounds how long a failing rank tries to hand its abort
+	// frame to a neighbour before it shuts the links anyway.
+	AbortWait time.Duration
+	Logger    *slog.Logger
+}
+
+// Limits that no configuration may exceed: frames land in buffers
+// allocated at New, so these bound the memory a Ring holds.
+const (
+	minSegmentBytes = 64
+	maxSegmentBytes = 64 << 20
+	maxSmallBytes   = 1 << 20
+)
+
+// DefaultConfig returns a Config for a single rank with the defaults
+// measured on loopback (see BenchmarkAllReduce).
+func DefaultConfig() Config {
+	return Config{
+		Rank:              0,
+		Size:              1,
+		SegmentBytes:      256 << 10,
+		SmallBytes:        4096,
+		OpTimeout:         60 * time.Second,
+		HeartbeatInterval: time.Second,
+		HeartbeatTimeout:  10 * time.Second,
+		MaxGatherBytes:    1 << 30,
+		AbortWait:         time.Second,
+	}
+}
+
+// Verify reports the first field that is out of range, by name.
+func (c Config) Verify() error {
+	switch {
+	case c.Size < 1:
+		return fmt.Errorf("ring config: size %d, want >= 1", c.Size)
+	case c.Rank < 0 || c.Rank >= c.Size:
+		return fmt.Errorf("ring config: rank %d outside world of %d", c.Rank, c.Size)
+	case c.SegmentBytes < minSegmentBytes || c.SegmentBytes > maxSegmentBytes || c.SegmentBytes%8 != 0:
+		return fmt.Errorf("ring config: segment_bytes %d, want a multiple of 8 in [%d, %d]", c.SegmentBytes, minSegmentBytes, maxSegmentBytes)
+	case c.SmallBytes < 0 || c.SmallBytes > maxSmallBytes:
+		return fmt.Errorf("ring config: small_bytes %d, want [0, %d]", c.SmallBytes, maxSmallBytes)
+	case c.OpTimeout <= 0:
+		return fmt.Errorf("ring config: op_timeout %v, want > 0", c.OpTimeout)
+	case c.HeartbeatInterval <= 0:
+		return fmt.Errorf("ring config: heartbeat_interval %v, want > 0", c.HeartbeatInterval)
+	case c.HeartbeatTimeout < 2*c.HeartbeatInterval:
+		return fmt.Errorf("ring config: heartbeat_timeout %v, want >= 2 x heartbeat_interval (%v)", c.HeartbeatTimeout, c.HeartbeatInterval)
+	case c.MaxGatherBytes <= 0:
+		return fmt.Errorf("ring config: max_gather_bytes %d, want > 0", c.MaxGatherBytes)
+	case c.SocketBuffer < 0:
+		return fmt.Errorf("ring config: socket_buffer %d, want >= 0", c.SocketBuffer)
+	case c.AbortWait <= 0:
+		return fmt.Errorf("ring config: abort_wait %v, want > 0", c.AbortWait)
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package ring
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// Frame layout constants; doc.go draws the header.
+const (
+	headerLen    = 64
+	frameMagic   = 0x474e5243 // "CRNG" as little-endian bytes
+	frameVersion = 1
+	// maxReasonLen bounds the reason text of an abort frame.
+	maxReasonLen = 1024
+)
+
+type frameKind uint8
+
+const (
+	kindData      frameKind = 1
+	kindAbort     frameKind = 2
+	kindHeartbeat frameKind = 3
+	kindStart     frameKind = 4
+)
+
+func (k frameKind) String() string {
+	switch k {
+	case kindData:
+		return "data"
+	case kindAbort:
+		return "abort"
+	case kindHeartbeat:
+		return "heartbeat"
+	case kindStart:
+		return "start"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// header is the fixed part of every frame.
+type header struct {
+	Kind       frameKind
+	Op         collective.Op
+	DType      collective.DType
+	Reduce     collective.ReduceOp
+	Root       uint32
+	Count      uint64
+	NameFP     uint64
+	Seq        uint64
+	Generation uint32
+	Sender     uint32
+	Step       uint32
+	Length     uint32
+	// Aux is kind specific: allgather data frames carry the sender's
+	// block length, abort frames the origin rank (low 32 bits) and the
+	// original failure's code (bits 32..39).
+	Aux uint64
+}
+
+func (h *header) encode(b []byte) {
+	_ = b[headerLen-1]
+	binary.LittleEndian.PutUint32(b[0:], frameMagic)
+	b[4] = frameVersion
+	b[5] = byte(h.Kind)
+	b[6] = byte(h.Op)
+	b[7] = byte(h.DType)
+	b[8] = byte(h.Reduce)
+	b[9] = 0
+	b[10] = 0
+	b[11] = 0
+	binary.LittleEndian.PutUint32(b[12:], h.Root)
+	binary.LittleEndian.PutUint64(b[16:], h.Count)
+	binary.LittleEndian.PutUint64(b[24:], h.NameFP)
+	binary.LittleEndian.PutUint64(b[32:], h.Seq)
+	binary.LittleEndian.PutUint32(b[40:], h.Generation)
+	binary.LittleEndian.PutUint32(b[44:], h.Sender)
+	binary.LittleEndian.PutUint32(b[48:], h.Step)
+	binary.LittleEndian.PutUint32(b[52:], h.Length)
+	binary.LittleEndian.PutUint64(b[56:], h.Aux)
+}
+
+// decodeHeader parses and checks the structure of a header: magic,
+// version, kind, reserved bytes and the payload length against the bound
+// for its kind (maxData for data frames). Whether the frame belongs to
+// the op under way is checked later, by the op. Errors wrap ErrBadFrame.
+func decodeHeader(b []byte, maxData int) (header, error) {
+	var h header
+	if len(b) < headerLen {
+		return h, fmt.Errorf("%w: header is %d bytes, want %d", ErrBadFrame, len(b), headerLen)
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != frameMagic {
+		return h, fmt.Errorf("%w: bad magic %#08x (not a collectived ring peer, or the stream lost sync)", ErrBadFrame, m)
+	}
+	if b[4] != frameVersion {
+		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, b[4], frameVersion)
+	}
+	if b[9] != 0 || b[10] != 0 || b[11] != 0 {
+		return h, fmt.Errorf("%w: reserved header bytes are not zero", ErrBadFrame)
+	}
+	h.Kind = frameKind(b[5])
+	h.Op = collective.Op(b[6])
+	h.DType = collective.DType(b[7])
+	h.Reduce = collective.ReduceOp(b[8])
+	h.Root = binary.LittleEndian.Uint32(b[12:])
+	h.Count = binary.LittleEndian.Uint64(b[16:])
+	h.NameFP = binary.LittleEndian.Uint64(b[24:])
+	h.Seq = binary.LittleEndian.Uint64(b[32:])
+	h.Generation = binary.LittleEndian.Uint32(b[40:])
+	h.Sender = binary.LittleEndian.Uint32(b[44:])
+	h.Step = binary.LittleEndian.Uint32(b[48:])
+	h.Length = binary.LittleEndian.Uint32(b[52:])
+	h.Aux = binary.LittleEndian.Uint64(b[56:])
+	var limit uint32
+	switch h.Kind {
+	case kindData:
+		limit = uint32(maxData)
+	case kindAbort:
+		limit = maxReasonLen
+	case kindHeartbeat, kindStart:
+		limit = 0
+	default:
+		return h, fmt.Errorf("%w: unknown frame kind %d", ErrBadFrame, b[5])
+	}
+	if h.Length > limit {
+		return h, fmt.Errorf("%w: %s frame payload of %d bytes exceeds the limit of %d", ErrBadFrame, h.Kind, h.Length, limit)
+	}
+	return h, nil
+}
+
+// setDesc stamps a call description into the header.
+func (h *header) setDesc(d *collective.Desc, fp uint64) {
+	h.Op, h.DType, h.Reduce, h.Root, h.Count, h.NameFP = d.Op, d.DType, d.Reduce, d.Root, d.Count, fp
+}
+
+// sameDesc reports whether the header describes the call d (fingerprint fp).
+func (h *header) sameDesc(d *collective.Desc, fp uint64) bool {
+	return h.Op == d.Op && h.DType == d.DType && h.Reduce == d.Reduce &&
+		h.Root == d.Root && h.Count == d.Count && h.NameFP == fp
+}
+
+// remoteDesc renders the description a header carries. Names do not
+// travel, only the fingerprint over all fields and the name: if the
+// remote fields with the local name give the remote fingerprint, the names
+// agree; otherwise the name is shown as differing.
+func (h *header) remoteDesc(local *collective.Desc) string {
+	d := collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Count: h.Count, Root: h.Root, Name: local.Name}
+	if d.Fingerprint() == h.NameFP {
+		return d.String()
+	}
+	d.Name = ""
+	s := d.String()
+	if s[len(s)-2] == '(' {
+		return s[:len(s)-1] + "name differs)"
+	}
+	return s[:len(s)-1] + ", name differs)"
+}

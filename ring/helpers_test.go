@@ -1,0 +1,161 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tcpLinks connects n ranks in a ring over real TCP on 127.0.0.1: rank i
+// dials rank i+1's listener once per stream.
+func tcpLinks(t testing.TB, n, streams int) []Links {
+	t.Helper()
+	links := make([]Links, n)
+	if n == 1 {
+		return links
+	}
+	ls := make([]net.Listener, n)
+	for i := range ls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+		defer l.Close()
+	}
+	for i := 0; i < n; i++ {
+		j := (i + 1) % n
+		links[i].NextAddr = ls[j].Addr().String()
+		links[j].PrevAddr = fmt.Sprintf("127.0.0.1 rank %d", i)
+		for s := 0; s < streams; s++ {
+			c, err := net.Dial("tcp", ls[j].Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := ls[j].Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			links[i].Next = append(links[i].Next, c)
+			links[j].Prev = append(links[j].Prev, a)
+		}
+	}
+	return links
+}
+
+// pipeLinks connects n ranks with in-process net.Pipe streams.
+func pipeLinks(n, streams int) []Links {
+	links := make([]Links, n)
+	if n == 1 {
+		return links
+	}
+	for i := 0; i < n; i++ {
+		j := (i + 1) % n
+		links[i].NextAddr = fmt.Sprintf("pipe:%d", j)
+		links[j].PrevAddr = fmt.Sprintf("pipe:%d", i)
+		for s := 0; s < streams; s++ {
+			a, b := net.Pipe()
+			links[i].Next = append(links[i].Next, a)
+			links[j].Prev = append(links[j].Prev, b)
+		}
+	}
+	return links
+}
+
+// testConfig has timeouts short enough for tests yet safe under -race on
+// a loaded two-core machine.
+func testConfig(rank, size int) Config {
+	c := DefaultConfig()
+	c.Rank, c.Size = rank, size
+	c.SegmentBytes = 64 << 10
+	c.OpTimeout = 20 * time.Second
+	c.HeartbeatInterval = 200 * time.Millisecond
+	c.HeartbeatTimeout = 8 * time.Second
+	c.AbortWait = 500 * time.Millisecond
+	return c
+}
+
+type worldOpts struct {
+	n, streams int
+	pipe       bool
+	tweak      func(*Config)
+}
+
+// newWorld builds and starts a ring of n ranks; rings are closed at the
+// end of the test.
+func newWorld(t testing.TB, o worldOpts) []*Ring {
+	t.Helper()
+	if o.streams == 0 {
+		o.streams = 1
+	}
+	var links []Links
+	if o.pipe {
+		links = pipeLinks(o.n, o.streams)
+	} else {
+		links = tcpLinks(t, o.n, o.streams)
+	}
+	rings := make([]*Ring, o.n)
+	for i := range rings {
+		cfg := testConfig(i, o.n)
+		cfg.Generation = uint32(10 + i)
+		if o.tweak != nil {
+			o.tweak(&cfg)
+		}
+		r, err := New(cfg, links[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rings[i] = r
+		t.Cleanup(func() { r.Close() })
+	}
+	errs := onAll(t, rings, func(i int, r *Ring) error {
+		g, err := r.Start()
+		if err == nil && g != uint32(10+o.n-1) && (o.tweak == nil) {
+			err = fmt.Errorf("rank %d adopted generation %d, want %d", i, g, 10+o.n-1)
+		}
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d start: %v", i, err)
+		}
+	}
+	return rings
+}
+
+// onAll runs f on every rank concurrently and waits, bounded, for all.
+func onAll(t testing.TB, rings []*Ring, f func(i int, r *Ring) error) []error {
+	t.Helper()
+	errs := make([]error, len(rings))
+	var wg sync.WaitGroup
+	for i, r := range rings {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(i, r)
+		}()
+	}
+	waitBounded(t, &wg, 60*time.Second)
+	return errs
+}
+
+func waitBounded(t testing.TB, wg *sync.WaitGroup, d time.Duration) {
+	t.Helper()
+	c := make(chan struct{})
+	go func() { wg.Wait(); close(c) }()
+	select {
+	case <-c:
+	case <-time.After(d):
+		t.Fatalf("ranks still running after %v: a hang", d)
+	}
+}
+
+func noErrors(t testing.TB, what string, errs []error) {
+	t.Helper()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}

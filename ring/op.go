@@ -1,0 +1,272 @@
+package ring
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// begin claims the ring for one op. A concurrent call gets ErrBusy and
+// leaves the op under way alone. On a failed ring the op still takes its
+// sequence number and returns the first error (see end).
+func (r *Ring) begin(d *collective.Desc) error {
+	if !r.busy.CompareAndSwap(false, true) {
+		return fmt.Errorf("ring rank %d: %s: %w", r.rank, d.Op, ErrBusy)
+	}
+	if !r.started {
+		r.busy.Store(false)
+		return fmt.Errorf("ring rank %d: %s: %w: call Start first", r.rank, d.Op, ErrNotStarted)
+	}
+	r.desc = *d
+	r.fp = d.Fingerprint()
+	r.sendCount, r.recvCount = 0, 0
+	for i := range r.completed {
+		r.completed[i] = 0
+	}
+	r.setStep(-1)
+	r.curSeq.Store(r.seq)
+	r.curOp.Store(uint32(d.Op))
+	return nil
+}
+
+// end finishes an op: it waits until no writer still reads the caller's
+// buffer, turns any failure into this call's error, and advances seq.
+func (r *Ring) end(err error) error {
+	if r.size > 1 {
+		if derr := r.drainWrites(); err == nil {
+			err = derr
+		}
+	}
+	if err == nil {
+		err = r.healthy()
+	}
+	if err != nil {
+		err = r.opError()
+	}
+	r.curOp.Store(uint32(collective.OpInvalid))
+	r.curStep.Store(-1)
+	r.seq++
+	r.busy.Store(false)
+	return err
+}
+
+func (r *Ring) setStep(s int) {
+	r.step = s
+	r.curStep.Store(int64(s))
+}
+
+// healthy returns the ring's error once it has failed, without waiting.
+func (r *Ring) healthy() error {
+	select {
+	case <-r.dying:
+		return r.opError()
+	default:
+		return nil
+	}
+}
+
+// opError is the error the current call returns: the first failure as
+// recorded if it happened during this call, otherwise the first failure
+// wrapped with this call's op and seq.
+func (r *Ring) opError() error {
+	r.mu.Lock()
+	e := r.err
+	r.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	if e.Op == r.desc.Op && e.Seq == r.seq && e.Op != collective.OpInvalid {
+		return e
+	}
+	return &Error{Rank: r.rank, Op: r.desc.Op, Seq: r.seq, Step: -1, Generation: r.gen.Load(),
+		PeerRank: e.PeerRank, PeerAddr: e.PeerAddr, Origin: e.Origin, Err: e}
+}
+
+// failLocal fails the ring with a cause found by the op itself and
+// returns this call's error.
+func (r *Ring) failLocal(s *stream, cause error) error {
+	r.failFrom(s, cause)
+	return r.opError()
+}
+
+func (r *Ring) noteDone(d txDone) {
+	r.outstanding[d.stream]--
+	r.completed[d.stream]++
+}
+
+func (r *Ring) pending() int {
+	n := 0
+	for _, o := range r.outstanding {
+		n += o
+	}
+	return n
+}
+
+// send queues one frame for the next rank; the payload is read by the
+// writer goroutine until the write is reported done.
+func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
+	i := int(r.sendCount % uint64(len(r.next)))
+	s := r.next[i]
+	if r.outstanding[i] >= txDepth {
+		r.timer.Reset(r.cfg.OpTimeout)
+		for r.outstanding[i] >= txDepth {
+			select {
+			case d := <-r.done:
+				r.noteDone(d)
+			case <-r.dying:
+				return r.opError()
+			case <-r.timer.C:
+				return r.failLocal(s, r.timeout("sending to"))
+			}
+		}
+	}
+	if err := r.healthy(); err != nil {
+		return err
+	}
+	h := header{Kind: kind, Seq: r.seq, Generation: r.gen.Load(), Sender: uint32(r.rank),
+		Step: uint32(r.step), Length: uint32(len(payload)), Aux: aux}
+	h.setDesc(&r.desc, r.fp)
+	s.reqs <- txReq{hdr: h, payload: payload} // never blocks: outstanding < txDepth
+	r.outstanding[i]++
+	r.sendCount++
+	return nil
+}
+
+// startFrame sends this rank's generation proposal.
+func (r *Ring) startFrame(gen uint32) error {
+	i := int(r.sendCount % uint64(len(r.next)))
+	if err := r.healthy(); err != nil {
+		return err
+	}
+	h := header{Kind: kindStart, Generation: gen, Sender: uint32(r.rank), Step: uint32(r.step)}
+	r.next[i].reqs <- txReq{hdr: h}
+	r.outstanding[i]++
+	r.sendCount++
+	return nil
+}
+
+// recv waits for the next frame from the previous rank and checks that
+// it belongs to the op and step under way. The caller returns the buffer
+// with release.
+func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
+	s := r.prev[r.recvCount%uint64(len(r.prev))]
+	r.timer.Reset(r.cfg.OpTimeout)
+	for {
+		select {
+		case b := <-s.full:
+			r.recvCount++
+			if err := r.checkFrame(s, kind, &b.hdr); err != nil {
+				s.free <- b
+				return nil, err
+			}
+			return b, nil
+		case d := <-r.done:
+			r.noteDone(d)
+			r.timer.Reset(r.cfg.OpTimeout)
+		case <-r.dying:
+			return nil, r.opError()
+		case <-r.timer.C:
+			return nil, r.failLocal(s, r.timeout("waiting for data from"))
+		}
+	}
+}
+
+func (r *Ring) release(b *rxBuf) {
+	r.prev[(r.recvCount-1)%uint64(len(r.prev))].free <- b
+}
+
+func (r *Ring) timeout(what string) error {
+	return fmt.Errorf("%w for %v %s the peer", ErrTimeout, r.cfg.OpTimeout, what)
+}
+
+func (r *Ring) checkFrame(s *stream, kind frameKind, h *header) error {
+	if h.Kind != kind {
+		return r.failLocal(s, wrapBad(fmt.Errorf("%s frame where a %s frame was due (seq %d, peer at seq %d)", h.Kind, kind, r.seq, h.Seq)))
+	}
+	if kind == kindStart {
+		if h.Step != uint32(r.step) {
+			return r.failLocal(s, wrapBad(fmt.Errorf("start frame for step %d, want step %d", h.Step, r.step)))
+		}
+		return nil
+	}
+	if g := r.gen.Load(); h.Generation != g {
+		return r.failLocal(s, fmt.Errorf("%w: peer is in generation %d, this rank in %d", ErrGeneration, h.Generation, g))
+	}
+	if h.Seq != r.seq || !h.sameDesc(&r.desc, r.fp) {
+		return r.failLocal(s, &mismatchError{
+			local:  fmt.Sprintf("seq %d %s", r.seq, r.desc.String()),
+			remote: fmt.Sprintf("seq %d %s", h.Seq, h.remoteDesc(&r.desc)),
+			peer:   s.peerRank,
+		})
+	}
+	if h.Step != uint32(r.step) {
+		return r.failLocal(s, wrapBad(fmt.Errorf("frame for step %d, want step %d", h.Step, r.step)))
+	}
+	return nil
+}
+
+// expectLen checks a data frame's payload length against what the
+// algorithm computed for this segment.
+func (r *Ring) expectLen(b *rxBuf, n int) error {
+	if len(b.data) == n {
+		return nil
+	}
+	r.release(b)
+	s := r.prev[(r.recvCount-1)%uint64(len(r.prev))]
+	return r.failLocal(s, wrapBad(fmt.Errorf("segment of %d bytes at step %d, want %d", len(b.data), r.step, n)))
+}
+
+// waitSent waits until the g-th frame queued in this op has been written,
+// before its source bytes are overwritten.
+func (r *Ring) waitSent(g uint64) error {
+	S := uint64(len(r.next))
+	i, k := g%S, g/S
+	if r.completed[i] > k {
+		return nil
+	}
+	r.timer.Reset(r.cfg.OpTimeout)
+	for r.completed[i] <= k {
+		select {
+		case d := <-r.done:
+			r.noteDone(d)
+		case <-r.dying:
+			return r.opError()
+		case <-r.timer.C:
+			return r.failLocal(r.next[i], r.timeout("sending to"))
+		}
+	}
+	return nil
+}
+
+// drainWrites waits for every queued write of this op. After a failure
+// the links are closed within AbortWait, which ends any blocked write; the
+// wait is bounded regardless, so that no op outlives its timeouts.
+func (r *Ring) drainWrites() error {
+	if r.pending() == 0 {
+		return nil
+	}
+	var err error
+	dying := r.dying
+	r.timer.Reset(r.cfg.OpTimeout)
+	for r.pending() > 0 {
+		select {
+		case d := <-r.done:
+			r.noteDone(d)
+			if dying != nil {
+				r.timer.Reset(r.cfg.OpTimeout)
+			}
+		case <-dying:
+			dying = nil
+			r.timer.Reset(2*r.cfg.AbortWait + time.Second)
+		case <-r.timer.C:
+			if dying == nil {
+				return r.opError()
+			}
+			err = r.failLocal(r.next[0], r.timeout("sending to"))
+			dying = nil
+			r.timer.Reset(2*r.cfg.AbortWait + time.Second)
+		}
+	}
+	return err
+}

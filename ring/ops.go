@@ -1,0 +1,369 @@
+package ring
+
+import (
+	"fmt"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// checkCall validates a call's arguments. Argument errors are returned
+// without touching the ring or its sequence: the other ranks are not
+// told, so a caller that gives up on the collective should Abort.
+func (r *Ring) checkCall(d *collective.Desc, op collective.Op, n int) error {
+	if d.Op != op {
+		return fmt.Errorf("ring rank %d: %s called with a %s description: %w", r.rank, op, d.Op, collective.ErrInvalid)
+	}
+	if err := d.Validate(r.size); err != nil {
+		return fmt.Errorf("ring rank %d: %s: %w", r.rank, op, err)
+	}
+	if n >= 0 && uint64(n) != d.Bytes() {
+		return fmt.Errorf("ring rank %d: %s: buffer is %d bytes, description %s needs %d: %w",
+			r.rank, op, n, d.String(), d.Bytes(), collective.ErrInvalid)
+	}
+	return nil
+}
+
+// Start agrees on the generation: every rank's Config.Generation proposal
+// travels around the ring and all adopt the maximum. It must be called
+// once, on every rank, before any op; sequence numbers start at 0.
+func (r *Ring) Start() (generation uint32, err error) {
+	if !r.busy.CompareAndSwap(false, true) {
+		return 0, fmt.Errorf("ring rank %d: start: %w", r.rank, ErrBusy)
+	}
+	defer r.busy.Store(false)
+	if r.started {
+		return r.gen.Load(), fmt.Errorf("ring rank %d: start: already started in generation %d", r.rank, r.gen.Load())
+	}
+	if r.size == 1 {
+		if err := r.Err(); err != nil {
+			return 0, err
+		}
+		r.started = true
+		return r.gen.Load(), nil
+	}
+	r.desc, r.fp, r.seq = collective.Desc{}, 0, 0
+	r.sendCount, r.recvCount = 0, 0
+	gen := r.cfg.Generation
+	for s := 0; s < r.size-1 && err == nil; s++ {
+		r.setStep(s)
+		if err = r.startFrame(gen); err != nil {
+			break
+		}
+		var b *rxBuf
+		if b, err = r.recv(kindStart); err != nil {
+			break
+		}
+		gen = max(gen, b.hdr.Generation)
+		r.release(b)
+	}
+	if derr := r.drainWrites(); err == nil {
+		err = derr
+	}
+	if err == nil {
+		err = r.healthy()
+	}
+	r.curStep.Store(-1)
+	if err != nil {
+		return 0, r.Err()
+	}
+	r.gen.Store(gen)
+	r.started = true
+	return gen, nil
+}
+
+// AllReduce reduces buf in place across all ranks: afterwards every
+// rank's buf holds the same bytes, reduced in the order doc.go fixes.
+// buf holds d.Count native little-endian elements of d.DType.
+func (r *Ring) AllReduce(d collective.Desc, buf []byte) error {
+	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
+		return err
+	}
+	if err := r.begin(&d); err != nil {
+		return err
+	}
+	var err error
+	if r.size > 1 {
+		if err = r.healthy(); err == nil {
+			k := kernelFor(d.DType, d.Reduce)
+			es := d.DType.Size()
+			if len(buf) < r.cfg.SmallBytes || len(buf)/es < r.size {
+				err = r.allReduceSmall(buf, k)
+			} else {
+				err = r.allReduceRing(buf, es, k)
+			}
+		}
+	}
+	return r.end(err)
+}
+
+// allReduceSmall circulates every rank's whole buffer once, then each
+// rank folds the N buffers in rank order 0..N-1 (the same arithmetic on
+// every rank, so the results are bit-identical).
+func (r *Ring) allReduceSmall(buf []byte, k kernel) error {
+	n, L := r.size, len(buf)
+	slot := func(i int) []byte { return r.scratch[i*L : (i+1)*L] }
+	copy(slot(r.rank), buf)
+	for s := 0; s < n-1; s++ {
+		r.setStep(s)
+		if err := r.send(kindData, slot(mod(r.rank-s, n)), 0); err != nil {
+			return err
+		}
+		b, err := r.recv(kindData)
+		if err != nil {
+			return err
+		}
+		if err := r.expectLen(b, L); err != nil {
+			return err
+		}
+		copy(slot(mod(r.rank-s-1, n)), b.data)
+		r.release(b)
+	}
+	copy(buf, slot(0))
+	for i := 1; i < n; i++ {
+		k(buf, buf, slot(i))
+	}
+	return nil
+}
+
+// allReduceRing is reduce-scatter then allgather over N chunks, each cut
+// into the same number of pipeline segments. In step s of the
+// reduce-scatter rank r sends chunk r-s and folds the chunk r-s-1 it
+// receives into its own (received value on the left); in step t of the
+// allgather it sends chunk r+1-t and overwrites chunk r-t.
+func (r *Ring) allReduceRing(buf []byte, es int, k kernel) error {
+	n := r.size
+	p := newPartition(len(buf)/es, n, es, r.cfg.SegmentBytes)
+	for step := 0; step < 2*(n-1); step++ {
+		r.setStep(step)
+		var sendC, recvC int
+		gather := step >= n-1
+		if !gather {
+			sendC, recvC = mod(r.rank-step, n), mod(r.rank-step-1, n)
+		} else {
+			t := step - (n - 1)
+			sendC, recvC = mod(r.rank+1-t, n), mod(r.rank-t, n)
+		}
+		for j := 0; j < p.nseg; j++ {
+			so, sl := p.segment(sendC, j)
+			if err := r.send(kindData, buf[so:so+sl], 0); err != nil {
+				return err
+			}
+			b, err := r.recv(kindData)
+			if err != nil {
+				return err
+			}
+			ro, rl := p.segment(recvC, j)
+			if err := r.expectLen(b, rl); err != nil {
+				return err
+			}
+			dst := buf[ro : ro+rl]
+			if !gather {
+				k(dst, b.data, dst)
+			} else {
+				// The bytes overwritten here were sent in reduce-scatter
+				// step t; make sure that write is finished.
+				if err := r.waitSent(uint64((step-(n-1))*p.nseg + j)); err != nil {
+					r.release(b)
+					return err
+				}
+				copy(dst, b.data)
+			}
+			r.release(b)
+		}
+	}
+	return nil
+}
+
+// partition cuts count elements into n chunks (the first count%n one
+// element longer) and every chunk into nseg segments the same way, nseg
+// chosen so that no segment exceeds segBytes.
+type partition struct {
+	es, base, rem, nseg int
+}
+
+func newPartition(count, n, es, segBytes int) partition {
+	p := partition{es: es, base: count / n, rem: count % n}
+	maxChunk := p.base
+	if p.rem > 0 {
+		maxChunk++
+	}
+	perSeg := segBytes / es
+	p.nseg = max(1, (maxChunk+perSeg-1)/perSeg)
+	return p
+}
+
+// segment returns the byte offset and length of segment j of chunk c.
+func (p partition) segment(c, j int) (off, n int) {
+	cs := c*p.base + min(c, p.rem)
+	cn := p.base
+	if c < p.rem {
+		cn++
+	}
+	sb, sr := cn/p.nseg, cn%p.nseg
+	ss := j*sb + min(j, sr)
+	sn := sb
+	if j < sr {
+		sn++
+	}
+	return (cs + ss) * p.es, sn * p.es
+}
+
+func mod(a, n int) int { return ((a % n) + n) % n }
+
+// Broadcast copies the root's buf into every other rank's buf. d.Root is
+// the node rank of the source. The data flows root, root+1, ... in
+// segments, each relayed as soon as it arrives.
+func (r *Ring) Broadcast(d collective.Desc, buf []byte) error {
+	if err := r.checkCall(&d, collective.OpBroadcast, len(buf)); err != nil {
+		return err
+	}
+	if err := r.begin(&d); err != nil {
+		return err
+	}
+	var err error
+	if r.size > 1 {
+		if err = r.healthy(); err == nil {
+			err = r.broadcast(buf, int(d.Root))
+		}
+	}
+	return r.end(err)
+}
+
+func (r *Ring) broadcast(buf []byte, root int) error {
+	seg := r.cfg.SegmentBytes
+	nseg := max(1, (len(buf)+seg-1)/seg)
+	r.setStep(0)
+	relay := mod(r.rank+1, r.size) != root
+	for j := 0; j < nseg; j++ {
+		lo, hi := min(j*seg, len(buf)), min((j+1)*seg, len(buf))
+		if r.rank != root {
+			b, err := r.recv(kindData)
+			if err != nil {
+				return err
+			}
+			if err := r.expectLen(b, hi-lo); err != nil {
+				return err
+			}
+			copy(buf[lo:hi], b.data)
+			r.release(b)
+			if !relay {
+				continue
+			}
+		}
+		if err := r.send(kindData, buf[lo:hi], 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AllGather collects every rank's block: afterwards result[i] holds a
+// copy of rank i's in. Blocks may differ in length, zero included. d must
+// be the same on every rank; if d.Count > 0, len(in) must be d.Bytes().
+// out is storage reused across calls (its blocks' capacity too); with
+// enough capacity the call allocates nothing. Blocks longer than
+// Config.MaxGatherBytes are refused.
+func (r *Ring) AllGather(d collective.Desc, in []byte, out [][]byte) ([][]byte, error) {
+	n := -1
+	if d.Count > 0 {
+		n = len(in)
+	}
+	if err := r.checkCall(&d, collective.OpAllGather, n); err != nil {
+		return out, err
+	}
+	if len(in) > r.cfg.MaxGatherBytes {
+		return out, fmt.Errorf("ring rank %d: allgather: block of %d bytes exceeds max_gather_bytes %d: %w",
+			r.rank, len(in), r.cfg.MaxGatherBytes, collective.ErrInvalid)
+	}
+	if err := r.begin(&d); err != nil {
+		return out, err
+	}
+	if cap(out) < r.size {
+		out = append(out[:cap(out)], make([][]byte, r.size-cap(out))...)
+	}
+	out = out[:r.size]
+	out[r.rank] = append(out[r.rank][:0], in...)
+	var err error
+	if r.size > 1 {
+		if err = r.healthy(); err == nil {
+			err = r.allGather(out)
+		}
+	}
+	return out, r.end(err)
+}
+
+func (r *Ring) allGather(out [][]byte) error {
+	n, seg := r.size, r.cfg.SegmentBytes
+	for s := 0; s < n-1; s++ {
+		r.setStep(s)
+		send := out[mod(r.rank-s, n)]
+		ri := mod(r.rank-s-1, n)
+		out[ri] = out[ri][:0]
+		nsend := max(1, (len(send)+seg-1)/seg)
+		nrecv, total := -1, 0
+		for j, k := 0, 0; j < nsend || nrecv < 0 || k < nrecv; {
+			if j < nsend {
+				lo, hi := min(j*seg, len(send)), min((j+1)*seg, len(send))
+				if err := r.send(kindData, send[lo:hi], uint64(len(send))); err != nil {
+					return err
+				}
+				j++
+			}
+			if nrecv >= 0 && k >= nrecv {
+				continue
+			}
+			b, err := r.recv(kindData)
+			if err != nil {
+				return err
+			}
+			if nrecv < 0 {
+				if b.hdr.Aux > uint64(r.cfg.MaxGatherBytes) {
+					r.release(b)
+					return r.failLocal(r.prev[0], wrapBad(fmt.Errorf("allgather block of %d bytes announced, limit max_gather_bytes %d", b.hdr.Aux, r.cfg.MaxGatherBytes)))
+				}
+				total = int(b.hdr.Aux)
+				nrecv = max(1, (total+seg-1)/seg)
+			} else if b.hdr.Aux != uint64(total) {
+				r.release(b)
+				return r.failLocal(r.prev[0], wrapBad(fmt.Errorf("allgather block length changed from %d to %d within the block", total, b.hdr.Aux)))
+			}
+			if err := r.expectLen(b, min((k+1)*seg, total)-min(k*seg, total)); err != nil {
+				return err
+			}
+			out[ri] = append(out[ri], b.data...)
+			r.release(b)
+			k++
+		}
+	}
+	return nil
+}
+
+// Barrier returns once every rank has entered it: an empty token
+// circulates N-1 steps, after which each rank has heard from all others.
+func (r *Ring) Barrier(d collective.Desc) error {
+	if err := r.checkCall(&d, collective.OpBarrier, 0); err != nil {
+		return err
+	}
+	if err := r.begin(&d); err != nil {
+		return err
+	}
+	var err error
+	if r.size > 1 {
+		err = r.healthy()
+		for s := 0; s < r.size-1 && err == nil; s++ {
+			r.setStep(s)
+			if err = r.send(kindData, nil, 0); err != nil {
+				break
+			}
+			var b *rxBuf
+			if b, err = r.recv(kindData); err != nil {
+				break
+			}
+			err = r.expectLen(b, 0)
+			if err == nil {
+				r.release(b)
+			}
+		}
+	}
+	return r.end(err)
+}

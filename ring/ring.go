@@ -1,0 +1,306 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// Links are one rank's established connections. Next[i] is stream i to
+// rank+1 (data flows out), Prev[i] is stream i from rank-1 (data flows
+// in). len(Next)==len(Prev)>=1 when Size>1, nil when Size==1. Every
+// connection must be distinct (in a ring of two, Next and Prev both lead
+// to the other rank but are separate connections). Conns are full
+// duplex: heartbeats and aborts also flow backwards.
+type Links struct {
+	Next, Prev         []net.Conn
+	NextAddr, PrevAddr string // for error messages; RemoteAddr() when empty
+}
+
+// Ring runs collectives for one rank over its Links. Ops (Start,
+// AllReduce, Broadcast, AllGather, Barrier) are called by one goroutine
+// at a time; a concurrent call returns ErrBusy without disturbing the op
+// under way. Abort, Err, Generation and Close may be called from any
+// goroutine.
+type Ring struct {
+	cfg        Config
+	log        *slog.Logger
+	rank, size int
+	next, prev []*stream
+	all        []*stream
+	maxPayload int // bound of a data frame payload and size of each receive buffer
+	smallLimit int // allreduce below this many bytes takes the small path
+
+	// Op state, owned by the goroutine inside an op (busy guards it).
+	busy        atomic.Bool
+	started     bool
+	seq         uint64
+	desc        collective.Desc
+	fp          uint64
+	step        int
+	sendCount   uint64   // frames queued in this op, over all streams
+	recvCount   uint64   // frames received in this op
+	outstanding []int    // per next stream: queued, not yet reported done
+	completed   []uint64 // per next stream: writes reported done in this op
+	done        chan txDone
+	timer       *time.Timer
+	scratch     []byte
+
+	gen atomic.Uint32
+	// What is under way, for errors raised outside the op goroutine.
+	curOp   atomic.Uint32
+	curSeq  atomic.Uint64
+	curStep atomic.Int64
+
+	mu      sync.Mutex
+	err     *Error
+	dying   chan struct{} // closed at the first failure
+	stop    chan struct{} // closed by Close, after dying
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// New builds a Ring over established links. It does no I/O of its own
+// but starts the goroutines that own the links: a reader per connection,
+// a writer per outgoing data stream and the heartbeat loop.
+func New(cfg Config, links Links) (*Ring, error) {
+	if err := cfg.Verify(); err != nil {
+		return nil, err
+	}
+	r := &Ring{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		rank:  cfg.Rank,
+		size:  cfg.Size,
+		dying: make(chan struct{}),
+		stop:  make(chan struct{}),
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	r.gen.Store(cfg.Generation)
+	r.curStep.Store(-1)
+	if cfg.Size == 1 {
+		if len(links.Next) != 0 || len(links.Prev) != 0 {
+			return nil, errors.New("ring: a world of one takes no links")
+		}
+		return r, nil
+	}
+	if err := checkLinks(links); err != nil {
+		return nil, err
+	}
+	r.smallLimit = max(cfg.SmallBytes, 8*cfg.Size)
+	r.maxPayload = max(cfg.SegmentBytes, r.smallLimit)
+	r.scratch = make([]byte, cfg.Size*r.smallLimit)
+	S := len(links.Next)
+	r.outstanding = make([]int, S)
+	r.completed = make([]uint64, S)
+	r.done = make(chan txDone, S*txDepth)
+	r.timer = time.NewTimer(time.Hour)
+	r.timer.Stop()
+	nextRank, prevRank := (r.rank+1)%r.size, (r.rank+r.size-1)%r.size
+	for i := 0; i < S; i++ {
+		r.next = append(r.next, newStream(r, i, toNext, links.Next[i], nextRank, links.NextAddr))
+		r.prev = append(r.prev, newStream(r, i, fromPrev, links.Prev[i], prevRank, links.PrevAddr))
+	}
+	r.all = append(append([]*stream(nil), r.next...), r.prev...)
+	for _, s := range r.all {
+		r.wg.Add(1)
+		go s.readLoop()
+		if s.dir == toNext {
+			r.wg.Add(1)
+			go s.writeLoop()
+		}
+	}
+	r.wg.Add(1)
+	go r.heartbeatLoop()
+	return r, nil
+}
+
+func checkLinks(l Links) error {
+	if len(l.Next) == 0 || len(l.Next) != len(l.Prev) {
+		return fmt.Errorf("ring: links have %d next and %d prev streams, want the same number >= 1", len(l.Next), len(l.Prev))
+	}
+	seen := map[net.Conn]string{}
+	for i, c := range l.Next {
+		if c == nil {
+			return fmt.Errorf("ring: next stream %d is nil", i)
+		}
+		if prev, dup := seen[c]; dup {
+			return fmt.Errorf("ring: next stream %d is the same connection as %s", i, prev)
+		}
+		seen[c] = fmt.Sprintf("next stream %d", i)
+	}
+	for i, c := range l.Prev {
+		if c == nil {
+			return fmt.Errorf("ring: prev stream %d is nil", i)
+		}
+		if prev, dup := seen[c]; dup {
+			return fmt.Errorf("ring: prev stream %d is the same connection as %s", i, prev)
+		}
+		seen[c] = fmt.Sprintf("prev stream %d", i)
+	}
+	return nil
+}
+
+// Generation is the generation adopted by Start (the proposal before).
+func (r *Ring) Generation() uint32 { return r.gen.Load() }
+
+// Err returns the first failure, nil while the ring is healthy.
+func (r *Ring) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		return nil
+	}
+	return r.err
+}
+
+// Abort fails the ring from outside: both neighbours get an abort frame
+// naming this rank and reason, and forward it, so every rank's current or
+// next op fails with it. A ring that has already failed is left as it is.
+func (r *Ring) Abort(reason error) {
+	if reason == nil {
+		reason = errors.New("aborted by its owner")
+	}
+	e := r.newError(nil, r.rank, &abortError{code: codeOf(reason), reason: reason.Error(), cause: reason})
+	r.fail(e, reason.Error())
+}
+
+// Close fails pending and later ops with ErrClosed, tells both
+// neighbours (an abort frame), closes the links and waits for the ring's
+// goroutines. It is idempotent.
+func (r *Ring) Close() error {
+	r.mu.Lock()
+	if r.closing {
+		r.mu.Unlock()
+		r.wg.Wait()
+		return nil
+	}
+	r.closing = true
+	r.mu.Unlock()
+	e := r.newError(nil, r.rank, ErrClosed)
+	r.fail(e, "rank "+strconv.Itoa(r.rank)+" closed its ring")
+	close(r.stop)
+	r.wg.Wait()
+	return nil
+}
+
+// newError describes a failure seen now, with what is under way.
+func (r *Ring) newError(s *stream, origin int, cause error) *Error {
+	e := &Error{
+		Rank:       r.rank,
+		Op:         collective.Op(r.curOp.Load()),
+		Seq:        r.curSeq.Load(),
+		Step:       int(r.curStep.Load()),
+		Generation: r.gen.Load(),
+		PeerRank:   -1,
+		Origin:     origin,
+		Err:        cause,
+	}
+	if e.Op == collective.OpInvalid {
+		e.Step = -1
+		if !r.started && r.busy.Load() {
+			e.phase = "start"
+		}
+	}
+	if s != nil {
+		e.PeerRank, e.PeerAddr = s.peerRank, s.peerAddr
+	}
+	return e
+}
+
+// failFrom records a failure this rank detected on stream s.
+func (r *Ring) failFrom(s *stream, cause error) {
+	e := r.newError(s, r.rank, cause)
+	r.fail(e, e.reason())
+}
+
+// failFromAbort records an abort frame received on s and forwards it.
+func (r *Ring) failFromAbort(s *stream, h header, reason string) {
+	origin := int(uint32(h.Aux))
+	code := abortCode(h.Aux >> 32)
+	e := r.newError(s, origin, &abortError{code: code, reason: reason})
+	r.failCode(e, reason, code)
+}
+
+// fail keeps the first error, wakes every wait, and starts the abort: an
+// abort frame to both neighbours, then the links are shut.
+func (r *Ring) fail(e *Error, reason string) { r.failCode(e, reason, codeOf(e.Err)) }
+
+func (r *Ring) failCode(e *Error, reason string, code abortCode) {
+	r.mu.Lock()
+	if r.err != nil {
+		r.mu.Unlock()
+		return
+	}
+	r.err = e
+	close(r.dying)
+	r.mu.Unlock()
+	r.log.Warn("ring failed", "rank", r.rank, "err", e.Error())
+	if len(r.all) == 0 {
+		return
+	}
+	if len(reason) > maxReasonLen {
+		reason = reason[:maxReasonLen-3] + "..."
+	}
+	frame := make([]byte, headerLen+len(reason))
+	h := header{Kind: kindAbort, Sender: uint32(r.rank), Generation: r.gen.Load(),
+		Seq: e.Seq, Op: e.Op, Length: uint32(len(reason)),
+		Aux: uint64(uint32(e.Origin)) | uint64(code)<<32}
+	h.encode(frame)
+	copy(frame[headerLen:], reason)
+	r.wg.Add(1)
+	go r.abortLinks(frame)
+}
+
+// abortLinks hands the abort frame to every stream at once (a stream
+// stuck behind a blocked write gives up after AbortWait) and then closes
+// the connections, which also ends the readers and any blocked write.
+func (r *Ring) abortLinks(frame []byte) {
+	defer r.wg.Done()
+	var wg sync.WaitGroup
+	for _, s := range r.all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.sendAbort(frame)
+		}()
+	}
+	wg.Wait()
+	for _, s := range r.all {
+		_ = s.conn.Close()
+	}
+}
+
+// heartbeatLoop sends heartbeats on silent streams and declares a peer
+// hung when it has sent nothing for HeartbeatTimeout.
+func (r *Ring) heartbeatLoop() {
+	defer r.wg.Done()
+	period := min(r.cfg.HeartbeatInterval/2, r.cfg.HeartbeatTimeout/4)
+	t := time.NewTicker(max(period, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-r.dying:
+			return
+		case now := <-t.C:
+			for _, s := range r.all {
+				s.heartbeat(now)
+			}
+			for _, s := range r.all {
+				if s.hung(now) {
+					r.failFrom(s, fmt.Errorf("%w (silent for more than %v)", ErrPeerHung, r.cfg.HeartbeatTimeout))
+					return
+				}
+			}
+		}
+	}
+}

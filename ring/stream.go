@@ -1,0 +1,314 @@
+package ring
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Tunables that are not worth a Config field: how many receive buffers a
+// data stream owns and how many frames may queue for one writer.
+const (
+	rxBuffers = 4
+	txDepth   = 4
+	// readChunk bounds one payload read so that a slow but live peer's
+	// progress keeps refreshing lastRead within a long frame.
+	readChunk = 256 << 10
+	// coalesceBytes: payloads up to this size are copied behind the header
+	// and written with one syscall.
+	coalesceBytes = 16 << 10
+)
+
+// direction tells which way data flows on a stream. Data and start frames
+// flow forward only (toNext); heartbeats and aborts flow both ways.
+type direction uint8
+
+const (
+	toNext   direction = iota // we write data, the peer writes control frames back
+	fromPrev                  // the peer writes data, we write control frames back
+)
+
+// stream is one connection of a link, with the goroutines that own its
+// read side and (for toNext) its data write side.
+type stream struct {
+	r        *Ring
+	idx      int
+	dir      direction
+	conn     net.Conn
+	peerRank int
+	peerAddr string
+
+	// wsem is the write lock: data writer, heartbeats and abort take it;
+	// a channel so that heartbeats can try it and aborts can bound the wait.
+	wsem      chan struct{}
+	lastWrite atomic.Int64 // unix nanoseconds
+	lastRead  atomic.Int64
+	// waitLocal is set while the reader waits for the local op to free a
+	// receive buffer: silence then is our doing, not the peer's.
+	waitLocal atomic.Bool
+
+	// fromPrev: received data frames, and the buffers to receive into.
+	free chan *rxBuf
+	full chan *rxBuf
+
+	// toNext: frames queued for the writer goroutine.
+	reqs chan txReq
+	wbuf []byte // header plus a coalesced small payload
+
+	hbuf [headerLen]byte // heartbeat frame, owned by the heartbeat goroutine
+}
+
+type rxBuf struct {
+	hdr  header
+	buf  []byte // capacity maxPayload, preallocated
+	data []byte // buf[:hdr.Length]
+}
+
+type txReq struct {
+	hdr     header
+	payload []byte
+}
+
+// txDone reports one finished write to the op.
+type txDone struct {
+	stream int
+	err    error
+}
+
+func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAddr string) *stream {
+	s := &stream{r: r, idx: idx, dir: dir, conn: c, peerRank: peerRank, peerAddr: peerAddr,
+		wsem: make(chan struct{}, 1)}
+	if s.peerAddr == "" && c.RemoteAddr() != nil {
+		s.peerAddr = c.RemoteAddr().String()
+	}
+	now := time.Now().UnixNano()
+	s.lastRead.Store(now)
+	s.lastWrite.Store(now)
+	if dir == fromPrev {
+		s.free = make(chan *rxBuf, rxBuffers)
+		s.full = make(chan *rxBuf, rxBuffers)
+		for i := 0; i < rxBuffers; i++ {
+			s.free <- &rxBuf{buf: make([]byte, r.maxPayload)}
+		}
+	} else {
+		s.reqs = make(chan txReq, txDepth)
+		s.wbuf = make([]byte, headerLen+coalesceBytes)
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+		if n := r.cfg.SocketBuffer; n > 0 {
+			_ = tc.SetReadBuffer(n)
+			_ = tc.SetWriteBuffer(n)
+		}
+	}
+	return s
+}
+
+// readLoop owns the read side of the stream until the connection fails.
+func (s *stream) readLoop() {
+	defer s.r.wg.Done()
+	var hb [headerLen]byte
+	var reason [maxReasonLen]byte
+	for {
+		if _, err := io.ReadFull(s.conn, hb[:]); err != nil {
+			s.readFailed(err)
+			return
+		}
+		s.lastRead.Store(time.Now().UnixNano())
+		h, err := decodeHeader(hb[:], s.r.maxPayload)
+		if err == nil && h.Sender != uint32(s.peerRank) {
+			err = errors.New("frame claims sender rank " + strconv.Itoa(int(h.Sender)) + ", want " + strconv.Itoa(s.peerRank))
+			err = wrapBad(err)
+		}
+		if err == nil && s.dir == toNext && (h.Kind == kindData || h.Kind == kindStart) {
+			err = wrapBad(errors.New(h.Kind.String() + " frame on the backward direction"))
+		}
+		if err != nil {
+			s.r.failFrom(s, err)
+			s.drain()
+			return
+		}
+		switch h.Kind {
+		case kindHeartbeat:
+		case kindAbort:
+			if _, err := io.ReadFull(s.conn, reason[:h.Length]); err != nil {
+				s.readFailed(err)
+				return
+			}
+			s.r.failFromAbort(s, h, string(reason[:h.Length]))
+		case kindData, kindStart:
+			if !s.deliver(h) {
+				s.drain()
+				return
+			}
+		}
+	}
+}
+
+// deliver reads a data or start payload into a free buffer and hands it
+// to the op. It returns false when the ring is failing.
+func (s *stream) deliver(h header) bool {
+	var b *rxBuf
+	select {
+	case b = <-s.free:
+	default:
+		s.waitLocal.Store(true)
+		select {
+		case b = <-s.free:
+		case <-s.r.dying:
+		}
+		s.waitLocal.Store(false)
+		s.lastRead.Store(time.Now().UnixNano())
+		if b == nil {
+			return false
+		}
+	}
+	b.hdr = h
+	b.data = b.buf[:h.Length]
+	for off := 0; off < len(b.data); {
+		end := min(off+readChunk, len(b.data))
+		if _, err := io.ReadFull(s.conn, b.data[off:end]); err != nil {
+			s.free <- b
+			s.readFailed(err)
+			return false
+		}
+		s.lastRead.Store(time.Now().UnixNano())
+		off = end
+	}
+	s.full <- b // never blocks: there are only rxBuffers buffers
+	return true
+}
+
+// drain keeps reading after the ring failed, so that the peer's last
+// frames (an abort among them) are consumed and closing sends no reset.
+func (s *stream) drain() {
+	_, _ = io.Copy(io.Discard, s.conn)
+}
+
+func (s *stream) readFailed(err error) {
+	select {
+	case <-s.r.dying:
+		return
+	default:
+	}
+	s.r.failFrom(s, connError(err))
+}
+
+// connError classifies a socket error: an orderly or abrupt close by the
+// peer becomes ErrPeerClosed; anything else keeps its own text.
+func connError(err error) error {
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, io.ErrClosedPipe), errors.Is(err, net.ErrClosed):
+		return &wrapped{sentinel: ErrPeerClosed, err: err}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &wrapped{sentinel: ErrPeerHung, err: err}
+	}
+	return err
+}
+
+// wrapped joins a sentinel and the underlying error without repeating
+// text the sentinel already says.
+type wrapped struct {
+	sentinel error
+	err      error
+}
+
+func (w *wrapped) Error() string   { return w.sentinel.Error() + " (" + w.err.Error() + ")" }
+func (w *wrapped) Unwrap() []error { return []error{w.sentinel, w.err} }
+
+func wrapBad(err error) error { return &wrapped{sentinel: ErrBadFrame, err: err} }
+
+// writeLoop owns the data write side of a toNext stream. It reports every
+// request on r.done, also after a failure, so the op knows when the
+// caller's buffer is no longer read.
+func (s *stream) writeLoop() {
+	defer s.r.wg.Done()
+	for {
+		select {
+		case req := <-s.reqs:
+			err := s.writeData(&req)
+			s.r.done <- txDone{stream: s.idx, err: err}
+		case <-s.r.stop:
+			return
+		}
+	}
+}
+
+func (s *stream) writeData(req *txReq) error {
+	select {
+	case <-s.r.dying:
+		return ErrClosed
+	case s.wsem <- struct{}{}:
+	}
+	defer func() { <-s.wsem }()
+	req.hdr.encode(s.wbuf[:headerLen])
+	var err error
+	if len(req.payload) <= coalesceBytes {
+		n := copy(s.wbuf[headerLen:], req.payload)
+		_, err = s.conn.Write(s.wbuf[:headerLen+n])
+	} else if _, err = s.conn.Write(s.wbuf[:headerLen]); err == nil {
+		_, err = s.conn.Write(req.payload)
+	}
+	s.lastWrite.Store(time.Now().UnixNano())
+	if err != nil {
+		select {
+		case <-s.r.dying:
+		default:
+			s.r.failFrom(s, connError(err))
+		}
+	}
+	return err
+}
+
+// heartbeat sends a heartbeat if the stream has been silent for an
+// interval and no other write holds it (a write in progress is traffic).
+func (s *stream) heartbeat(now time.Time) {
+	if now.UnixNano()-s.lastWrite.Load() < int64(s.r.cfg.HeartbeatInterval) {
+		return
+	}
+	select {
+	case s.wsem <- struct{}{}:
+	default:
+		return
+	}
+	defer func() { <-s.wsem }()
+	h := header{Kind: kindHeartbeat, Sender: uint32(s.r.rank), Generation: s.r.gen.Load()}
+	h.encode(s.hbuf[:])
+	_ = s.conn.SetWriteDeadline(now.Add(s.r.cfg.HeartbeatTimeout))
+	_, err := s.conn.Write(s.hbuf[:])
+	_ = s.conn.SetWriteDeadline(time.Time{})
+	s.lastWrite.Store(time.Now().UnixNano())
+	if err != nil {
+		s.r.failFrom(s, connError(err))
+	}
+}
+
+// hung reports whether the peer has been silent on this stream for longer
+// than the heartbeat timeout while we were ready to read.
+func (s *stream) hung(now time.Time) bool {
+	if s.waitLocal.Load() {
+		return false
+	}
+	return now.UnixNano()-s.lastRead.Load() > int64(s.r.cfg.HeartbeatTimeout)
+}
+
+// sendAbort writes an abort frame if the write lock can be had within
+// AbortWait, and keeps the lock: nothing may follow an abort.
+func (s *stream) sendAbort(frame []byte) {
+	t := time.NewTimer(s.r.cfg.AbortWait)
+	defer t.Stop()
+	select {
+	case s.wsem <- struct{}{}:
+	case <-t.C:
+		return
+	}
+	_ = s.conn.SetWriteDeadline(time.Now().Add(s.r.cfg.AbortWait))
+	_, _ = s.conn.Write(frame)
+}
