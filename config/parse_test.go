@@ -29,7 +29,7 @@ func TestParseMinimalGivesDefaults(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	d := Default()
 	checks := []struct {
-		name     string
+		name      string
 		got, want any
 	}{
 		{"rank", d.Rank, AutoRank()},
