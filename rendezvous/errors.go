@@ -1,0 +1,155 @@
+package rendezvous
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors, for errors.Is. Every rejection wraps exactly one of the
+// handshake sentinels together with both sides' values where they help.
+var (
+	ErrBadMagic         = errors.New("not a collectived rendezvous handshake (bad magic)")
+	ErrMalformed        = errors.New("malformed handshake")
+	ErrVersion          = errors.New("other protocol version")
+	ErrByteOrder        = errors.New("other byte order")
+	ErrJob              = errors.New("other job")
+	ErrWorldSize        = errors.New("other world size")
+	ErrDigest           = errors.New("other job shape digest")
+	ErrStreams          = errors.New("other streams per link")
+	ErrAuth             = errors.New("authentication failed")
+	ErrUnexpectedRank   = errors.New("unexpected rank")
+	ErrAddrNotInPeers   = errors.New("address not in peer list")
+	ErrReplay           = errors.New("replayed handshake")
+	ErrHandshakeTimeout = errors.New("handshake timed out")
+	ErrBusy             = errors.New("too many handshakes pending")
+	ErrNotForming       = errors.New("not forming a ring now")
+	ErrStale            = errors.New("stale formation attempt")
+
+	ErrTimeout         = errors.New("ring formation timed out")
+	ErrClosed          = errors.New("rendezvous listener closed")
+	ErrFormInProgress  = errors.New("another Form is in progress on this listener")
+	errSessionMismatch = errors.New("next node re-formed while we were connecting its streams")
+)
+
+// fatal reports whether err means the peer is configured differently or is
+// not one of us: waiting out the formation deadline would only delay the
+// same answer, so Form returns it at once.
+func fatal(err error) bool {
+	for _, s := range []error{ErrBadMagic, ErrMalformed, ErrVersion, ErrByteOrder, ErrJob,
+		ErrWorldSize, ErrDigest, ErrStreams, ErrAuth, ErrUnexpectedRank, ErrAddrNotInPeers} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Reject codes carried in a status frame, so the dialing side learns the
+// listener's reason as a sentinel. Values are wire codes: never renumber.
+type rejectCode uint8
+
+const (
+	codeOK rejectCode = iota
+	codeMalformed
+	codeVersion
+	codeByteOrder
+	codeJob
+	codeWorldSize
+	codeDigest
+	codeStreams
+	codeAuth
+	codeUnexpectedRank
+	codeAddrNotInPeers
+	codeReplay
+	codeBusy
+	codeNotForming
+	codeStale
+)
+
+var codeErrs = [...]error{
+	codeMalformed:      ErrMalformed,
+	codeVersion:        ErrVersion,
+	codeByteOrder:      ErrByteOrder,
+	codeJob:            ErrJob,
+	codeWorldSize:      ErrWorldSize,
+	codeDigest:         ErrDigest,
+	codeStreams:        ErrStreams,
+	codeAuth:           ErrAuth,
+	codeUnexpectedRank: ErrUnexpectedRank,
+	codeAddrNotInPeers: ErrAddrNotInPeers,
+	codeReplay:         ErrReplay,
+	codeBusy:           ErrBusy,
+	codeNotForming:     ErrNotForming,
+	codeStale:          ErrStale,
+}
+
+// codeOf maps an error to the code sent to the peer; 0 (OK) never results.
+func codeOf(err error) rejectCode {
+	for c := codeMalformed; int(c) < len(codeErrs); c++ {
+		if errors.Is(err, codeErrs[c]) {
+			return c
+		}
+	}
+	return codeMalformed
+}
+
+func (c rejectCode) err() error {
+	if c != codeOK && int(c) < len(codeErrs) {
+		return codeErrs[c]
+	}
+	return fmt.Errorf("%w: unknown reject code %d", ErrMalformed, c)
+}
+
+// PeerError is a formation failure on one of the two links, in the manner
+// of net.OpError: who we are, which neighbour, its address, and why.
+type PeerError struct {
+	Rank int    // our rank
+	Link string // "next" or "prev"
+	Peer int    // the neighbour's rank
+	Addr string // the neighbour's address from the peer list
+	Err  error
+}
+
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("rendezvous rank %d: %s rank %d (%s) %v", e.Rank, e.Link, e.Peer, e.Addr, e.Err)
+}
+
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// timeoutError reads as the tail of a PeerError: "never answered within
+// 2s: connection refused". It wraps ErrTimeout and the last cause seen.
+type timeoutError struct {
+	what  string // "never answered", "never connected"
+	after time.Duration
+	last  error // may be nil
+}
+
+func (e *timeoutError) Error() string {
+	if e.last == nil {
+		return fmt.Sprintf("%s within %v", e.what, e.after)
+	}
+	return fmt.Sprintf("%s within %v: %v", e.what, e.after, e.last)
+}
+
+func (e *timeoutError) Unwrap() []error {
+	if e.last == nil {
+		return []error{ErrTimeout}
+	}
+	return []error{ErrTimeout, e.last}
+}
+
+// rejectedError is the dialing side's view of a status frame refusing it.
+type rejectedError struct {
+	code   rejectCode
+	reason string // the listener's own words, sanitized
+}
+
+func (e *rejectedError) Error() string {
+	if e.reason == "" {
+		return fmt.Sprintf("refused us: %v", e.code.err())
+	}
+	return fmt.Sprintf("refused us: %v (its view: %s)", e.code.err(), e.reason)
+}
+
+func (e *rejectedError) Unwrap() error { return e.code.err() }
