@@ -1,0 +1,686 @@
+"""The collectived client: one Unix-socket connection to the node's daemon."""
+
+from __future__ import annotations
+
+import array
+import collections
+import itertools
+import json
+import math
+import mmap
+import os
+import socket as _socket
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from . import _protocol as P
+from ._buffers import Buffer, address_of, as_buffer
+from .errors import (
+    CollectivedError,
+    ConnectionLostError,
+    ProtocolError,
+    QuotaError,
+    WaitTimeoutError,
+    error_for,
+)
+
+DEFAULT_SOCKET = "/run/collectived/collectived.sock"
+#: Job name sent when neither ``job=`` nor ``$COLLECTIVED_JOB`` is given. A
+#: daemon serving another job refuses it with a :class:`JobError` that names
+#: both names.
+DEFAULT_JOB = "default"
+#: Used when the daemon's HELLO_OK reports timeout_ms = 0 (no timeout stated).
+FALLBACK_TIMEOUT = 600.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+_SCRATCH_MIN = 1 << 20
+_MAX_FDS = 32
+
+REDUCE_OPS = {"sum": P.RED_SUM, "prod": P.RED_PROD, "max": P.RED_MAX, "min": P.RED_MIN}
+_OP_NAMES = {P.OP_ALLREDUCE: "allreduce", P.OP_BROADCAST: "broadcast",
+             P.OP_BARRIER: "barrier"}
+
+
+def default_wait_timeout(timeout_ms: int) -> float:
+    """The client's default wait: the daemon's collective timeout plus a
+    margin (10%, at least 5 s) so the daemon's own TIMEOUT error, which
+    names the cause, arrives before the client gives up."""
+    if timeout_ms == 0:
+        return FALLBACK_TIMEOUT
+    t = timeout_ms / 1000.0
+    return t + max(5.0, 0.1 * t)
+
+
+class Handle:
+    """A request in flight. ``wait()`` returns its value (for collectives,
+    the buffer passed in, now holding the result) or raises its error."""
+
+    def __init__(self, client: "Client", what: str, value: Any = None) -> None:
+        self._client = client
+        self._event = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._value = value
+        self._keep: Any = None  # buffers stay alive while the request is in flight
+        self.what = what
+        #: ring generation and collective number of a completed collective.
+        self.generation: Optional[int] = None
+        self.seq: Optional[int] = None
+
+    def done(self) -> bool:
+        """True once the reply (or an error) has arrived."""
+        return self._event.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait for the reply, at most ``timeout`` seconds (default: the
+        client's timeout). Raises the daemon's error as a
+        :class:`CollectivedError`, or :class:`WaitTimeoutError` if no reply
+        came in time (the request then stays in flight)."""
+        t = self._client.timeout if timeout is None else timeout
+        if not self._event.wait(t):
+            raise WaitTimeoutError(
+                f"no reply from the daemon within {t:.3g} s; the request is still in flight "
+                "and its buffer must not be touched", request=self.what)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _finish(self, value: Any = None, error: Optional[BaseException] = None) -> None:
+        if error is not None:
+            self._error = error
+        elif value is not None:
+            self._value = value
+        self._event.set()
+
+
+@dataclass
+class _Pending:
+    reply_type: int
+    handle: Handle
+    on_ok: Callable[[Any], Any]
+    cleanup: Optional[Callable[[], None]] = None
+
+
+@dataclass
+class _Segment:
+    id: int
+    size: int
+    base: int
+    ref: Callable[[], Optional[mmap.mmap]]  # weakref or a strong holder
+
+
+@dataclass
+class _Scratch:
+    id: int
+    size: int
+    mm: mmap.mmap
+    view: memoryview
+    busy: bool = False
+    finalizers: list = field(default_factory=list)
+
+
+class Client:
+    """A connection to the collectived daemon of this node.
+
+    Args:
+        socket: the daemon's socket path; default ``$COLLECTIVED_SOCKET``,
+            then ``/run/collectived/collectived.sock``.
+        local_rank: the local rank wanted, or -1 for the lowest free one.
+        job: the job name; default ``$COLLECTIVED_JOB``, then ``"default"``.
+        label: free text shown in the daemon's status (at most 255 bytes).
+        timeout: default seconds every wait may take; default: the daemon's
+            collective timeout (from HELLO_OK) plus 10% (at least 5 s).
+        connect_timeout: seconds for connect and the HELLO exchange.
+        observer: attach without a rank (only :meth:`status` is allowed).
+
+    Calls are matched across the world by order, so issue collectives on one
+    client from one thread (or serialize them); waiting on handles from
+    other threads is safe. The client is not fork-safe: make one per process.
+    """
+
+    def __init__(self, socket: Optional[str] = None, *, local_rank: int = -1,
+                 job: Optional[str] = None, label: str = "", timeout: Optional[float] = None,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, observer: bool = False) -> None:
+        self.path = socket or os.environ.get("COLLECTIVED_SOCKET") or DEFAULT_SOCKET
+        self.job = job if job is not None else os.environ.get("COLLECTIVED_JOB", DEFAULT_JOB)
+        self._lock = threading.Lock()        # pending, segments, scratch, state
+        self._send_lock = threading.Lock()   # one frame at a time on the socket
+        self._pending: dict[int, _Pending] = {}
+        self._segments: dict[int, _Segment] = {}
+        self._scratch: list[_Scratch] = []
+        self._frees: collections.deque[int] = collections.deque()
+        self._ids = itertools.count(2)
+        self._broken: Optional[CollectivedError] = None
+        self._closed = False
+        self._reader: Optional[threading.Thread] = None
+        #: bytes written to the socket so far (frames and inline data).
+        self.bytes_sent = 0
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(connect_timeout)
+            try:
+                self._sock.connect(self.path)
+            except OSError as e:
+                raise ConnectionLostError(f"cannot connect to collectived at {self.path}: {e}") from e
+            hello = P.Hello(1, local_rank=-1 if observer else local_rank, pid=os.getpid(),
+                            job=self.job, label=label, flags=P.HELLO_OBSERVER if observer else 0)
+            self._send(P.encode(hello))
+            ok = self._read_hello_reply(connect_timeout)
+        except BaseException:
+            self._sock.close()
+            raise
+        self.info = ok
+        self._generation = ok.generation
+        self._observer = observer
+        self.timeout: float = timeout if timeout is not None else default_wait_timeout(ok.timeout_ms)
+        self._inflight = threading.BoundedSemaphore(ok.max_in_flight) if ok.max_in_flight else None
+        # From now on sends give up after `timeout` (SO_SNDTIMEO); the reader
+        # blocks until data arrives or close() shuts the socket down.
+        self._sock.settimeout(None)
+        sec = int(self.timeout)
+        self._sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO,
+                              struct.pack("ll", sec, int((self.timeout - sec) * 1e6)))
+        self._reader = threading.Thread(target=self._read_loop, name="collectived-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def rank(self) -> int:
+        """World rank (node_rank * local_size + local_rank); -1 for an observer."""
+        return -1 if self._observer else self.info.world_rank
+
+    @property
+    def size(self) -> int:
+        """World size (node_count * local_size)."""
+        return self.info.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return -1 if self._observer else self.info.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.info.local_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.info.node_rank
+
+    @property
+    def node_count(self) -> int:
+        return self.info.node_count
+
+    @property
+    def generation(self) -> int:
+        """The ring generation of the last completed collective (at first,
+        the one reported by HELLO_OK)."""
+        return self._generation
+
+    @property
+    def inline_limit(self) -> int:
+        """Largest buffer, in bytes, sent inside the CALL frame."""
+        return self.info.inline_limit
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<collectived.Client rank={self.rank}/{self.size} node={self.node_rank}/"
+                f"{self.node_count} local={self.local_rank}/{self.local_size} path={self.path!r}>")
+
+    # ------------------------------------------------------------ collectives
+
+    def allreduce(self, x: Any, op: str = "sum", *, name: str = "",
+                  timeout: Optional[float] = None) -> Any:
+        """Reduce ``x`` across the world in place and return it.
+
+        ``x`` is a contiguous NumPy array or PyTorch CPU tensor of float32,
+        float64, int32 or int64 (or a writable Python buffer of those).
+        ``op`` is ``"sum"``, ``"prod"``, ``"max"`` or ``"min"``.
+        """
+        return self.allreduce_async(x, op, name=name).wait(timeout)
+
+    def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "") -> Handle:
+        """Start an allreduce; ``x`` must not be touched until the handle is done."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r} (want sum, prod, max or min)")
+        buf = as_buffer(x)
+        if buf.dtype == P.DT_BYTES:
+            raise TypeError("allreduce needs float32, float64, int32 or int64 elements")
+        return self._collective(P.OP_ALLREDUCE, REDUCE_OPS[op], 0, name, buf, x)
+
+    def broadcast(self, x: Any, root: int, *, name: str = "",
+                  timeout: Optional[float] = None) -> Any:
+        """Overwrite ``x`` with world rank ``root``'s ``x``, in place; return it."""
+        return self.broadcast_async(x, root, name=name).wait(timeout)
+
+    def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root {root} outside world of {self.size}")
+        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x)
+
+    def barrier(self, *, name: str = "", timeout: Optional[float] = None) -> None:
+        """Return once every trainer of the world has entered the barrier."""
+        self.barrier_async(name=name).wait(timeout)
+
+    def barrier_async(self, *, name: str = "") -> Handle:
+        empty = Buffer(memoryview(bytearray(0)), 0, 0, 0, None)
+        return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, empty, None)
+
+    def status(self, timeout: Optional[float] = None) -> dict:
+        """The daemon's status document (STATUS), as a dict."""
+        h = self._request(P.Status(0), P.STATUS_OK, lambda m: json.loads(m.json), "STATUS")
+        return h.wait(timeout)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------ shared memory
+
+    def empty(self, shape: int | Sequence[int], dtype: Any = "float32", *,
+              register: bool = False) -> Any:
+        """A NumPy array living in a shared segment of the daemon's.
+
+        Collectives on it (or on any contiguous slice of it) send only the
+        segment id and offset: no data goes through the socket. The segment
+        is freed (FREE) once the array and every view of it are gone, or
+        when the client closes. With ``register=True`` the client makes the
+        memfd itself and passes it with REGISTER instead of asking ALLOC.
+        """
+        import numpy as np
+
+        shp = (shape,) if isinstance(shape, int) else tuple(shape)
+        dt = np.dtype(dtype)
+        n = math.prod(shp)
+        mm = self._new_segment(max(n * dt.itemsize, 1), register)
+        return np.frombuffer(mm, dtype=dt, count=n).reshape(shp)
+
+    def zeros(self, shape: int | Sequence[int], dtype: Any = "float32", *,
+              register: bool = False) -> Any:
+        """Like :meth:`empty`, filled with zeros."""
+        a = self.empty(shape, dtype, register=register)
+        a.fill(0)
+        return a
+
+    def buffer(self, nbytes: int, *, register: bool = False) -> memoryview:
+        """A writable memoryview of ``nbytes`` in a shared segment (no NumPy
+        needed); cast it, e.g. ``client.buffer(4 * n).cast("f")``."""
+        return memoryview(self._new_segment(max(nbytes, 1), register))[:nbytes]
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the connection (idempotent). Requests in flight fail with
+        :class:`ConnectionLostError`. The daemon frees this connection's
+        segments; arrays from :meth:`empty` stay valid memory (no longer
+        shared) until they are dropped."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5.0)
+        self._fail_all(ConnectionLostError("client closed"))
+        self._sock.close()
+        with self._lock:
+            scratch, self._scratch = self._scratch, []
+            self._segments.clear()
+        for s in scratch:
+            s.view.release()
+            try:
+                s.mm.close()
+            except BufferError:  # pragma: no cover - a view escaped; GC unmaps it
+                pass
+
+    # ------------------------------------------------------------ internals
+
+    def _collective(self, op: int, red: int, root: int, name: str, buf: Buffer,
+                    value: Any) -> Handle:
+        if len(name.encode("utf-8")) > P.MAX_NAME_LEN:
+            raise ValueError(f"call name is {len(name.encode())} bytes, limit {P.MAX_NAME_LEN}")
+        what = f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})"
+        call = P.Call(0, op, buf.dtype if op != P.OP_BARRIER else 0, red, buf.count, root, name)
+        seg = self._find_segment(buf) if buf.nbytes else None
+        cleanup: Optional[Callable[[], None]] = None
+        copy_back: Optional[memoryview] = None
+        if seg is not None:
+            call.flags, call.segment, call.offset = P.CALL_SHM, seg[0], seg[1]
+        elif buf.nbytes <= self.info.inline_limit:
+            call.data = buf.view
+            copy_back = buf.view
+        else:
+            sc = self._take_scratch(buf.nbytes)
+            sc.view[:buf.nbytes] = buf.view
+            call.flags, call.segment, call.offset = P.CALL_SHM, sc.id, 0
+
+            def cleanup(sc: _Scratch = sc) -> None:
+                sc.busy = False
+
+        def on_ok(m: P.CallOk) -> Any:
+            self._generation = m.generation
+            h.generation, h.seq = m.generation, m.seq
+            if copy_back is not None:
+                if len(m.result) != len(copy_back):
+                    raise ProtocolError(f"CALL_OK result is {len(m.result)} bytes, the call "
+                                        f"sent {len(copy_back)}", request=what)
+                copy_back[:] = m.result
+            elif len(m.result):
+                raise ProtocolError(f"CALL_OK for a shared-memory call carries "
+                                    f"{len(m.result)} result bytes", request=what)
+            elif call.flags and seg is None:
+                buf.view[:] = sc.view[:buf.nbytes]
+            return value
+
+        h = Handle(self, what, value)
+        self._request(call, P.CALL_OK, on_ok, what, handle=h, cleanup=cleanup,
+                      keep=(buf.owner, value))
+        return h
+
+    def _find_segment(self, buf: Buffer) -> Optional[tuple[int, int]]:
+        with self._lock:
+            segs = list(self._segments.values())
+        for s in segs:
+            if s.ref() is None:
+                continue  # dropped, FREE queued; its address range may be reused
+            if s.base <= buf.address and buf.address + buf.nbytes <= s.base + s.size:
+                off = buf.address - s.base
+                if off % max(1, P.DTYPE_SIZES[buf.dtype]):
+                    return None  # misaligned for the protocol: take the copy path
+                return s.id, off
+        return None
+
+    def _take_scratch(self, nbytes: int) -> _Scratch:
+        with self._lock:
+            idle = [s for s in self._scratch if not s.busy and s.size >= nbytes]
+            if idle:
+                sc = min(idle, key=lambda s: s.size)
+                sc.busy = True
+                return sc
+        size = max(_SCRATCH_MIN, 1 << (nbytes - 1).bit_length())
+        try:
+            sid, mm, real = self._alloc(size)
+        except QuotaError:
+            self._drop_idle_scratch()
+            sid, mm, real = self._alloc(nbytes)
+        sc = _Scratch(sid, real, mm, memoryview(mm), busy=True)
+        with self._lock:
+            self._scratch.append(sc)
+        return sc
+
+    def _drop_idle_scratch(self) -> None:
+        with self._lock:
+            idle = [s for s in self._scratch if not s.busy]
+            self._scratch = [s for s in self._scratch if s.busy]
+        for s in idle:
+            self._request(P.Free(0, s.id), P.FREE_OK, lambda m: None, "FREE").wait()
+            s.view.release()
+            s.mm.close()
+
+    def _alloc(self, size: int) -> tuple[int, mmap.mmap, int]:
+        h = self._request(P.Alloc(0, size), P.ALLOC_OK, lambda m: m, f"ALLOC({size})")
+        sid, mm = h.wait()
+        return sid, mm, len(mm)
+
+    def _register(self, size: int) -> tuple[int, mmap.mmap, int]:
+        import fcntl
+
+        fd = os.memfd_create("collectived", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            mm = mmap.mmap(fd, size)
+            h = self._request(P.Register(0, size), P.REGISTER_OK, lambda m: m.segment,
+                              f"REGISTER({size})", fd=fd)
+            try:
+                sid = h.wait()
+            except BaseException:
+                mm.close()
+                raise
+        finally:
+            os.close(fd)
+        return sid, mm, size
+
+    def _new_segment(self, size: int, register: bool) -> mmap.mmap:
+        sid, mm, real = self._register(size) if register else self._alloc(size)
+        view = memoryview(mm)
+        base = address_of(view)
+        view.release()
+        me = weakref.ref(self)
+
+        def freed(_ref: Any, sid: int = sid) -> None:
+            # Runs when the last array over the mapping dies, possibly inside
+            # GC on any thread: only queue the FREE; the next request sends it.
+            c = me()
+            if c is not None:
+                c._frees.append(sid)
+
+        with self._lock:
+            self._segments[sid] = _Segment(sid, real, base, weakref.ref(mm, freed))
+        return mm
+
+    def _flush_frees(self) -> None:
+        while self._frees and self._broken is None and not self._closed:
+            try:
+                sid = self._frees.popleft()
+            except IndexError:
+                return
+            with self._lock:
+                self._segments.pop(sid, None)
+            self._request(P.Free(0, sid), P.FREE_OK, lambda m: None, f"FREE({sid})",
+                          flush=False)
+
+    def _request(self, msg: Any, reply_type: int, on_ok: Callable[[Any], Any], what: str, *,
+                 handle: Optional[Handle] = None, cleanup: Optional[Callable[[], None]] = None,
+                 fd: Optional[int] = None, keep: Any = None, flush: bool = True) -> Handle:
+        if flush and self._frees:
+            self._flush_frees()
+        h = handle or Handle(self, what)
+        h._keep = keep
+        if self._inflight is not None and not self._inflight.acquire(timeout=self.timeout):
+            if cleanup:
+                cleanup()
+            raise WaitTimeoutError(f"{self.info.max_in_flight} requests already in flight "
+                                   f"for {self.timeout:.3g} s", request=what)
+        with self._lock:
+            err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
+            if err is None:
+                rid = next(self._ids)
+                msg.id = rid
+                self._pending[rid] = _Pending(reply_type, h, on_ok, cleanup)
+        if err is not None:
+            self._release_slot()
+            if cleanup:
+                cleanup()
+            raise ConnectionLostError(f"connection unusable: {err}", request=what) from err
+        try:
+            if isinstance(msg, P.Call) and not msg.flags:
+                self._send(P.encode_call_prefix(msg), msg.data)
+            else:
+                self._send(P.encode(msg), fd=fd)
+        except OSError as e:
+            lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
+            self._fail_all(lost)
+            raise lost from e
+        return h
+
+    def _send(self, frame: bytes, data: Any = None, fd: Optional[int] = None) -> None:
+        with self._send_lock:
+            if fd is not None:
+                n = _socket.send_fds(self._sock, [frame], [fd])
+                if n < len(frame):
+                    self._sock.sendall(frame[n:])
+            else:
+                self._sock.sendall(frame)
+            if data is not None and len(data):
+                self._sock.sendall(data)
+            self.bytes_sent += len(frame) + (len(data) if data is not None else 0)
+
+    def _release_slot(self) -> None:
+        if self._inflight is not None:
+            try:
+                self._inflight.release()
+            except ValueError:  # pragma: no cover - more releases than acquires
+                pass
+
+    def _read_hello_reply(self, timeout: float) -> P.HelloOk:
+        deadline = time.monotonic() + timeout
+        buf = bytearray()
+        need = P.HEADER_SIZE
+        hdr: Optional[tuple[int, int, int, int]] = None
+        while True:
+            while len(buf) < need:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeoutError(f"no HELLO reply from {self.path} within {timeout} s")
+                self._sock.settimeout(left)
+                try:
+                    chunk = self._sock.recv(need - len(buf))
+                except _socket.timeout:
+                    continue
+                if not chunk:
+                    raise ConnectionLostError(f"{self.path} closed the connection during HELLO")
+                buf += chunk
+            if hdr is None:
+                try:
+                    hdr = P.parse_header(buf, P.PRE_HELLO_MAX_FRAME)
+                except P.FrameError as e:
+                    raise ProtocolError(f"reply to HELLO: {e}") from e
+                need += hdr[0]
+                continue
+            break
+        try:
+            msg = P.decode_payload(hdr[1], hdr[2], hdr[3], bytes(buf[P.HEADER_SIZE:]))
+        except P.FrameError as e:
+            raise ProtocolError(f"reply to HELLO: {e}") from e
+        if isinstance(msg, P.Error):
+            raise error_for(msg.code, msg.message, fatal=msg.fatal, request="HELLO")
+        if not isinstance(msg, P.HelloOk):
+            raise ProtocolError(f"daemon answered HELLO with {P.TYPE_NAMES[hdr[1]]}")
+        if msg.version != P.PROTOCOL_VERSION:
+            raise ProtocolError(f"daemon speaks protocol version {msg.version}, "
+                                f"this client {P.PROTOCOL_VERSION}")
+        if msg.id != 1:
+            raise ProtocolError(f"HELLO_OK carries id {msg.id}, HELLO had 1")
+        return msg
+
+    # ------------------------------------------------------------ reader thread
+
+    def _read_loop(self) -> None:
+        max_frame = self.info.max_frame
+        rbuf = bytearray(max(2 * (P.HEADER_SIZE + max_frame), 1 << 16))
+        mv = memoryview(rbuf)
+        start = end = 0
+        fds: collections.deque[int] = collections.deque()
+        anc_size = _socket.CMSG_SPACE(_MAX_FDS * 4)
+        err: CollectivedError
+        try:
+            while True:
+                if end == len(rbuf):  # keep the partial frame, move it to the front
+                    mv[0:end - start] = bytes(mv[start:end])
+                    start, end = 0, end - start
+                n, anc, flags, _ = self._sock.recvmsg_into([mv[end:]], anc_size)
+                for level, kind, data in anc:
+                    if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                        a = array.array("i")
+                        a.frombytes(data[:len(data) - len(data) % a.itemsize])
+                        fds.extend(a)
+                if flags & _socket.MSG_CTRUNC:
+                    raise ProtocolError("received control message truncated (MSG_CTRUNC): "
+                                        "more fds than expected")
+                if n == 0:
+                    raise ConnectionLostError(f"daemon at {self.path} closed the connection")
+                end += n
+                while end - start >= P.HEADER_SIZE:
+                    length, ftype, fflags, fid = P.parse_header(
+                        mv[start:start + P.HEADER_SIZE], max_frame)
+                    if end - start < P.HEADER_SIZE + length:
+                        break
+                    payload = mv[start + P.HEADER_SIZE:start + P.HEADER_SIZE + length]
+                    msg = P.decode_payload(ftype, fflags, fid, payload)
+                    fd = fds.popleft() if ftype == P.ALLOC_OK and fds else None
+                    if ftype == P.ALLOC_OK and fd is None:
+                        raise ProtocolError(f"ALLOC_OK (id {fid}) arrived without an fd")
+                    self._dispatch(msg, fd)
+                    payload.release()
+                    start += P.HEADER_SIZE + length
+                if start == end:
+                    start = end = 0
+        except P.FrameError as e:
+            err = ProtocolError(f"from daemon at {self.path}: {e}")
+        except CollectivedError as e:
+            err = e
+        except OSError as e:
+            err = ConnectionLostError(f"reading from daemon at {self.path}: {e}")
+        except BaseException as e:  # pragma: no cover - a bug; never leave waiters hanging
+            err = ConnectionLostError(f"reader failed: {e!r}")
+        for fd in fds:
+            os.close(fd)
+        if self._closed:
+            err = ConnectionLostError("client closed")
+        self._fail_all(err)
+
+    def _dispatch(self, msg: Any, fd: Optional[int]) -> None:
+        if isinstance(msg, P.Error) and (msg.id == 0 or msg.fatal):
+            with self._lock:
+                p = self._pending.pop(msg.id, None) if msg.id else None
+            e = error_for(msg.code, msg.message, fatal=msg.fatal,
+                          request=p.handle.what if p else "connection")
+            if p is not None:
+                self._settle(p, error=e)
+            raise e
+        with self._lock:
+            p = self._pending.pop(msg.id, None)
+        if p is None:
+            if fd is not None:
+                os.close(fd)
+            raise ProtocolError(f"{P.TYPE_NAMES[P.type_code(msg)]} carries id {msg.id}, "
+                                "which matches no request in flight")
+        if isinstance(msg, P.Error):
+            self._settle(p, error=error_for(msg.code, msg.message, request=p.handle.what))
+            return
+        if P.type_code(msg) != p.reply_type:
+            err = ProtocolError(f"{P.TYPE_NAMES[P.type_code(msg)]} answers a request that "
+                                f"expects {P.TYPE_NAMES[p.reply_type]}", request=p.handle.what)
+            self._settle(p, error=err)
+            raise err
+        if fd is not None:
+            try:
+                mm = mmap.mmap(fd, msg.size)
+            except (OSError, ValueError) as e:
+                self._settle(p, error=ConnectionLostError(
+                    f"mapping segment {msg.segment} ({msg.size} bytes): {e}",
+                    request=p.handle.what))
+                return
+            finally:
+                os.close(fd)
+            self._settle(p, value=(msg.segment, mm))
+            return
+        try:
+            value = p.on_ok(msg)
+        except CollectivedError as e:
+            self._settle(p, error=e)
+            raise
+        self._settle(p, value=value)
+
+    def _settle(self, p: _Pending, value: Any = None, error: Optional[BaseException] = None) -> None:
+        if p.cleanup is not None:
+            p.cleanup()
+        self._release_slot()
+        p.handle._keep = None
+        p.handle._finish(value, error)
+
+    def _fail_all(self, err: CollectivedError) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = err
+            pending, self._pending = self._pending, {}
+        for p in pending.values():
+            self._settle(p, error=err)

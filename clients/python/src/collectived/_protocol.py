@@ -1,0 +1,423 @@
+"""Frames of the collectived client protocol, version 1 (docs/PROTOCOL.md).
+
+Pure encoding and decoding: no sockets here. Every decode failure raises
+:class:`FrameError` whose ``check`` names the rule that failed, using the
+names of ``clients/testdata/README.md`` (``frame_too_long``,
+``unknown_type``, ``reserved_nonzero``, ``bad_flags``, ``bad_magic``,
+``payload_length``, ``inline_data_length``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+PROTOCOL_VERSION = 1
+MAGIC = b"CLVD"
+HEADER_SIZE = 16
+PRE_HELLO_MAX_FRAME = 4096
+MAX_NAME_LEN = 255
+MAX_ERROR_MESSAGE = 4096
+
+HELLO, HELLO_OK = 0x01, 0x81
+ALLOC, ALLOC_OK = 0x02, 0x82
+FREE, FREE_OK = 0x03, 0x83
+REGISTER, REGISTER_OK = 0x04, 0x84
+CALL, CALL_OK = 0x05, 0x85
+STATUS, STATUS_OK = 0x06, 0x86
+ERROR = 0xFF
+
+TYPE_NAMES = {
+    HELLO: "HELLO", HELLO_OK: "HELLO_OK", ALLOC: "ALLOC", ALLOC_OK: "ALLOC_OK",
+    FREE: "FREE", FREE_OK: "FREE_OK", REGISTER: "REGISTER", REGISTER_OK: "REGISTER_OK",
+    CALL: "CALL", CALL_OK: "CALL_OK", STATUS: "STATUS", STATUS_OK: "STATUS_OK",
+    ERROR: "ERROR",
+}
+
+FLAG_FATAL = 0x01          # header flag of ERROR
+HELLO_OBSERVER = 0x0001    # HELLO payload flag
+CALL_SHM = 0x01            # CALL payload flag
+
+# Collective codes (same numbers as the Go package `collective`).
+OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_BARRIER = 1, 2, 3, 4
+DT_FLOAT32, DT_FLOAT64, DT_INT32, DT_INT64, DT_BYTES = 1, 2, 3, 4, 5
+RED_NONE, RED_SUM, RED_PROD, RED_MAX, RED_MIN = 0, 1, 2, 3, 4
+DTYPE_SIZES = {0: 0, DT_FLOAT32: 4, DT_FLOAT64: 8, DT_INT32: 4, DT_INT64: 8, DT_BYTES: 1}
+
+_HDR = struct.Struct("<IBBHQ")
+_HELLO_FIXED = struct.Struct("<4sHHiI")
+_HELLO_OK = struct.Struct("<HHIIIIIIIIIIQQ")
+_U64 = struct.Struct("<Q")
+_SEG_SIZE = struct.Struct("<IIQ")
+_SEG = struct.Struct("<II")
+_CALL_FIXED = struct.Struct("<BBBBIQB")
+_CALL_OK = struct.Struct("<IIQ")
+_ERROR = struct.Struct("<HH")
+
+
+class FrameError(ValueError):
+    """A frame that breaks the protocol. ``check`` names the broken rule."""
+
+    def __init__(self, check: str, detail: str) -> None:
+        super().__init__(f"{check}: {detail}")
+        self.check = check
+
+
+@dataclass
+class Hello:
+    id: int
+    local_rank: int = -1
+    pid: int = 0
+    job: str = ""
+    label: str = ""
+    flags: int = 0
+    version: int = PROTOCOL_VERSION
+    magic: str = "CLVD"
+    frame_flags: int = 0
+
+
+@dataclass
+class HelloOk:
+    id: int
+    version: int
+    world_rank: int
+    world_size: int
+    node_rank: int
+    node_count: int
+    local_rank: int
+    local_size: int
+    inline_limit: int
+    max_frame: int
+    max_in_flight: int
+    generation: int
+    shm_quota: int
+    timeout_ms: int
+    frame_flags: int = 0
+
+
+@dataclass
+class Alloc:
+    id: int
+    size: int
+    frame_flags: int = 0
+
+
+@dataclass
+class AllocOk:
+    id: int
+    segment: int
+    size: int
+    frame_flags: int = 0
+
+
+@dataclass
+class Free:
+    id: int
+    segment: int
+    frame_flags: int = 0
+
+
+@dataclass
+class FreeOk:
+    id: int
+    frame_flags: int = 0
+
+
+@dataclass
+class Register:
+    id: int
+    size: int
+    frame_flags: int = 0
+
+
+@dataclass
+class RegisterOk:
+    id: int
+    segment: int
+    size: int
+    frame_flags: int = 0
+
+
+@dataclass
+class Call:
+    """One collective call. With ``flags & CALL_SHM`` the buffer is
+    (``segment``, ``offset``); otherwise ``data`` holds it inline."""
+
+    id: int
+    op: int
+    dtype: int
+    reduce: int
+    count: int
+    root: int = 0
+    name: str = ""
+    flags: int = 0
+    segment: int = 0
+    offset: int = 0
+    data: bytes | bytearray | memoryview = b""
+    frame_flags: int = 0
+
+
+@dataclass
+class CallOk:
+    id: int
+    generation: int
+    seq: int
+    result: bytes | memoryview = b""
+    frame_flags: int = 0
+
+
+@dataclass
+class Status:
+    id: int
+    frame_flags: int = 0
+
+
+@dataclass
+class StatusOk:
+    id: int
+    json: str
+    frame_flags: int = 0
+
+
+@dataclass
+class Error:
+    id: int
+    code: int
+    message: str
+    frame_flags: int = 0
+
+    @property
+    def fatal(self) -> bool:
+        return bool(self.frame_flags & FLAG_FATAL)
+
+
+Message = Union[Hello, HelloOk, Alloc, AllocOk, Free, FreeOk, Register, RegisterOk,
+                Call, CallOk, Status, StatusOk, Error]
+
+_TYPE_OF = {Hello: HELLO, HelloOk: HELLO_OK, Alloc: ALLOC, AllocOk: ALLOC_OK, Free: FREE,
+            FreeOk: FREE_OK, Register: REGISTER, RegisterOk: REGISTER_OK, Call: CALL,
+            CallOk: CALL_OK, Status: STATUS, StatusOk: STATUS_OK, Error: ERROR}
+
+
+def type_code(msg: Message) -> int:
+    return _TYPE_OF[type(msg)]
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _header(length: int, ftype: int, flags: int, fid: int) -> bytes:
+    return _HDR.pack(length, ftype, flags, 0, fid)
+
+
+def _short_str(s: str, what: str) -> bytes:
+    b = s.encode("utf-8")
+    if len(b) > 255:
+        raise ValueError(f"{what} is {len(b)} bytes, limit 255")
+    return bytes((len(b),)) + b
+
+
+def encode_call_prefix(msg: Call) -> bytes:
+    """Header and CALL payload up to (not including) the inline data; the
+    caller may send the data separately to avoid a copy."""
+    nb = _short_str(msg.name, "call name")
+    if msg.flags & CALL_SHM:
+        tail = _SEG_SIZE.pack(msg.segment, 0, msg.offset)
+        length = _CALL_FIXED.size - 1 + len(nb) + len(tail)
+    else:
+        tail = b""
+        length = _CALL_FIXED.size - 1 + len(nb) + len(msg.data)
+    return (_header(length, CALL, msg.frame_flags, msg.id)
+            + _CALL_FIXED.pack(msg.op, msg.dtype, msg.reduce, msg.flags, msg.root,
+                               msg.count, len(nb) - 1)
+            + nb[1:] + tail)
+
+
+def encode(msg: Message) -> bytes:
+    """The whole frame (header and payload) for ``msg``."""
+    t = type_code(msg)
+    if isinstance(msg, Hello):
+        magic = msg.magic.encode("ascii")
+        if len(magic) != 4:
+            raise ValueError("magic must be 4 bytes")
+        p = (_HELLO_FIXED.pack(magic, msg.version, msg.flags, msg.local_rank, msg.pid)
+             + _short_str(msg.job, "job name") + _short_str(msg.label, "label"))
+    elif isinstance(msg, HelloOk):
+        p = _HELLO_OK.pack(msg.version, 0, msg.world_rank, msg.world_size, msg.node_rank,
+                           msg.node_count, msg.local_rank, msg.local_size, msg.inline_limit,
+                           msg.max_frame, msg.max_in_flight, msg.generation, msg.shm_quota,
+                           msg.timeout_ms)
+    elif isinstance(msg, (Alloc, Register)):
+        p = _U64.pack(msg.size)
+    elif isinstance(msg, (AllocOk, RegisterOk)):
+        p = _SEG_SIZE.pack(msg.segment, 0, msg.size)
+    elif isinstance(msg, Free):
+        p = _SEG.pack(msg.segment, 0)
+    elif isinstance(msg, (FreeOk, Status)):
+        p = b""
+    elif isinstance(msg, Call):
+        prefix = encode_call_prefix(msg)
+        return prefix if msg.flags & CALL_SHM else prefix + bytes(msg.data)
+    elif isinstance(msg, CallOk):
+        p = _CALL_OK.pack(msg.generation, 0, msg.seq) + bytes(msg.result)
+    elif isinstance(msg, StatusOk):
+        p = msg.json.encode("utf-8")
+    elif isinstance(msg, Error):
+        p = _ERROR.pack(msg.code, 0) + msg.message.encode("utf-8")
+    else:  # pragma: no cover - exhaustive above
+        raise TypeError(f"not a protocol message: {msg!r}")
+    return _header(len(p), t, msg.frame_flags, msg.id) + p
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def parse_header(hdr: bytes | bytearray | memoryview, max_len: int) -> tuple[int, int, int, int]:
+    """Check a 16-byte header; return (length, type, flags, id).
+
+    ``max_len`` is the current bound on ``length``: 4096 before HELLO_OK,
+    then HELLO_OK's max_frame. It is checked before anything else so that
+    a reader never allocates for a hostile length.
+    """
+    length, ftype, flags, reserved, fid = _HDR.unpack_from(hdr, 0)
+    if length > max_len:
+        raise FrameError("frame_too_long",
+                         f"frame length {length} over the bound of {max_len} bytes")
+    if ftype not in TYPE_NAMES:
+        raise FrameError("unknown_type", f"unknown frame type 0x{ftype:02x}")
+    if reserved:
+        raise FrameError("reserved_nonzero",
+                         f"{TYPE_NAMES[ftype]} header reserved field is {reserved}, must be 0")
+    allowed = FLAG_FATAL if ftype == ERROR else 0
+    if flags & ~allowed:
+        raise FrameError("bad_flags",
+                         f"{TYPE_NAMES[ftype]} header flags 0x{flags:02x} not defined")
+    return length, ftype, flags, fid
+
+
+def _need(p: memoryview, n: int, tname: str, what: str) -> None:
+    if len(p) < n:
+        raise FrameError("payload_length",
+                         f"{tname} payload is {len(p)} bytes, too short for {what} ({n} bytes)")
+
+
+def _exact(p: memoryview, n: int, tname: str) -> None:
+    if len(p) != n:
+        raise FrameError("payload_length", f"{tname} payload is {len(p)} bytes, must be {n}")
+
+
+def _zero(v: int, tname: str, what: str) -> None:
+    if v:
+        raise FrameError("reserved_nonzero", f"{tname} {what} is {v}, must be 0")
+
+
+def _utf8(b: memoryview, tname: str, what: str) -> str:
+    try:
+        return bytes(b).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FrameError("payload_length", f"{tname} {what} is not UTF-8: {e}") from None
+
+
+def decode_payload(ftype: int, flags: int, fid: int,
+                   payload: bytes | bytearray | memoryview) -> Message:
+    """Decode the payload of a frame whose header passed :func:`parse_header`.
+
+    Byte buffers (CALL data, CALL_OK result) are returned as memoryview
+    slices of ``payload``, not copies.
+    """
+    p = memoryview(payload).cast("B") if not isinstance(payload, memoryview) else payload
+    tname = TYPE_NAMES[ftype]
+    if ftype == HELLO:
+        _need(p, _HELLO_FIXED.size + 1, tname, "the fixed fields and job length")
+        magic, version, hflags, local_rank, pid = _HELLO_FIXED.unpack_from(p, 0)
+        if magic != MAGIC:
+            raise FrameError("bad_magic", f"HELLO magic is {magic!r}, must be b'CLVD'")
+        if hflags & ~HELLO_OBSERVER:
+            raise FrameError("bad_flags", f"HELLO flags 0x{hflags:04x} not defined")
+        off = _HELLO_FIXED.size
+        jlen = p[off]
+        _need(p, off + 1 + jlen + 1, tname, f"a {jlen}-byte job name and the label length")
+        job = _utf8(p[off + 1:off + 1 + jlen], tname, "job")
+        off += 1 + jlen
+        llen = p[off]
+        _exact(p, off + 1 + llen, tname)
+        label = _utf8(p[off + 1:off + 1 + llen], tname, "label")
+        return Hello(id=fid, magic="CLVD", version=version, flags=hflags, local_rank=local_rank,
+                     pid=pid, job=job, label=label, frame_flags=flags)
+    if ftype == HELLO_OK:
+        _exact(p, _HELLO_OK.size, tname)
+        f = _HELLO_OK.unpack_from(p, 0)
+        _zero(f[1], tname, "reserved field")
+        return HelloOk(fid, f[0], *f[2:], frame_flags=flags)
+    if ftype in (ALLOC, REGISTER):
+        _exact(p, 8, tname)
+        (size,) = _U64.unpack_from(p, 0)
+        return (Alloc if ftype == ALLOC else Register)(fid, size, frame_flags=flags)
+    if ftype in (ALLOC_OK, REGISTER_OK):
+        _exact(p, _SEG_SIZE.size, tname)
+        seg, res, size = _SEG_SIZE.unpack_from(p, 0)
+        _zero(res, tname, "reserved field")
+        return (AllocOk if ftype == ALLOC_OK else RegisterOk)(fid, seg, size, frame_flags=flags)
+    if ftype == FREE:
+        _exact(p, _SEG.size, tname)
+        seg, res = _SEG.unpack_from(p, 0)
+        _zero(res, tname, "reserved field")
+        return Free(fid, seg, frame_flags=flags)
+    if ftype in (FREE_OK, STATUS):
+        _exact(p, 0, tname)
+        return (FreeOk if ftype == FREE_OK else Status)(fid, frame_flags=flags)
+    if ftype == CALL:
+        return _decode_call(p, flags, fid)
+    if ftype == CALL_OK:
+        _need(p, _CALL_OK.size, tname, "generation, reserved and seq")
+        gen, res, seq = _CALL_OK.unpack_from(p, 0)
+        _zero(res, tname, "reserved field")
+        return CallOk(fid, gen, seq, p[_CALL_OK.size:], frame_flags=flags)
+    if ftype == STATUS_OK:
+        return StatusOk(fid, _utf8(p, tname, "JSON document"), frame_flags=flags)
+    # ERROR
+    _need(p, _ERROR.size, tname, "code and reserved")
+    code, res = _ERROR.unpack_from(p, 0)
+    _zero(res, tname, "reserved field")
+    msg = bytes(p[_ERROR.size:]).decode("utf-8", errors="replace")
+    return Error(fid, code, msg, frame_flags=flags)
+
+
+def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
+    _need(p, _CALL_FIXED.size, "CALL", "the description")
+    op, dtype, red, cflags, root, count, nlen = _CALL_FIXED.unpack_from(p, 0)
+    if cflags & ~CALL_SHM:
+        raise FrameError("bad_flags", f"CALL flags 0x{cflags:02x} not defined")
+    off = _CALL_FIXED.size
+    _need(p, off + nlen, "CALL", f"a {nlen}-byte name")
+    name = _utf8(p[off:off + nlen], "CALL", "name")
+    off += nlen
+    if cflags & CALL_SHM:
+        _exact(p, off + _SEG_SIZE.size, "CALL")
+        seg, res, offset = _SEG_SIZE.unpack_from(p, off)
+        _zero(res, "CALL", "segment reserved field")
+        return Call(fid, op, dtype, red, count, root, name, cflags, seg, offset, b"",
+                    frame_flags=flags)
+    size = DTYPE_SIZES.get(dtype)
+    if size is None:
+        raise FrameError("inline_data_length",
+                         f"CALL dtype code {dtype} unknown: inline data length cannot be checked")
+    data = p[off:]
+    if len(data) != count * size:
+        raise FrameError("inline_data_length",
+                         f"CALL inline data is {len(data)} bytes, count {count} x element size "
+                         f"{size} needs {count * size}")
+    return Call(fid, op, dtype, red, count, root, name, cflags, 0, 0, data, frame_flags=flags)
+
+
+def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_FRAME) -> Message:
+    """Decode exactly one whole frame (header and payload)."""
+    mv = memoryview(frame).cast("B")
+    if len(mv) < HEADER_SIZE:
+        raise FrameError("payload_length", f"frame is {len(mv)} bytes, shorter than a header")
+    length, ftype, flags, fid = parse_header(mv[:HEADER_SIZE], max_len)
+    if len(mv) != HEADER_SIZE + length:
+        raise FrameError("payload_length",
+                         f"header says {length} payload bytes, frame has {len(mv) - HEADER_SIZE}")
+    return decode_payload(ftype, flags, fid, mv[HEADER_SIZE:])

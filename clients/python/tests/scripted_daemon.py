@@ -1,0 +1,192 @@
+"""A small scripted peer for client tests that need behaviour a real daemon
+cannot be made to show on demand (replies out of order, a reply that never
+comes, a fatal error, a malformed frame).
+
+It speaks the protocol over a real Unix socket with real memfds and acts
+like a world of ``world`` identical trainers: allreduce(sum) multiplies by
+``world``, max/min leave values as they are, prod raises to the power.
+Call names steer it:
+
+- ``"hold"``: reply only after the next call arrives (so replies come out of order);
+- ``"silent"``: never reply;
+- ``"mismatch"``: ERROR MISMATCH;
+- ``"fatal"``: connection-level ERROR BAD_FRAME FATAL (id 0), then close;
+- ``"garbage"``: send a frame with an unknown type.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import socket
+import struct
+import threading
+from typing import Optional
+
+from collectived import _protocol as P
+
+_FMT = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q"}
+
+
+class ScriptedDaemon:
+    def __init__(self, path: str, *, world: int = 2, inline_limit: int = 64,
+                 max_in_flight: int = 8, timeout_ms: int = 1000, job: str = "demo") -> None:
+        self.path = path
+        self.world = world
+        self.inline_limit = inline_limit
+        self.max_in_flight = max_in_flight
+        self.timeout_ms = timeout_ms
+        self.job = job
+        self.calls: list[P.Call] = []
+        self.frees: list[int] = []
+        self.registered: list[int] = []
+        self.bytes_received = 0
+        self._segs: dict[int, mmap.mmap] = {}
+        self._next_seg = 1
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(path)
+        self._srv.listen(4)
+        self._srv.settimeout(10)
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        for c in list(self._conns):
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            self._srv.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
+        self._srv.close()
+        self._thread.join(5)
+
+    # ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _recv_frame(self, conn: socket.socket, max_len: int) -> tuple[Optional[P.Message], list[int]]:
+        hdr, fds, _, _ = socket.recv_fds(conn, P.HEADER_SIZE, 4, socket.MSG_WAITALL)
+        if len(hdr) < P.HEADER_SIZE:
+            return None, fds
+        length, ftype, flags, fid = P.parse_header(hdr, max_len)
+        body = b""
+        while len(body) < length:
+            chunk = conn.recv(length - len(body))
+            if not chunk:
+                return None, fds
+            body += chunk
+        self.bytes_received += P.HEADER_SIZE + length
+        return P.decode_payload(ftype, flags, fid, body), fds
+
+    def _session(self, conn: socket.socket) -> None:
+        held: list[bytes] = []
+        try:
+            msg, _ = self._recv_frame(conn, P.PRE_HELLO_MAX_FRAME)
+            if not isinstance(msg, P.Hello):
+                return
+            if msg.job != self.job:
+                conn.sendall(P.encode(P.Error(msg.id, 3, f'HELLO names job "{msg.job}", '
+                                              f'daemon serves job "{self.job}"', P.FLAG_FATAL)))
+                return
+            lr = 0 if msg.local_rank < 0 else msg.local_rank
+            conn.sendall(P.encode(P.HelloOk(
+                msg.id, 1, lr, self.world, 0, 1, lr, self.world, self.inline_limit,
+                max(4096, self.inline_limit + 512), self.max_in_flight, 7, 1 << 30,
+                self.timeout_ms)))
+            while True:
+                msg, fds = self._recv_frame(conn, max(4096, self.inline_limit + 512))
+                if msg is None:
+                    return
+                out = self._handle(conn, msg, fds)
+                if out == "close":
+                    return
+                if out is not None:
+                    if isinstance(msg, P.Call) and msg.name == "hold":
+                        held.append(out)
+                        continue
+                    conn.sendall(out)
+                    for h in held:
+                        conn.sendall(h)
+                    held.clear()
+        except OSError:
+            return
+        finally:
+            conn.close()
+            for mm in self._segs.values():
+                mm.close()
+            self._segs.clear()
+
+    def _handle(self, conn: socket.socket, msg: P.Message, fds: list[int]) -> Optional[bytes | str]:
+        if isinstance(msg, P.Alloc):
+            size = (msg.size + 4095) // 4096 * 4096
+            fd = os.memfd_create("scripted", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            sid = self._next_seg
+            self._next_seg += 1
+            self._segs[sid] = mmap.mmap(fd, size)
+            socket.send_fds(conn, [P.encode(P.AllocOk(msg.id, sid, size))], [fd])
+            os.close(fd)
+            return None
+        if isinstance(msg, P.Register):
+            fd = fds[0]
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            assert seals & fcntl.F_SEAL_SHRINK, "registered memfd lacks F_SEAL_SHRINK"
+            assert os.fstat(fd).st_size == msg.size
+            sid = self._next_seg
+            self._next_seg += 1
+            self._segs[sid] = mmap.mmap(fd, msg.size)
+            os.close(fd)
+            self.registered.append(sid)
+            return P.encode(P.RegisterOk(msg.id, sid, msg.size))
+        if isinstance(msg, P.Free):
+            self.frees.append(msg.segment)
+            self._segs.pop(msg.segment, None)
+            return P.encode(P.FreeOk(msg.id))
+        if isinstance(msg, P.Status):
+            return P.encode(P.StatusOk(msg.id, '{"job": "%s", "calls": %d}' % (self.job,
+                                                                                len(self.calls))))
+        if isinstance(msg, P.Call):
+            self.calls.append(msg)
+            if msg.name == "silent":
+                return None
+            if msg.name == "mismatch":
+                return P.encode(P.Error(msg.id, 15, "world rank 1 called allreduce(float32, "
+                                        "sum, count=4), world rank 0 called count=3"))
+            if msg.name == "fatal":
+                conn.sendall(P.encode(P.Error(0, 1, "scripted fatal error", P.FLAG_FATAL)))
+                return "close"
+            if msg.name == "garbage":
+                return struct.pack("<IBBHQ", 0, 0x42, 0, 0, msg.id)
+            seq = len(self.calls) - 1
+            if msg.flags & P.CALL_SHM:
+                mm = self._segs[msg.segment]
+                n = msg.count * P.DTYPE_SIZES[msg.dtype]
+                mm[msg.offset:msg.offset + n] = self._reduce(msg, bytes(mm[msg.offset:msg.offset + n]))
+                return P.encode(P.CallOk(msg.id, 7, seq))
+            return P.encode(P.CallOk(msg.id, 7, seq, self._reduce(msg, bytes(msg.data))))
+        raise AssertionError(f"unexpected {msg!r}")
+
+    def _reduce(self, c: P.Call, data: bytes) -> bytes:
+        if c.op != P.OP_ALLREDUCE or not data:
+            return data
+        f = _FMT[c.dtype]
+        vals = struct.unpack(f"<{c.count}{f}", data)
+        if c.reduce == P.RED_SUM:
+            vals = tuple(v * self.world for v in vals)
+        elif c.reduce == P.RED_PROD:
+            vals = tuple(v ** self.world for v in vals)
+        return struct.pack(f"<{c.count}{f}", *vals)

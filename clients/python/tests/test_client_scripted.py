@@ -1,0 +1,232 @@
+"""Client behaviour against a scripted peer (real socket, real memfds):
+the paths a real daemon cannot be made to take on demand."""
+
+from __future__ import annotations
+
+import array
+import gc
+import os
+import time
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+import collectived
+from collectived import _protocol as P
+
+from scripted_daemon import ScriptedDaemon
+
+
+@pytest.fixture
+def fake(tmp_path) -> Iterator[ScriptedDaemon]:
+    d = ScriptedDaemon(str(tmp_path / "d.sock"))
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def client(fake: ScriptedDaemon) -> Iterator[collectived.Client]:
+    with collectived.Client(fake.path, job="demo", label="pytest") as c:
+        yield c
+
+
+def test_hello_fields(client: collectived.Client) -> None:
+    assert (client.rank, client.size, client.local_rank, client.local_size) == (0, 2, 0, 2)
+    assert (client.node_rank, client.node_count, client.generation) == (0, 1, 7)
+    assert client.inline_limit == 64
+    # timeout_ms 1000 plus the 5 s minimum margin
+    assert client.timeout == pytest.approx(6.0)
+
+
+def test_env_defaults(fake: ScriptedDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLECTIVED_SOCKET", fake.path)
+    monkeypatch.setenv("COLLECTIVED_JOB", "demo")
+    with collectived.Client() as c:
+        assert c.path == fake.path and c.job == "demo"
+    monkeypatch.delenv("COLLECTIVED_JOB")
+    with pytest.raises(collectived.JobError) as ei:
+        collectived.Client()
+    assert ei.value.code == 3 and ei.value.fatal
+    assert '"default"' in ei.value.message and '"demo"' in ei.value.message
+
+
+def test_connect_failure_names_path(tmp_path) -> None:
+    with pytest.raises(collectived.ConnectionLostError, match="nope.sock"):
+        collectived.Client(str(tmp_path / "nope.sock"), job="x")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_inline_allreduce(client: collectived.Client, fake: ScriptedDaemon, dtype: str) -> None:
+    x = np.arange(1, 5, dtype=dtype)
+    assert client.allreduce(x) is x
+    np.testing.assert_array_equal(x, np.arange(1, 5, dtype=dtype) * 2)
+    c = fake.calls[-1]
+    assert (c.op, c.reduce, c.count, c.flags) == (P.OP_ALLREDUCE, P.RED_SUM, 4, 0)
+
+
+def test_scratch_path_for_large_plain_arrays(client: collectived.Client,
+                                            fake: ScriptedDaemon) -> None:
+    x = np.arange(100, dtype=np.float64)  # 800 bytes > inline limit 64
+    client.allreduce(x, op="prod")
+    np.testing.assert_array_equal(x, np.arange(100, dtype=np.float64) ** 2)
+    assert fake.calls[-1].flags == P.CALL_SHM
+    client.allreduce(x, op="max")  # reuses the idle scratch segment
+    assert {c.segment for c in fake.calls} == {1}
+
+
+def test_zero_copy_segment_sends_no_data(client: collectived.Client,
+                                         fake: ScriptedDaemon) -> None:
+    x = client.zeros((64, 64), "float32")
+    x[:] = 1.5
+    before = client.bytes_sent
+    client.allreduce(x)
+    assert client.bytes_sent - before < 64  # header + description only, no 16 KiB of data
+    assert (x == 3.0).all()
+    c = fake.calls[-1]
+    assert (c.flags, c.offset, c.count) == (P.CALL_SHM, 0, 64 * 64)
+    # a slice at an offset travels as (segment, offset) too
+    client.allreduce(x[10:12])
+    assert (fake.calls[-1].segment, fake.calls[-1].offset) == (c.segment, 10 * 64 * 4)
+    assert (x[10:12] == 6.0).all() and (x[12:] == 3.0).all()
+
+
+def test_segment_freed_when_array_dropped(client: collectived.Client,
+                                          fake: ScriptedDaemon) -> None:
+    x = client.empty(1000, "int64")
+    y = x[5:]  # a view keeps the segment alive
+    del x
+    gc.collect()
+    client.barrier()
+    assert fake.frees == []
+    del y
+    gc.collect()
+    client.barrier()  # the queued FREE goes out with the next request
+    deadline = time.monotonic() + 5
+    while not fake.frees and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.frees == [1]
+
+
+def test_register_path(client: collectived.Client, fake: ScriptedDaemon) -> None:
+    x = client.empty(300, "int32", register=True)
+    x[:] = 7
+    client.allreduce(x)
+    assert fake.registered == [fake.calls[-1].segment]
+    assert (x == 14).all()
+
+
+def test_stdlib_buffers(client: collectived.Client, fake: ScriptedDaemon) -> None:
+    a = array.array("d", [1.0, -2.0])
+    client.allreduce(a)
+    assert list(a) == [2.0, -4.0]
+    mv = client.buffer(16).cast("i")
+    mv[0], mv[3] = 5, 9
+    client.allreduce(mv, op="sum")
+    assert list(mv) == [10, 0, 0, 18]
+    assert fake.calls[-1].flags == P.CALL_SHM
+
+
+def test_broadcast_and_barrier_descriptions(client: collectived.Client,
+                                            fake: ScriptedDaemon) -> None:
+    x = np.array([1, 2, 3], dtype=np.int32)
+    client.broadcast(x, root=1, name="w")
+    client.barrier(name="end")
+    b, bar = fake.calls[-2:]
+    assert (b.op, b.dtype, b.reduce, b.root, b.name) == (P.OP_BROADCAST, P.DT_INT32, 0, 1, "w")
+    assert (bar.op, bar.dtype, bar.count, bar.flags, bar.name) == (P.OP_BARRIER, 0, 0, 0, "end")
+    with pytest.raises(ValueError, match="root 2 outside world of 2"):
+        client.broadcast(x, root=2)
+
+
+def test_out_of_order_replies(client: collectived.Client) -> None:
+    a = np.ones(2, dtype=np.float32)
+    b = np.full(2, 3, dtype=np.float32)
+    ha = client.allreduce_async(a, name="hold")
+    time.sleep(0.05)
+    assert not ha.done()
+    hb = client.allreduce_async(b)
+    assert hb.wait() is b
+    assert ha.wait() is a
+    assert ha.seq == 0 and hb.seq == 1
+    assert (a == 2).all() and (b == 6).all()
+
+
+def test_mismatch_error(client: collectived.Client) -> None:
+    with pytest.raises(collectived.MismatchError) as ei:
+        client.allreduce(np.ones(3, np.float32), name="mismatch")
+    assert ei.value.code == 15 and ei.value.code_name == "MISMATCH"
+    assert "world rank 1" in ei.value.message and not ei.value.fatal
+    client.barrier()  # the connection goes on
+
+
+def test_wait_timeout_never_hangs(client: collectived.Client) -> None:
+    h = client.allreduce_async(np.ones(2, np.float32), name="silent")
+    t0 = time.monotonic()
+    with pytest.raises(collectived.WaitTimeoutError) as ei:
+        h.wait(0.2)
+    assert isinstance(ei.value, TimeoutError)
+    assert 0.15 < time.monotonic() - t0 < 5
+    assert "still in flight" in str(ei.value) and not h.done()
+
+
+def test_fatal_error_fails_everything(client: collectived.Client) -> None:
+    pending = client.allreduce_async(np.ones(2, np.float32), name="silent")
+    with pytest.raises(collectived.ProtocolError, match="scripted fatal error") as ei:
+        client.allreduce(np.ones(2, np.float32), name="fatal")
+    assert ei.value.fatal
+    with pytest.raises(collectived.ProtocolError):
+        pending.wait(2)
+    with pytest.raises(collectived.ConnectionLostError, match="unusable"):
+        client.barrier()
+
+
+def test_unknown_frame_from_daemon(client: collectived.Client) -> None:
+    with pytest.raises(collectived.ProtocolError, match="unknown_type"):
+        client.allreduce(np.ones(2, np.float32), name="garbage")
+
+
+def test_close_fails_pending_and_is_idempotent(fake: ScriptedDaemon) -> None:
+    c = collectived.Client(fake.path, job="demo")
+    h = c.allreduce_async(np.ones(2, np.float32), name="silent")
+    c.close()
+    c.close()
+    with pytest.raises(collectived.ConnectionLostError, match="client closed"):
+        h.wait(1)
+
+
+def test_bad_buffers(client: collectived.Client) -> None:
+    with pytest.raises(TypeError, match="float16"):
+        client.allreduce(np.ones(2, np.float16))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        client.allreduce(np.ones((4, 4), np.float32)[:, 1])
+    with pytest.raises(ValueError, match="read-only"):
+        client.allreduce(np.frombuffer(b"\0" * 8, np.float32))
+    with pytest.raises(ValueError, match="unknown reduce op 'avg'"):
+        client.allreduce(np.ones(2, np.float32), op="avg")
+    with pytest.raises(TypeError, match="not a NumPy array"):
+        client.allreduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="call name is 256 bytes"):
+        client.barrier(name="n" * 256)
+
+
+def test_zero_count_and_status(client: collectived.Client, fake: ScriptedDaemon) -> None:
+    x = np.zeros(0, np.float32)
+    client.allreduce(x)
+    assert fake.calls[-1].count == 0 and fake.calls[-1].flags == 0
+    assert client.status()["job"] == "demo"
+
+
+def test_no_fd_leak(fake: ScriptedDaemon) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with collectived.Client(fake.path, job="demo") as c:
+            c.allreduce(np.arange(100, dtype=np.float32))
+            x = c.zeros(10)
+            c.allreduce(x)
+            del x
+    gc.collect()
+    deadline = time.monotonic() + 5  # the scripted peer's threads close their side
+    while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(os.listdir("/proc/self/fd")) <= before

@@ -1,0 +1,95 @@
+"""The Python codec against the shared vectors in clients/testdata."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from collectived import _protocol as P
+
+VECTORS = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "vectors.json")
+
+with open(VECTORS, encoding="utf-8") as _f:
+    ALL = json.load(_f)
+VALID = [v for v in ALL if v.get("valid", True)]
+INVALID = [v for v in ALL if not v.get("valid", True)]
+
+_CLASSES = {
+    "HELLO": P.Hello, "HELLO_OK": P.HelloOk, "ALLOC": P.Alloc, "ALLOC_OK": P.AllocOk,
+    "FREE": P.Free, "FREE_OK": P.FreeOk, "REGISTER": P.Register, "REGISTER_OK": P.RegisterOk,
+    "CALL": P.Call, "CALL_OK": P.CallOk, "STATUS": P.Status, "STATUS_OK": P.StatusOk,
+    "ERROR": P.Error,
+}
+
+
+def _as_decoded(msg: P.Message) -> dict:
+    """The message in the vectors' `decoded` form."""
+    d = {"type": P.TYPE_NAMES[P.type_code(msg)]}
+    for f in dataclasses.fields(msg):
+        v = getattr(msg, f.name)
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            v = bytes(v).hex()
+        d[f.name] = v
+    if isinstance(msg, P.Call):
+        # The vectors carry only the fields present on the wire.
+        for k in (("data",) if msg.flags & P.CALL_SHM else ("segment", "offset")):
+            del d[k]
+    return d
+
+
+def test_vectors_cover_the_brief() -> None:
+    types = {v["decoded"]["type"] for v in VALID}
+    assert types == set(_CLASSES), f"types without a vector: {set(_CLASSES) - types}"
+    checks = {v["error"] for v in INVALID}
+    for c in ("bad_magic", "frame_too_long", "reserved_nonzero", "payload_length",
+              "unknown_type", "inline_data_length"):
+        assert c in checks
+
+
+@pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
+def test_decode_valid(vec: dict) -> None:
+    msg = P.decode(bytes.fromhex(vec["hex"]))
+    assert _as_decoded(msg) == vec["decoded"]
+    assert (vec["direction"] == "d2c") == bool(P.type_code(msg) & 0x80)
+
+
+@pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
+def test_encode_valid(vec: dict) -> None:
+    d = dict(vec["decoded"])
+    cls = _CLASSES[d.pop("type")]
+    for k in ("data", "result"):
+        if k in d:
+            d[k] = bytes.fromhex(d[k])
+    assert P.encode(cls(**d)).hex() == vec["hex"]
+
+
+@pytest.mark.parametrize("vec", INVALID, ids=[v["name"] for v in INVALID])
+def test_decode_invalid(vec: dict) -> None:
+    with pytest.raises(P.FrameError) as ei:
+        P.decode(bytes.fromhex(vec["hex"]))
+    assert ei.value.check == vec["error"], str(ei.value)
+    assert str(ei.value).startswith(vec["error"] + ":")
+
+
+def test_header_bound_checked_before_payload() -> None:
+    # A header alone claiming 1 MiB must fail on the bound, not on a short read.
+    hdr = bytes.fromhex("00001000" "85000000" "0100000000000000")
+    with pytest.raises(P.FrameError, match="frame_too_long"):
+        P.parse_header(hdr, 4096)
+    assert P.parse_header(hdr, 1 << 20)[0] == 1 << 20
+
+
+def test_encode_rejects_long_strings() -> None:
+    with pytest.raises(ValueError, match="call name is 256 bytes"):
+        P.encode(P.Call(1, P.OP_BARRIER, 0, 0, 0, name="n" * 256))
+    with pytest.raises(ValueError, match="label is 300 bytes"):
+        P.encode(P.Hello(1, job="j", label="x" * 300))
+
+
+def test_call_prefix_plus_data_is_the_frame() -> None:
+    c = P.Call(9, P.OP_ALLREDUCE, P.DT_INT32, P.RED_SUM, 2, data=b"\x01\0\0\0\x02\0\0\0")
+    assert P.encode_call_prefix(c) + bytes(c.data) == P.encode(c)
+    assert P.decode(P.encode(c)) == dataclasses.replace(c, data=memoryview(bytes(c.data)))
