@@ -16,8 +16,8 @@ const shapeDomain = "collectived config shape v1\x00"
 // share, exchanged in the peer handshake so that a node started with a
 // different config is refused with both digests named (nccl#1267).
 //
-// It covers, in this order and encoding: a domain string naming the
-// version of the encoding; the job name; the number of peers and each peer
+// It covers, in this order and encoding: the domain string
+// "collectived config shape v1\x00" naming the version of the encoding; the job name; the number of peers and each peer
 // address exactly as written, in ring order; job.local_size; ring.streams,
 // ring.segment_bytes and ring.small_bytes; limits.inline_bytes. Strings are
 // length-prefixed and every number is a big-endian uint64, so no two

@@ -26,6 +26,11 @@
 // peer is local, so rank auto is ambiguous there by design: each daemon
 // gets its rank from the file or the override passed to ResolveRank.
 //
+// Parse and Validate are pure: they touch neither the file system nor the
+// network, so a config can be checked anywhere. Token reads the token file
+// or variable, and ResolveRank lists the interfaces (and, for host names,
+// asks the resolver); call them on the node that will run.
+//
 // The package knows nothing of sockets, rings or clients; it only
 // describes them.
 package config

@@ -82,6 +82,8 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate peer", base + "", ""}, // replaced below
 		{"peer not host:port", "job:\n  name: demo\n  token_env: T\npeers:\n  - 127.0.0.1\n", `config.yaml:5: peers[0]: "127.0.0.1" is not host:port`},
 		{"peer ipv6 unbracketed", "job:\n  name: demo\n  token_env: T\npeers:\n  - ::1:7000\n", `config.yaml:5: peers[0]: "::1:7000" is not host:port (write an IPv6 address as [::1]:7070)`},
+		{"peer bad host", "job:\n  name: demo\n  token_env: T\npeers:\n  - \"http://node1:7000\"\n", `config.yaml:5: peers[0]: "http://node1:7000" is not host:port`},
+		{"peer host with space", "job:\n  name: demo\n  token_env: T\npeers:\n  - \"node 1:7000\"\n", `config.yaml:5: peers[0]: "node 1:7000": host "node 1" is neither an IP address nor a host name`},
 		{"peer no host", "job:\n  name: demo\n  token_env: T\npeers:\n  - :7000\n", `config.yaml:5: peers[0]: ":7000" has no host`},
 		{"peer port 0", "job:\n  name: demo\n  token_env: T\npeers:\n  - 127.0.0.1:0\n", `config.yaml:5: peers[0]: "127.0.0.1:0": port 0 is out of range 1-65535`},
 		{"peer port 65536", "job:\n  name: demo\n  token_env: T\npeers:\n  - 127.0.0.1:65536\n", `config.yaml:5: peers[0]: "127.0.0.1:65536": port 65536 is out of range 1-65535`},

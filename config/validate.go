@@ -93,6 +93,9 @@ func hostPort(addr string, hostRequired bool) (host string, port int, err error)
 	if hostRequired && host == "" {
 		return "", 0, fmt.Errorf("%q has no host", addr)
 	}
+	if _, err := netip.ParseAddr(host); err != nil && !isHostName(host) {
+		return "", 0, fmt.Errorf("%q: host %q is neither an IP address nor a host name", addr, host)
+	}
 	port, err = strconv.Atoi(ps)
 	if err != nil || ps[0] == '+' || ps[0] == '-' {
 		return "", 0, fmt.Errorf("%q: port %q is not a number", addr, ps)
@@ -101,6 +104,20 @@ func hostPort(addr string, hostRequired bool) (host string, port int, err error)
 		return "", 0, fmt.Errorf("%q: port %d is out of range 1-65535", addr, port)
 	}
 	return host, port, nil
+}
+
+// isHostName accepts DNS names (and the '_' some private names use); it
+// keeps spaces, control characters and URL pieces out of addresses.
+func isHostName(s string) bool {
+	if len(s) > 253 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // canonicalHost makes two spellings of one IP compare equal.
