@@ -308,3 +308,32 @@ var allKeys = []string{
 	"limits", "limits.inline_bytes", "limits.shm_quota_bytes", "limits.max_in_flight", "limits.max_clients",
 	"log", "log.level", "log.format",
 }
+
+func TestSlogLevel(t *testing.T) {
+	for level, want := range map[string]string{"debug": "DEBUG", "info": "INFO", "warn": "WARN", "error": "ERROR"} {
+		if got := (Log{Level: level}).SlogLevel().String(); got != want {
+			t.Errorf("SlogLevel(%s) = %s", level, got)
+		}
+	}
+}
+
+func TestListenAllInterfaces(t *testing.T) {
+	for _, l := range []string{":7101", "0.0.0.0:7101", "[::]:7101"} {
+		if c := mustParse(t, base+"listen: \""+l+"\"\n"); c.Listen != l {
+			t.Errorf("listen %q = %q", l, c.Listen)
+		}
+	}
+}
+
+func TestMorePeersThanSupported(t *testing.T) {
+	src := "job:\n  name: demo\n  token_env: T\npeers:\n" + strings.Repeat("  - 127.0.0.1:1\n", MaxPeers+1)
+	mustFail(t, src, "config.yaml:5: peers: has 4097 entries; at most 4096 are supported")
+}
+
+func TestLeadingZeroRefused(t *testing.T) {
+	mustFail(t, base+"ring:\n  small_bytes: 0100\n", "config.yaml:8: ring.small_bytes: 0100 has a leading zero")
+	mustFail(t, base+"rank: 01\n", "config.yaml:7: rank: 01 has a leading zero")
+	mustFail(t, base+"socket:\n  allowed_gids: [0100]\n", "config.yaml:8: socket.allowed_gids[0]: the integer 0100 is not a numeric gid")
+	mustFail(t, base+"socket:\n  mode: \"0o\"\n", `config.yaml:8: socket.mode: "0o" is not an octal mode`)
+	mustFail(t, base+"ring:\n  small_bytes: 99999999999999999999\n", "config.yaml:8: ring.small_bytes: must be a whole number of bytes")
+}
