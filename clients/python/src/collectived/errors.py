@@ -43,6 +43,15 @@ class CollectivedError(Exception):
             text = f"{request}: {text}"
         super().__init__(text)
 
+    def __reduce__(self) -> tuple:
+        # Keep code, fatal and request across pickling (multiprocessing).
+        return (_rebuild, (type(self), self.message, self.code, self.fatal, self.request))
+
+
+def _rebuild(cls: type, message: str, code: Optional[int], fatal: bool,
+             request: str) -> "CollectivedError":
+    return cls(message, code, fatal=fatal, request=request)  # type: ignore[no-any-return]
+
 
 class ProtocolError(CollectivedError):
     """A malformed frame (``BAD_FRAME``), from either side."""

@@ -1,0 +1,161 @@
+"""The Python client against real collectived daemons (skipped, with the
+reason, when no daemon binary can be built)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import collectived
+
+import trainer_fns as T
+from worlds import JOB, REPO, World
+
+EXAMPLES = os.path.join(REPO, "clients", "python", "examples")
+
+
+def _check_every_dtype_op(world: World) -> None:
+    results = world.run(T.every_dtype_op)
+    assert [r["rank"] for r in results] == list(range(world.size))
+    for path in T.PATHS:
+        for dtype in T.DTYPES:
+            for op in T.OPS:
+                key = (path, dtype, op)
+                n = len(results[0][key])
+                ref = T.reference(world.size, dtype, op, n)
+                got = results[0][key]
+                assert got.dtype == np.dtype(dtype)
+                if "float" in dtype:
+                    np.testing.assert_allclose(got, ref, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                               err_msg=str(key))
+                else:
+                    np.testing.assert_array_equal(got, ref, err_msg=str(key))
+                for r in results[1:]:  # every rank gets bit-identical results
+                    np.testing.assert_array_equal(r[key], got, err_msg=f"{key} rank {r['rank']}")
+                if path == "segment":
+                    # zero copy: a header and a description, not the buffer
+                    assert max(r["sent"][key] for r in results) < 128, key
+
+
+def test_info_1x1(world_1x1: World) -> None:
+    (i,) = world_1x1.run(T.info)
+    assert i == {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "node_rank": 0,
+                 "node_count": 1, "generation": i["generation"]}
+
+
+def test_every_dtype_op_1x1(world_1x1: World) -> None:
+    _check_every_dtype_op(world_1x1)
+
+
+def test_info_2x2(world_2x2: World) -> None:
+    infos = world_2x2.run(T.info)
+    for r, i in enumerate(infos):
+        assert (i["rank"], i["size"], i["local_rank"], i["local_size"]) == (r, 4, r % 2, 2)
+        assert (i["node_rank"], i["node_count"]) == (r // 2, 2)
+
+
+def test_every_dtype_op_2x2(world_2x2: World) -> None:
+    _check_every_dtype_op(world_2x2)
+
+
+def test_async_2x2(world_2x2: World) -> None:
+    k, n = 8, 50_000
+    results = world_2x2.run(T.many_async, (k, n))
+    for res in results:
+        arrays, ids = res[:-1], res[-1]
+        for i, a in enumerate(arrays):
+            assert (a == sum(r + i for r in range(4))).all()
+        seqs = [s for _, s in ids]
+        assert seqs == sorted(seqs) and len(set(seqs)) == k
+    assert len({tuple(r[-1]) for r in results}) == 1  # same (generation, seq) everywhere
+
+
+def test_mismatch_2x2(world_2x2: World) -> None:
+    results = world_2x2.run(T.mismatch)
+    for res in results:
+        assert res["error"] is not None, "a mismatched call succeeded"
+        cls, code, name, msg = res["error"]
+        assert (cls, code, name) == ("MismatchError", 15, "MISMATCH")
+        assert "count=3" in msg and "count=4" in msg, msg
+        assert res["after"] == [4.0, 4.0]
+
+
+def test_broadcast_barrier_2x2(world_2x2: World) -> None:
+    for res in world_2x2.run(T.broadcast_and_barrier):
+        assert res["x"] == [3.0] * 5
+        assert res["big"] == (0, 0)
+
+
+def test_status_and_wrong_job(world_2x2: World) -> None:
+    with collectived.Client(world_2x2.sockets[0], job=JOB, observer=True) as c:
+        st = c.status()
+        assert isinstance(st, dict) and st
+        assert c.rank == -1
+    with pytest.raises(collectived.JobError) as ei:
+        collectived.Client(world_2x2.sockets[0], job="not-" + JOB)
+    assert JOB in ei.value.message and ei.value.fatal
+
+
+def test_rank_taken_and_range(world_2x2: World) -> None:
+    with collectived.Client(world_2x2.sockets[1], job=JOB, local_rank=1) as c:
+        assert c.rank == 3
+        with pytest.raises(collectived.RankTakenError):
+            collectived.Client(world_2x2.sockets[1], job=JOB, local_rank=1)
+    with pytest.raises(collectived.RankRangeError):
+        collectived.Client(world_2x2.sockets[1], job=JOB, local_rank=2)
+
+
+def _run_example(world: World, script: str) -> list[str]:
+    procs = []
+    for i in range(world.size):
+        sock, lr = world.trainer_args(i)
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(EXAMPLES, script), "--socket", sock, "--job", JOB,
+             "--local-rank", str(lr)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=180)
+            outs.append(out)
+            assert p.returncode == 0, out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
+def test_train_numpy_example_2x2(world_2x2: World) -> None:
+    outs = _run_example(world_2x2, "train_numpy.py")
+    for o in outs:
+        assert "OK" in o and "identical on all ranks: True" in o, o
+
+
+def test_train_torch_example_2x2(world_2x2: World) -> None:
+    pytest.importorskip("torch")
+    for o in _run_example(world_2x2, "train_torch.py"):
+        assert "OK" in o, o
+
+
+def test_torch_tensors_2x2(world_2x2: World) -> None:
+    pytest.importorskip("torch")
+    for t, zmax, sent in world_2x2.run(T.torch_allreduce):
+        assert t == [6.0] * 10 and zmax == 3.0 and sent < 128
+
+
+def test_peer_lost(fresh_world_2x1: World) -> None:
+    w = fresh_world_2x1
+    sock, lr = w.trainer_args(0)
+    with collectived.Client(sock, job=JOB, local_rank=lr) as c:
+        h = c.allreduce_async(np.ones(4, np.float32))  # rank 1 never calls
+        w.kill_node(1)
+        with pytest.raises(collectived.CollectivedError) as ei:
+            h.wait(60)
+        assert isinstance(ei.value, (collectived.PeerLostError, collectived.AbortedError,
+                                     collectived.CollectiveTimeoutError)), ei.value

@@ -1,0 +1,115 @@
+"""Trainer bodies run in spawned processes by tests/worlds.py (module-level so
+that they pickle). Each takes a connected Client first."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+import collectived
+
+DTYPES = ("float32", "float64", "int32", "int64")
+OPS = ("sum", "prod", "max", "min")
+PATHS = ("inline", "segment", "scratch")
+
+
+def make_input(rank: int, dtype: str, op: str, n: int) -> np.ndarray:
+    """Deterministic per-rank data; products stay small enough not to overflow."""
+    rng = np.random.default_rng(rank * 1000 + DTYPES.index(dtype) * 10 + OPS.index(op))
+    if op == "prod":
+        v = rng.choice([-2, -1, 1, 2], size=n) if "int" in dtype else rng.uniform(0.5, 1.5, n)
+    elif "int" in dtype:
+        v = rng.integers(-1000, 1000, size=n)
+    else:
+        v = rng.standard_normal(n)
+    return np.asarray(v).astype(dtype)
+
+
+def reference(size: int, dtype: str, op: str, n: int) -> np.ndarray:
+    stack = np.stack([make_input(r, dtype, op, n) for r in range(size)])
+    f = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op]
+    return f(stack, axis=0).astype(dtype)
+
+
+def count_for(path: str, dtype: str, inline_limit: int) -> int:
+    item = np.dtype(dtype).itemsize
+    if path == "scratch":
+        return inline_limit // item + 1000  # just over the inline limit
+    return 1000
+
+
+def every_dtype_op(c: collectived.Client) -> dict:
+    out: dict = {"rank": c.rank, "size": c.size, "sent": {}}
+    for path in PATHS:
+        for dtype in DTYPES:
+            for op in OPS:
+                n = count_for(path, dtype, c.inline_limit)
+                src = make_input(c.rank, dtype, op, n)
+                x = c.empty(n, dtype) if path == "segment" else src.copy()
+                x[:] = src
+                before = c.bytes_sent
+                r = c.allreduce(x, op, name=f"{path}/{dtype}/{op}")
+                assert r is x
+                out["sent"][(path, dtype, op)] = c.bytes_sent - before
+                out[(path, dtype, op)] = np.array(x)
+    return out
+
+
+def many_async(c: collectived.Client, k: int, n: int) -> list:
+    xs = [np.full(n, c.rank + i, dtype=np.int64) for i in range(k)]
+    xs[k // 2] = c.zeros(n, "int64")
+    xs[k // 2][:] = c.rank + k // 2
+    hs = [c.allreduce_async(x) for x in xs]
+    for h in reversed(hs):
+        h.wait()
+    assert all(h.done() for h in hs)
+    return [np.array(x) for x in xs] + [[(h.generation, h.seq) for h in hs]]
+
+
+def mismatch(c: collectived.Client) -> dict:
+    n = 3 if c.rank == 0 else 4
+    out: dict = {}
+    try:
+        c.allreduce(np.ones(n, np.float32), name="grads")
+        out["error"] = None
+    except collectived.MismatchError as e:
+        out["error"] = (type(e).__name__, e.code, e.code_name, e.message)
+    # the connection and the world go on: the next collective works
+    x = np.ones(2, np.float32)
+    c.allreduce(x)
+    out["after"] = x.tolist()
+    return out
+
+
+def broadcast_and_barrier(c: collectived.Client) -> dict:
+    root = c.size - 1
+    x = np.full(5, c.rank, dtype=np.float64)
+    c.broadcast(x, root, name="w")
+    big = c.zeros(100_000, "int32")
+    big[:] = c.rank
+    c.broadcast(big, 0)
+    t0 = time.monotonic()
+    c.barrier(name="end")
+    return {"x": x.tolist(), "big": (int(big.min()), int(big.max())),
+            "barrier_s": time.monotonic() - t0}
+
+
+def info(c: collectived.Client) -> dict:
+    return {k: getattr(c, k) for k in ("rank", "size", "local_rank", "local_size",
+                                       "node_rank", "node_count", "generation")}
+
+
+def torch_allreduce(c: collectived.Client) -> Any:
+    import torch
+
+    import collectived.torch as ct
+
+    t = torch.full((10,), float(c.rank))
+    c.allreduce(t)
+    z = ct.zeros(c, 1000, torch.float64)
+    z += c.rank
+    before = c.bytes_sent
+    c.allreduce(z, op="max")
+    return t.tolist(), float(z.max()), c.bytes_sent - before
