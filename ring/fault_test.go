@@ -1,0 +1,473 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+)
+
+var arDesc = collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 100000, Name: "grad"}
+
+// faultWorld starts the ranks not in skip over real TCP and returns the
+// rings (nil at skipped ranks) and the raw links (for the fake ranks).
+func faultWorld(t *testing.T, n int, skip map[int]bool, tweak func(*Config)) ([]*Ring, []Links) {
+	t.Helper()
+	links := tcpLinks(t, n, 1)
+	rings := make([]*Ring, n)
+	for i := range rings {
+		if skip[i] {
+			continue
+		}
+		cfg := testConfig(i, n)
+		cfg.OpTimeout = 10 * time.Second
+		cfg.HeartbeatInterval = 50 * time.Millisecond
+		cfg.HeartbeatTimeout = 3 * time.Second
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		r, err := New(cfg, links[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rings[i] = r
+		t.Cleanup(func() { r.Close() })
+	}
+	return rings, links
+}
+
+// startAll runs Start on every real rank.
+func startAll(t *testing.T, rings []*Ring) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(rings))
+	for i, r := range rings {
+		if r == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _, errs[i] = r.Start() }()
+	}
+	waitBounded(t, &wg, 30*time.Second)
+	noErrors(t, "start", errs)
+}
+
+// opOnReal runs f on every real rank concurrently, bounded.
+func opOnReal(t *testing.T, rings []*Ring, bound time.Duration, f func(i int, r *Ring) error) []error {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(rings))
+	for i, r := range rings {
+		if r == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f(i, r) }()
+	}
+	waitBounded(t, &wg, bound)
+	return errs
+}
+
+// expectAll checks that every real rank failed with sentinel and that its
+// message names each of the words.
+func expectAll(t *testing.T, rings []*Ring, errs []error, sentinel error, words ...string) {
+	t.Helper()
+	for i, r := range rings {
+		if r == nil {
+			continue
+		}
+		err := errs[i]
+		if !errors.Is(err, sentinel) {
+			t.Errorf("rank %d: %v, want errors.Is %v", i, err, sentinel)
+			continue
+		}
+		var re *Error
+		if !errors.As(err, &re) {
+			t.Errorf("rank %d: %T is not a *ring.Error", i, err)
+		}
+		for _, w := range words {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("rank %d: %q does not say %q", i, err, w)
+			}
+		}
+		t.Logf("rank %d: %v", i, err)
+	}
+}
+
+func allReduceOn(i int, r *Ring) error {
+	return r.AllReduce(arDesc, make([]byte, arDesc.Bytes()))
+}
+
+// A rank whose links close without warning (a crash): its neighbours see
+// the peer closing, everyone else learns it from their abort.
+func TestFaultPeerCloses(t *testing.T) {
+	rings, links := faultWorld(t, 4, map[int]bool{2: true}, nil)
+	// Rank 2 answers Start like a real rank would, then dies.
+	fake := newFakeRank(links[2], 2, 4)
+	go fake.start(10 + 3)
+	startAll(t, rings)
+	time.AfterFunc(200*time.Millisecond, fake.closeAll)
+	errs := opOnReal(t, rings, 15*time.Second, allReduceOn)
+	expectAll(t, rings, errs, ErrPeerClosed, "rank 2", "allreduce seq 0")
+	var e *Error
+	if errors.As(errs[0], &e) && e.Origin == 0 {
+		t.Errorf("rank 0 is not next to rank 2 yet names itself as origin: %v", errs[0])
+	}
+	if !errors.Is(errs[0], ErrAborted) {
+		t.Errorf("rank 0 learnt of the failure other than by an abort frame: %v", errs[0])
+	}
+}
+
+// A rank that is alive at the TCP level but sends nothing at all (as if
+// SIGSTOPped): heartbeats find it long before the op timeout.
+func TestFaultPeerHung(t *testing.T) {
+	rings, links := faultWorld(t, 3, map[int]bool{1: true}, func(c *Config) {
+		c.OpTimeout = 60 * time.Second
+		c.HeartbeatTimeout = time.Second
+	})
+	fake := newFakeRank(links[1], 1, 3)
+	go fake.start(10 + 2)
+	startAll(t, rings)
+	fake.silent()
+	t0 := time.Now()
+	errs := opOnReal(t, rings, 15*time.Second, allReduceOn)
+	expectAll(t, rings, errs, ErrPeerHung, "rank 1")
+	if d := time.Since(t0); d > 30*time.Second {
+		t.Errorf("hang detected after %v", d)
+	}
+	fake.closeAll()
+}
+
+// While idle, too: no op under way, and Err reports the hung peer.
+func TestFaultPeerHungIdle(t *testing.T) {
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) { c.HeartbeatTimeout = 500 * time.Millisecond })
+	fake := newFakeRank(links[1], 1, 2)
+	go fake.start(11)
+	startAll(t, rings)
+	fake.silent()
+	deadline := time.Now().Add(10 * time.Second)
+	for rings[0].Err() == nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	err := rings[0].Err()
+	if !errors.Is(err, ErrPeerHung) || !strings.Contains(err.Error(), "idle") || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("idle hang: %v", err)
+	}
+	// The next call reports it, wrapped with its own op and seq.
+	err = allReduceOn(0, rings[0])
+	if !errors.Is(err, ErrPeerHung) || !strings.Contains(err.Error(), "allreduce seq 0: failed earlier: idle") {
+		t.Fatalf("call after idle failure: %v", err)
+	}
+	fake.closeAll()
+}
+
+// A rank that calls late (its owner is slow) is not hung: the others wait
+// with full socket buffers well past the heartbeat timeout and succeed.
+func TestSlowCallerIsNotHung(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 3, tweak: func(c *Config) {
+		c.HeartbeatInterval = 50 * time.Millisecond
+		c.HeartbeatTimeout = 500 * time.Millisecond
+		c.SegmentBytes = 1 << 20
+	}})
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 4 << 20}
+	errs := onAll(t, rings, func(i int, r *Ring) error {
+		if i == 1 {
+			time.Sleep(2 * time.Second)
+		}
+		return r.AllReduce(d, make([]byte, d.Bytes()))
+	})
+	noErrors(t, "slow caller", errs)
+}
+
+// A rank that never calls: the others fail after OpTimeout with
+// ErrTimeout, and the late rank learns it from their abort.
+func TestFaultOpTimeout(t *testing.T) {
+	rings, _ := faultWorld(t, 3, nil, func(c *Config) { c.OpTimeout = 700 * time.Millisecond })
+	startAll(t, rings)
+	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
+		if i == 2 {
+			time.Sleep(2 * time.Second)
+		}
+		return allReduceOn(i, r)
+	})
+	expectAll(t, rings, errs, ErrTimeout, "no progress")
+	if !errors.Is(errs[2], ErrAborted) {
+		t.Errorf("the late rank: %v, want an abort", errs[2])
+	}
+}
+
+// Ranks calling different collectives: everyone fails with ErrMismatch,
+// and the detecting rank's message shows both descriptions.
+func TestFaultMismatch(t *testing.T) {
+	cases := []struct {
+		name  string
+		call  func(r *Ring) error
+		words []string
+	}{
+		{"count", func(r *Ring) error {
+			d := arDesc
+			d.Count++
+			return r.AllReduce(d, make([]byte, d.Bytes()))
+		}, []string{"count=100000", "count=100001"}},
+		{"op", func(r *Ring) error {
+			d := collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 100000}
+			return r.Broadcast(d, make([]byte, d.Bytes()))
+		}, []string{"broadcast(float32, count=100000, root=0)", "allreduce(float32, sum, count=100000, name differs)"}},
+		{"name", func(r *Ring) error {
+			d := arDesc
+			d.Name = "other"
+			return r.AllReduce(d, make([]byte, d.Bytes()))
+		}, []string{"allreduce(float32, sum, count=100000, name differs)"}},
+		{"small", func(r *Ring) error {
+			d := arDesc
+			d.Count = 3
+			return r.AllReduce(d, make([]byte, d.Bytes()))
+		}, []string{"count=3"}},
+		{"skipped op", func(r *Ring) error {
+			if err := r.Barrier(collective.Desc{Op: collective.OpBarrier}); err != nil {
+				return err
+			}
+			return allReduceOn(0, r)
+		}, []string{"barrier(", "seq 0 allreduce(float32, sum, count=100000"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rings, _ := faultWorld(t, 3, nil, nil)
+			startAll(t, rings)
+			errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
+				if i == 1 {
+					return c.call(r)
+				}
+				return allReduceOn(i, r)
+			})
+			// Every rank, however it learnt of it, sees both descriptions.
+			expectAll(t, rings, errs, ErrMismatch, c.words...)
+			for i, err := range errs {
+				var e *Error
+				if errors.As(err, &e) && e.Origin == i && !strings.Contains(err.Error(), fmt.Sprintf("rank %d sent seq", e.PeerRank)) {
+					t.Errorf("rank %d detected the mismatch but does not name the peer's description: %v", i, err)
+				}
+			}
+			// Later calls return the same failure, wrapped with their own op and seq.
+			err := rings[0].Barrier(collective.Desc{Op: collective.OpBarrier})
+			if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "barrier seq 1: failed earlier: allreduce seq 0") {
+				t.Errorf("later call: %v", err)
+			}
+		})
+	}
+}
+
+// A peer that sends garbage: the receiver names it, the others learn the
+// cause by abort.
+func TestFaultGarbage(t *testing.T) {
+	for _, g := range []struct {
+		name  string
+		bytes func() []byte
+		word  string
+	}{
+		{"http", func() []byte { return []byte(strings.Repeat("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 4)) }, "bad magic"},
+		{"oversized", func() []byte {
+			h := header{Kind: kindData, Sender: 1, Length: 1 << 31}
+			b := make([]byte, headerLen)
+			h.encode(b)
+			return b
+		}, "exceeds the limit"},
+		{"kind", func() []byte {
+			h := header{Kind: 9, Sender: 1}
+			b := make([]byte, headerLen)
+			h.encode(b)
+			return b
+		}, "unknown frame kind 9"},
+		{"sender", func() []byte {
+			h := header{Kind: kindHeartbeat, Sender: 0}
+			b := make([]byte, headerLen)
+			h.encode(b)
+			return b
+		}, "claims sender rank 0"},
+	} {
+		t.Run(g.name, func(t *testing.T) {
+			rings, links := faultWorld(t, 3, map[int]bool{1: true}, nil)
+			fake := newFakeRank(links[1], 1, 3)
+			go fake.start(12)
+			startAll(t, rings)
+			time.AfterFunc(100*time.Millisecond, func() { fake.writeNext(g.bytes()) })
+			errs := opOnReal(t, rings, 15*time.Second, allReduceOn)
+			expectAll(t, rings, errs, ErrBadFrame, g.word, "rank 1")
+			if !errors.Is(errs[0], ErrAborted) || !strings.Contains(errs[0].Error(), "origin rank 2") {
+				t.Errorf("rank 0: %v, want an abort from origin rank 2", errs[0])
+			}
+			fake.closeAll()
+		})
+	}
+}
+
+// A frame of another generation is refused with ErrGeneration.
+func TestFaultGeneration(t *testing.T) {
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, nil)
+	fake := newFakeRank(links[1], 1, 2)
+	go fake.start(11)
+	startAll(t, rings)
+	d := collective.Desc{Op: collective.OpBarrier}
+	h := header{Kind: kindData, Sender: 1, Generation: 99}
+	h.setDesc(&d, d.Fingerprint())
+	b := make([]byte, headerLen)
+	h.encode(b)
+	time.AfterFunc(50*time.Millisecond, func() { fake.writeNext(b) })
+	err := rings[0].Barrier(d)
+	if !errors.Is(err, ErrGeneration) || !strings.Contains(err.Error(), "generation 99") {
+		t.Fatalf("%v, want ErrGeneration naming generation 99", err)
+	}
+	fake.closeAll()
+}
+
+// Abort from outside (the daemon found a local mismatch): every rank
+// fails with the origin and reason text.
+func TestAbortTravels(t *testing.T) {
+	rings, _ := faultWorld(t, 4, nil, nil)
+	startAll(t, rings)
+	reason := errors.New("trainer 3 called allreduce(float32) while trainer 0 called broadcast")
+	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
+		if i == 2 {
+			time.Sleep(100 * time.Millisecond)
+			r.Abort(reason)
+			return r.Barrier(collective.Desc{Op: collective.OpBarrier})
+		}
+		return allReduceOn(i, r)
+	})
+	expectAll(t, rings, errs, ErrAborted, "origin rank 2", reason.Error())
+	if !errors.Is(errs[2], reason) {
+		t.Errorf("rank 2's own error does not wrap its reason: %v", errs[2])
+	}
+}
+
+// Close while an op waits: the op fails with ErrClosed at once, the
+// neighbours learn the rank closed.
+func TestCloseDuringOp(t *testing.T) {
+	rings, _ := faultWorld(t, 3, nil, nil)
+	startAll(t, rings)
+	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
+		if i == 1 {
+			time.Sleep(200 * time.Millisecond)
+			r.Close()
+			r.Close()
+			return r.Barrier(collective.Desc{Op: collective.OpBarrier})
+		}
+		return allReduceOn(i, r)
+	})
+	if !errors.Is(errs[1], ErrClosed) {
+		t.Errorf("closed rank: %v", errs[1])
+	}
+	for _, i := range []int{0, 2} {
+		if !errors.Is(errs[i], ErrAborted) || !errors.Is(errs[i], ErrPeerClosed) || !strings.Contains(errs[i].Error(), "rank 1 closed its ring") {
+			t.Errorf("rank %d: %v", i, errs[i])
+		}
+	}
+}
+
+// A second op while one is under way is refused, and the first is not
+// disturbed.
+func TestConcurrentCallRefused(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 2})
+	started := make(chan struct{})
+	errs := onAll(t, rings, func(i int, r *Ring) error {
+		if i == 0 {
+			go func() {
+				time.Sleep(50 * time.Millisecond)
+				close(started)
+			}()
+			return r.Barrier(collective.Desc{Op: collective.OpBarrier})
+		}
+		<-started
+		// rank 0 is inside its barrier, waiting for rank 1.
+		if err := rings[0].Barrier(collective.Desc{Op: collective.OpBarrier}); !errors.Is(err, ErrBusy) {
+			return fmt.Errorf("concurrent call: %v, want ErrBusy", err)
+		}
+		return r.Barrier(collective.Desc{Op: collective.OpBarrier})
+	})
+	noErrors(t, "concurrent", errs)
+}
+
+// fakeRank speaks just enough of the protocol over a rank's raw links.
+type fakeRank struct {
+	links      Links
+	rank, size int
+	mu         sync.Mutex
+	quiet      bool
+	done       chan struct{}
+}
+
+func newFakeRank(l Links, rank, size int) *fakeRank {
+	return &fakeRank{links: l, rank: rank, size: size, done: make(chan struct{})}
+}
+
+// start answers the generation agreement (proposing gen) and then keeps
+// sending heartbeats both ways until silent or closed, reading and
+// discarding whatever arrives.
+func (f *fakeRank) start(gen uint32) {
+	for _, c := range append(append([]net.Conn(nil), f.links.Next...), f.links.Prev...) {
+		go io.Copy(io.Discard, c)
+	}
+	for s := 0; s < f.size-1; s++ {
+		h := header{Kind: kindStart, Sender: uint32(f.rank), Generation: gen, Step: uint32(s)}
+		b := make([]byte, headerLen)
+		h.encode(b)
+		f.writeNext(b)
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.done:
+			return
+		case <-t.C:
+		}
+		f.mu.Lock()
+		q := f.quiet
+		f.mu.Unlock()
+		if q {
+			continue
+		}
+		h := header{Kind: kindHeartbeat, Sender: uint32(f.rank)}
+		b := make([]byte, headerLen)
+		h.encode(b)
+		f.writeNext(b)
+		for _, c := range f.links.Prev {
+			c.Write(b)
+		}
+	}
+}
+
+func (f *fakeRank) writeNext(b []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.links.Next {
+		c.Write(b)
+	}
+}
+
+func (f *fakeRank) silent() {
+	f.mu.Lock()
+	f.quiet = true
+	f.mu.Unlock()
+}
+
+func (f *fakeRank) closeAll() {
+	select {
+	case <-f.done:
+		return
+	default:
+	}
+	close(f.done)
+	for _, c := range f.links.Next {
+		c.Close()
+	}
+	for _, c := range f.links.Prev {
+		c.Close()
+	}
+}

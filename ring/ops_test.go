@@ -1,0 +1,207 @@
+package ring
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+)
+
+func randBytes(seed uint64, n int) []byte {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+func TestBroadcastEveryRoot(t *testing.T) {
+	for _, w := range []worldOpts{{n: 1}, {n: 2}, {n: 3, streams: 3}, {n: 4}, {n: 7}, {n: 4, pipe: true, streams: 3}} {
+		t.Run(fmt.Sprintf("n%d_s%d_pipe%v", w.n, max(w.streams, 1), w.pipe), func(t *testing.T) {
+			rings := newWorld(t, w)
+			sizes := []int{0, 1, 4095, 4096, 4097, 1<<20 + 3}
+			for root := 0; root < w.n; root++ {
+				for _, size := range sizes {
+					if size > 1<<20 && root > 1 {
+						continue
+					}
+					src := randBytes(uint64(root*1000+size), size)
+					bufs := make([][]byte, w.n)
+					for i := range bufs {
+						bufs[i] = make([]byte, size)
+						if i == root {
+							copy(bufs[i], src)
+						}
+					}
+					d := collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: uint64(size), Root: uint32(root)}
+					noErrors(t, d.String(), onAll(t, rings, func(i int, r *Ring) error { return r.Broadcast(d, bufs[i]) }))
+					for i := range bufs {
+						if !bytes.Equal(bufs[i], src) {
+							t.Fatalf("%v: rank %d did not get the root's bytes", d, i)
+						}
+					}
+				}
+			}
+			// A typed broadcast too.
+			d := collective.Desc{Op: collective.OpBroadcast, DType: collective.Float64, Count: 1000, Root: uint32(w.n - 1)}
+			src := randBytes(5, 8000)
+			bufs := make([][]byte, w.n)
+			for i := range bufs {
+				bufs[i] = make([]byte, 8000)
+			}
+			copy(bufs[w.n-1], src)
+			noErrors(t, d.String(), onAll(t, rings, func(i int, r *Ring) error { return r.Broadcast(d, bufs[i]) }))
+			for i := range bufs {
+				if !bytes.Equal(bufs[i], src) {
+					t.Fatalf("%v: rank %d wrong", d, i)
+				}
+			}
+		})
+	}
+}
+
+func TestAllGatherVariableLengths(t *testing.T) {
+	for _, w := range []worldOpts{{n: 1}, {n: 2}, {n: 3, streams: 3}, {n: 4}, {n: 7}, {n: 3, pipe: true}} {
+		t.Run(fmt.Sprintf("n%d_s%d_pipe%v", w.n, max(w.streams, 1), w.pipe), func(t *testing.T) {
+			rings := newWorld(t, w)
+			patterns := [][]int{
+				{0},            // all empty
+				{5},            // all the same
+				{0, 1, 4097},   // mixed, zero-length included
+				{1<<20 + 3, 0}, // one big, one empty
+				{70000, 3, 0, 65536},
+			}
+			outs := make([][][]byte, w.n)
+			for _, p := range patterns {
+				ins := make([][]byte, w.n)
+				for i := range ins {
+					ins[i] = randBytes(uint64(i*7+len(p)), p[i%len(p)])
+				}
+				d := collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes, Name: "var"}
+				noErrors(t, "allgather", onAll(t, rings, func(i int, r *Ring) (err error) {
+					outs[i], err = r.AllGather(d, ins[i], outs[i])
+					return err
+				}))
+				for i := range outs {
+					if len(outs[i]) != w.n {
+						t.Fatalf("rank %d got %d blocks, want %d", i, len(outs[i]), w.n)
+					}
+					for j := range ins {
+						if !bytes.Equal(outs[i][j], ins[j]) {
+							t.Fatalf("pattern %v: rank %d's block %d is %d bytes, want rank %d's %d bytes", p, i, j, len(outs[i][j]), j, len(ins[j]))
+						}
+					}
+				}
+			}
+			// Fixed-size typed allgather: Count states each rank's count.
+			d := collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: 3}
+			noErrors(t, "typed allgather", onAll(t, rings, func(i int, r *Ring) (err error) {
+				in := []byte{byte(i), 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0}
+				outs[i], err = r.AllGather(d, in, outs[i])
+				if err == nil && outs[i][w.n-1][0] != byte(w.n-1) {
+					err = fmt.Errorf("rank %d: block %d starts with %d", i, w.n-1, outs[i][w.n-1][0])
+				}
+				return err
+			}))
+		})
+	}
+}
+
+func TestBarrier(t *testing.T) {
+	for _, w := range []worldOpts{{n: 1}, {n: 2}, {n: 4, streams: 3}, {n: 7}, {n: 3, pipe: true}} {
+		rings := newWorld(t, w)
+		d := collective.Desc{Op: collective.OpBarrier}
+		// No rank may leave a barrier before the last one entered it.
+		var mu sync.Mutex
+		entered := 0
+		errs := onAll(t, rings, func(i int, r *Ring) error {
+			if i == w.n-1 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			mu.Lock()
+			entered++
+			mu.Unlock()
+			if err := r.Barrier(d); err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if entered != w.n {
+				return fmt.Errorf("rank %d left the barrier after only %d of %d ranks entered", i, entered, w.n)
+			}
+			return nil
+		})
+		noErrors(t, fmt.Sprintf("barrier n=%d", w.n), errs)
+	}
+}
+
+// TestMixedOps interleaves every op on one ring: seq numbers and frame
+// accounting per stream must stay in step across ops.
+func TestMixedOps(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 3, streams: 3, tweak: func(c *Config) { c.SegmentBytes = 4096 }})
+	outs := make([][][]byte, 3)
+	for round := 0; round < 5; round++ {
+		noErrors(t, "mixed", onAll(t, rings, func(i int, r *Ring) error {
+			buf := input(collective.Float32, collective.Sum, i, 9000)
+			if err := r.AllReduce(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 9000}, buf); err != nil {
+				return err
+			}
+			if err := r.Barrier(collective.Desc{Op: collective.OpBarrier}); err != nil {
+				return err
+			}
+			b := make([]byte, 10000)
+			if err := r.Broadcast(collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: 10000, Root: uint32(round % 3)}, b); err != nil {
+				return err
+			}
+			var err error
+			outs[i], err = r.AllGather(collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes}, make([]byte, 5000*i), outs[i])
+			return err
+		}))
+	}
+}
+
+func TestSizeOne(t *testing.T) {
+	r, err := New(testConfig(0, 1), Links{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := []byte{1, 2, 3, 4}
+	if err := r.AllReduce(collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1}, buf); err != nil || !bytes.Equal(buf, []byte{1, 2, 3, 4}) {
+		t.Fatalf("allreduce of one: %v %v", err, buf)
+	}
+	out, err := r.AllGather(collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes}, buf, nil)
+	if err != nil || len(out) != 1 || !bytes.Equal(out[0], buf) || &out[0][0] == &buf[0] {
+		t.Fatalf("allgather of one must copy: %v %v", err, out)
+	}
+	if err := r.Barrier(collective.Desc{Op: collective.OpBarrier}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(testConfig(0, 1), Links{Next: []net.Conn{nil}}); err == nil {
+		t.Fatal("a world of one accepted links")
+	}
+	r.Close()
+	err = r.Barrier(collective.Desc{Op: collective.OpBarrier})
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v, want ErrClosed", err)
+	}
+}
+
+var (
+	barrierDesc = collective.Desc{Op: collective.OpBarrier}
+	arDesc1     = collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1}
+)
+
+func bcastDesc(n int) collective.Desc {
+	return collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: uint64(n)}
+}
