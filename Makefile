@@ -1,0 +1,52 @@
+# collectived — the two commands a new user needs:
+#   make demo   build, start a ring of 3 daemons x 2 trainers on loopback,
+#               allreduce, print verified results and bandwidth, stop all
+#   make test   everything the project checks, set-up included
+#
+# Both do their own set-up on a fresh machine (scripts/setup.sh): Debian
+# packages, Go modules, a Python venv with the client's test packages.
+
+GO      ?= go
+BIN     := bin/collectived
+VENV    := .venv
+PY      := $(VENV)/bin/python
+SETUP   := .setup-done
+GOTEST_FLAGS ?= -race -timeout 20m
+
+.PHONY: all build demo test setup lint gotest pytest ctest bench clean fuzz
+
+all: build
+
+$(SETUP): scripts/setup.sh clients/python/pyproject.toml
+	bash scripts/setup.sh
+	touch $@
+
+setup: $(SETUP)
+
+build:
+	$(GO) build -o $(BIN) ./cmd/collectived
+
+demo: $(SETUP) build
+	./$(BIN) bench --nodes 3 --local 2 --sizes 4,4096,65536,1048576,16777216 --iters 20
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+gotest: build
+	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./...
+
+pytest: build
+	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests
+
+ctest: build
+	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(MAKE) -C clients/c test
+
+test: $(SETUP) lint gotest pytest ctest
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./ring/ ./collective/
+
+clean:
+	rm -rf bin $(SETUP) $(VENV)
+	$(MAKE) -C clients/c clean

@@ -1,0 +1,114 @@
+package collectived
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ipc"
+)
+
+// Start sends one collective call on buf (len(buf) == d.Bytes()) and
+// returns at once. The result lands in buf; buf must not be touched until
+// Wait returns. buf may be plain memory (inline when it fits, else copied
+// through a scratch segment) or lie inside a Segment (zero copy).
+func (c *Client) Start(d collective.Desc, buf []byte) (*Handle, error) {
+	if uint64(len(buf)) != d.Bytes() {
+		return nil, fmt.Errorf("collectived: %s: buffer is %d bytes, the description needs %d", d, len(buf), d.Bytes())
+	}
+	if seg, off, ok := c.locate(buf); ok {
+		call := ipc.Call{Desc: d, SHM: true, Segment: seg.id, Offset: off}
+		return c.send(call.Append, nil)
+	}
+	if len(buf) <= c.InlineLimit() {
+		call := ipc.Call{Desc: d, Data: buf}
+		return c.send(call.Append, buf)
+	}
+	s, err := c.takeScratch(len(buf))
+	if err != nil {
+		return nil, err
+	}
+	copy(s.mem, buf)
+	call := ipc.Call{Desc: d, SHM: true, Segment: s.id}
+	h, err := c.send(call.Append, nil)
+	if err != nil {
+		c.putScratch(s)
+		return nil, err
+	}
+	h.finish = func(err error) error {
+		if err == nil {
+			copy(buf, s.mem[:len(buf)])
+		}
+		c.putScratch(s)
+		return err
+	}
+	return h, nil
+}
+
+// Do sends one collective call and waits for it.
+func (c *Client) Do(d collective.Desc, buf []byte) error {
+	h, err := c.Start(d, buf)
+	if err != nil {
+		return err
+	}
+	return h.Wait()
+}
+
+// AllReduce reduces buf, holding elements of dt, across the world in place.
+func (c *Client) AllReduce(buf []byte, dt DType, op ReduceOp) error {
+	if dt.Size() == 0 {
+		return fmt.Errorf("collectived: allreduce: unknown dtype %v", dt)
+	}
+	return c.Do(collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(len(buf) / dt.Size())}, buf)
+}
+
+// AllReduce reduces x across the world in place.
+func AllReduce[T Elem](c *Client, x []T, op ReduceOp) error {
+	h, err := AllReduceAsync(c, x, op)
+	if err != nil {
+		return err
+	}
+	return h.Wait()
+}
+
+// AllReduceAsync starts an allreduce of x; x must not be touched until the
+// handle's Wait returns.
+func AllReduceAsync[T Elem](c *Client, x []T, op ReduceOp) (*Handle, error) {
+	dt := dtypeOf[T]()
+	return c.Start(collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(len(x))}, asBytes(x))
+}
+
+// Broadcast copies world rank root's x into every trainer's x.
+func Broadcast[T Elem](c *Client, x []T, root int) error {
+	return c.Do(collective.Desc{Op: collective.OpBroadcast, DType: dtypeOf[T](), Count: uint64(len(x)), Root: uint32(root)}, asBytes(x))
+}
+
+// Barrier returns once every trainer of the world has called it.
+func (c *Client) Barrier() error {
+	return c.Do(collective.Desc{Op: collective.OpBarrier}, nil)
+}
+
+// Status asks the daemon for its state (see docs/PROTOCOL.md, STATUS_OK).
+func (c *Client) Status() (map[string]any, error) {
+	raw, err := c.StatusJSON()
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("collectived: status: %w", err)
+	}
+	return m, nil
+}
+
+// StatusJSON asks the daemon for its state as raw JSON.
+func (c *Client) StatusJSON() ([]byte, error) {
+	h, err := c.send(func(b []byte, id uint64) []byte { return ipc.AppendEmpty(b, ipc.TypeStatus, id) }, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Wait(); err != nil {
+		return nil, fmt.Errorf("collectived: status: %w", err)
+	}
+	return h.status, nil
+}

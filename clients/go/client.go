@@ -1,0 +1,178 @@
+package collectived
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/collectived/collectived/ipc"
+)
+
+// DefaultSocket is where the daemon listens unless configured otherwise.
+const DefaultSocket = "/run/collectived/collectived.sock"
+
+// Options say how to attach to the daemon.
+type Options struct {
+	// Socket is the daemon's Unix socket; "" means $COLLECTIVED_SOCKET,
+	// then DefaultSocket.
+	Socket string
+	// Job must equal the daemon's job name; "" means $COLLECTIVED_JOB.
+	Job string
+	// LocalRank is the local rank wanted, or -1 for the lowest free one.
+	// The zero value asks for rank 0; use -1 explicitly for any.
+	LocalRank int
+	// Label is shown in the daemon's status and stall reports.
+	Label string
+	// Timeout bounds each call; 0 means the daemon's collective timeout
+	// plus a 10 s margin (so the daemon's own, more precise error
+	// normally arrives first).
+	Timeout time.Duration
+	// DialTimeout bounds connecting and HELLO; 0 means 10 s.
+	DialTimeout time.Duration
+	// Observer attaches without a rank, for Status only.
+	Observer bool
+}
+
+// Client is one trainer's connection to its daemon.
+type Client struct {
+	conn    *ipc.Conn
+	info    ipc.HelloOK
+	timeout time.Duration
+	socket  string
+
+	wmu  sync.Mutex // guards wbuf and the order of writes
+	wbuf []byte
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]*Handle
+	segs    []*Segment
+	scratch []*Segment // free scratch segments for copied calls
+	err     error      // sticky: the connection is gone
+
+	readerDone chan struct{}
+	closeOnce  sync.Once
+}
+
+// Dial connects to the daemon and says HELLO.
+func Dial(opts Options) (*Client, error) {
+	if opts.Socket == "" {
+		opts.Socket = os.Getenv("COLLECTIVED_SOCKET")
+	}
+	if opts.Socket == "" {
+		opts.Socket = DefaultSocket
+	}
+	if opts.Job == "" {
+		opts.Job = os.Getenv("COLLECTIVED_JOB")
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 10 * time.Second
+	}
+	if opts.LocalRank < -1 {
+		return nil, fmt.Errorf("collectived: dial %s: local rank %d (want -1 or a rank)", opts.Socket, opts.LocalRank)
+	}
+	d := net.Dialer{Timeout: opts.DialTimeout}
+	nc, err := d.Dial("unix", opts.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("collectived: dial %s: %w", opts.Socket, err)
+	}
+	conn := ipc.NewConn(nc.(*net.UnixConn), ipc.ClientSide)
+	info, err := hello(conn, opts)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("collectived: hello to %s: %w", opts.Socket, err)
+	}
+	conn.SetMaxFrame(info.MaxFrame)
+	c := &Client{
+		conn:       conn,
+		info:       info,
+		timeout:    opts.Timeout,
+		socket:     opts.Socket,
+		nextID:     2,
+		pending:    make(map[uint64]*Handle),
+		readerDone: make(chan struct{}),
+	}
+	if c.timeout <= 0 {
+		c.timeout = info.Timeout() + 10*time.Second
+	}
+	go c.reader()
+	return c, nil
+}
+
+func hello(conn *ipc.Conn, opts Options) (ipc.HelloOK, error) {
+	deadline := time.Now().Add(opts.DialTimeout)
+	conn.SetWriteTimeout(opts.DialTimeout)
+	defer conn.SetWriteTimeout(0)
+	h := ipc.Hello{Version: ipc.Version, Observer: opts.Observer, LocalRank: int32(opts.LocalRank),
+		PID: uint32(os.Getpid()), Job: opts.Job, Label: opts.Label}
+	if opts.Observer {
+		h.LocalRank = -1
+	}
+	if err := conn.WriteFrame(h.Encode(1), -1); err != nil {
+		return ipc.HelloOK{}, err
+	}
+	conn.SetReadDeadline(deadline)
+	defer conn.SetReadDeadline(time.Time{})
+	f, err := conn.ReadFrame()
+	if err != nil {
+		return ipc.HelloOK{}, err
+	}
+	switch f.Type {
+	case ipc.TypeHelloOK:
+		return ipc.DecodeHelloOK(f.Payload)
+	case ipc.TypeError:
+		e, err := ipc.DecodeError(f.Flags, f.Payload)
+		if err != nil {
+			return ipc.HelloOK{}, err
+		}
+		return ipc.HelloOK{}, e
+	}
+	return ipc.HelloOK{}, fmt.Errorf("daemon answered HELLO with %s", f.Type)
+}
+
+// Rank is the trainer's world rank.
+func (c *Client) Rank() int { return int(c.info.WorldRank) }
+
+// Size is the number of trainers in the world.
+func (c *Client) Size() int { return int(c.info.WorldSize) }
+
+// LocalRank is the trainer's rank on its node.
+func (c *Client) LocalRank() int { return int(c.info.LocalRank) }
+
+// LocalSize is the number of trainers per node.
+func (c *Client) LocalSize() int { return int(c.info.LocalSize) }
+
+// NodeRank is the daemon's rank in the ring.
+func (c *Client) NodeRank() int { return int(c.info.NodeRank) }
+
+// NodeCount is the number of daemons in the ring.
+func (c *Client) NodeCount() int { return int(c.info.NodeCount) }
+
+// InlineLimit is the largest buffer that travels inside a request.
+func (c *Client) InlineLimit() int { return int(c.info.InlineLimit) }
+
+// Generation is the ring generation when the client attached.
+func (c *Client) Generation() uint32 { return c.info.Generation }
+
+// Close detaches from the daemon; calls in flight fail, segments are
+// unmapped. It is idempotent.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.conn.CloseSocket()
+		<-c.readerDone
+		c.mu.Lock()
+		segs := c.segs
+		c.segs, c.scratch = nil, nil
+		c.mu.Unlock()
+		for _, s := range segs {
+			s.unmap()
+		}
+	})
+	return nil
+}
+
+// errClosed is the sticky error after Close.
+var errClosed = errors.New("collectived: client closed")

@@ -1,0 +1,25 @@
+// Package collectived is the Go client of collectived: a trainer process
+// attaches to its node's daemon over a Unix socket and makes collective calls
+// (allreduce, broadcast, barrier) that span every trainer of the job.
+//
+//	c, err := collectived.Dial(collectived.Options{Job: "demo"})
+//	if err != nil { ... }
+//	defer c.Close()
+//	grad := make([]float32, 1024)
+//	err = collectived.AllReduce(c, grad, collectived.Sum) // every trainer now holds the sum
+//
+// Small buffers travel inside the request (up to the daemon's inline
+// limit). For large buffers, allocate them in shared memory with
+// [Client.Alloc] or [AllocSlice]: calls on such memory move no bytes
+// through the socket, the daemon reduces in place. Other large buffers are
+// copied through a scratch segment, which costs two copies.
+//
+// Calls match by order across the world, as in MPI: the k-th call of every
+// trainer joins collective k, and all must describe the same operation.
+// Every call waits at most Options.Timeout; an error from the daemon is an
+// [*Error] whose Code tells what happened (errors.Is(err, ErrMismatch), ...).
+//
+// The client speaks protocol version 1 (docs/PROTOCOL.md) and is safe for
+// use by several goroutines; calls from several goroutines are ordered by
+// when they reach the daemon.
+package collectived

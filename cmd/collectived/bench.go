@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/collective"
+)
+
+const defaultBenchSizes = "4,64,1024,4096,65536,262144,1048576,4194304,16777216,67108864,268435456"
+
+func benchCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "bench",
+		Usage: "start a world of daemons and trainers on this machine (loopback) and measure allreduce",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "nodes", Value: 2, Usage: "daemons (ring ranks)"},
+			&cli.IntFlag{Name: "local", Value: 1, Usage: "trainers per daemon"},
+			&cli.StringFlag{Name: "sizes", Value: defaultBenchSizes, Usage: "comma-separated buffer sizes in bytes (units allowed: 64KiB, 1MiB)"},
+			&cli.StringFlag{Name: "dtype", Value: "float32"},
+			&cli.StringFlag{Name: "op", Value: "sum"},
+			&cli.IntFlag{Name: "iters", Value: 20, Usage: "timed iterations per size"},
+			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
+			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
+		},
+		Action: runBench,
+	}
+}
+
+// benchRow is one size's result, as printed with --json.
+type benchRow struct {
+	Bytes     int64   `json:"bytes"`
+	Nodes     int     `json:"nodes"`
+	Local     int     `json:"local"`
+	DType     string  `json:"dtype"`
+	Op        string  `json:"op"`
+	Path      string  `json:"path"`
+	Iters     int     `json:"iters"`
+	MedianUS  float64 `json:"median_us"`
+	P99US     float64 `json:"p99_us"`
+	AlgBWGBs  float64 `json:"algbw_GBps"`
+	BusBWGBs  float64 `json:"busbw_GBps"`
+	Verified  bool    `json:"verified"`
+}
+
+func runBench(c *cli.Context) error {
+	nodes, local := c.Int("nodes"), c.Int("local")
+	if nodes < 1 || local < 1 || nodes*local > 64 {
+		return exitf("bench: --nodes %d x --local %d: want at least 1 x 1 and at most 64 trainers", nodes, local)
+	}
+	sizes, err := parseSizes(c.String("sizes"))
+	if err != nil {
+		return err
+	}
+	if _, err := collective.ParseDType(c.String("dtype")); err != nil {
+		return err
+	}
+	if _, err := collective.ParseReduceOp(c.String("op")); err != nil {
+		return err
+	}
+	iters := c.Int("iters")
+	if iters < 1 {
+		return exitf("bench: --iters %d: want at least 1", iters)
+	}
+	w, err := startLocalWorld(nodes, local, c.String("extra-config"), 20*time.Second)
+	if err != nil {
+		return err
+	}
+	defer w.stop()
+
+	self, _ := os.Executable()
+	var trainers []*exec.Cmd
+	var rank0 io.ReadCloser
+	var stderrs []*bytes.Buffer
+	for n := 0; n < nodes; n++ {
+		for l := 0; l < local; l++ {
+			cmd := exec.Command(self, "bench-trainer", "--socket", w.sockets[n], "--job", w.job,
+				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
+				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")))
+			var eb bytes.Buffer
+			cmd.Stderr = &eb
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				return err
+			}
+			if err := cmd.Start(); err != nil {
+				return fmt.Errorf("start trainer: %w", err)
+			}
+			trainers = append(trainers, cmd)
+			stderrs = append(stderrs, &eb)
+			if n == 0 && l == 0 {
+				rank0 = out
+			} else {
+				go io.Copy(io.Discard, out)
+			}
+		}
+	}
+	kill := func() {
+		for _, t := range trainers {
+			t.Process.Kill()
+		}
+	}
+
+	out := c.App.Writer
+	tty := isTerminal(os.Stderr)
+	if !c.Bool("json") {
+		fmt.Fprintf(out, "collectived bench: %d nodes x %d trainers (world %d) on loopback, %s %s, %d iterations per size\n",
+			nodes, local, nodes*local, c.String("dtype"), c.String("op"), iters)
+		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
+	}
+	enc := json.NewEncoder(out)
+	sc := bufio.NewScanner(rank0)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	done := 0
+	W := float64(nodes * local)
+	for sc.Scan() {
+		var r sizeResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			kill()
+			return fmt.Errorf("bench: trainer 0 printed %q: %w", sc.Text(), err)
+		}
+		done++
+		row := summarize(r, nodes, local, W, c.String("dtype"), c.String("op"))
+		if tty {
+			fmt.Fprint(os.Stderr, "\r\033[K")
+		}
+		if c.Bool("json") {
+			enc.Encode(row)
+		} else {
+			fmt.Fprintf(out, "%12d %7s %12.1f %12.1f %12.3f %12.3f %9v\n", row.Bytes, row.Path, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)
+		}
+		if tty && done < len(sizes) {
+			fmt.Fprintf(os.Stderr, "[%s] size %d/%d", bar(done, len(sizes), 30), done+1, len(sizes))
+		}
+	}
+	var failed []string
+	for i, t := range trainers {
+		if err := t.Wait(); err != nil {
+			failed = append(failed, fmt.Sprintf("trainer %d: %v: %s", i, err, strings.TrimSpace(stderrs[i].String())))
+		}
+	}
+	if len(failed) > 0 || done != len(sizes) {
+		return exitf("bench failed after %d of %d sizes:\n%s\ndaemon 0 log:\n%s", done, len(sizes), strings.Join(failed, "\n"), tail(w.logs[0]))
+	}
+	if !c.Bool("json") {
+		fmt.Fprintf(out, "all %d sizes verified on all %d trainers\n", len(sizes), nodes*local)
+	}
+	return nil
+}
+
+func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benchRow {
+	ts := slices.Clone(r.TimesNS)
+	slices.Sort(ts)
+	med := float64(ts[len(ts)/2])
+	if len(ts)%2 == 0 {
+		med = float64(ts[len(ts)/2-1]+ts[len(ts)/2]) / 2
+	}
+	p99 := float64(ts[min(len(ts)-1, int(float64(len(ts))*0.99))])
+	alg := float64(r.Bytes) / med // bytes per ns = GB/s
+	bus := alg
+	if W > 1 {
+		bus = alg * 2 * (W - 1) / W
+	} else {
+		bus = 0
+	}
+	return benchRow{Bytes: r.Bytes, Nodes: nodes, Local: local, DType: dtype, Op: op, Path: r.Path, Iters: len(ts),
+		MedianUS: med / 1e3, P99US: p99 / 1e3, AlgBWGBs: alg, BusBWGBs: bus, Verified: true}
+}
+
+func bar(done, total, width int) string {
+	n := done * width / total
+	return strings.Repeat("#", n) + strings.Repeat(".", width-n)
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// parseSizes reads "4,64KiB,1MiB" into bytes.
+func parseSizes(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		mult := int64(1)
+		for _, u := range []struct {
+			suf string
+			m   int64
+		}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+			if strings.HasSuffix(f, u.suf) {
+				f, mult = strings.TrimSuffix(f, u.suf), u.m
+				break
+			}
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || v < 0 || v*mult > 4<<30 {
+			return nil, fmt.Errorf("--sizes: %q is not a size between 0 and 4GiB", f)
+		}
+		out = append(out, v*mult)
+	}
+	return out, nil
+}

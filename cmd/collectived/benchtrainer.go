@@ -1,0 +1,198 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	cvd "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/collective"
+)
+
+// sizeResult is what world rank 0 of `bench-trainer` reports per size.
+type sizeResult struct {
+	Bytes   int64   `json:"bytes"`
+	TimesNS []int64 `json:"times_ns"`
+	Path    string  `json:"path"` // inline or shm
+}
+
+// benchTrainerCommand is one trainer of `collectived bench`: a hidden
+// subcommand so that trainers are real processes of their own.
+func benchTrainerCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "bench-trainer",
+		Hidden: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Required: true},
+			&cli.StringFlag{Name: "job", Required: true},
+			&cli.StringFlag{Name: "sizes", Required: true},
+			&cli.StringFlag{Name: "dtype", Value: "float32"},
+			&cli.StringFlag{Name: "op", Value: "sum"},
+			&cli.IntFlag{Name: "iters", Value: 20},
+			&cli.IntFlag{Name: "warmup", Value: 3},
+		},
+		Action: func(c *cli.Context) error {
+			sizes, err := parseSizes(c.String("sizes"))
+			if err != nil {
+				return err
+			}
+			dt, err := collective.ParseDType(c.String("dtype"))
+			if err != nil {
+				return err
+			}
+			op, err := collective.ParseReduceOp(c.String("op"))
+			if err != nil {
+				return err
+			}
+			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: -1, Label: "bench-trainer"})
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			enc := json.NewEncoder(os.Stdout)
+			for _, size := range sizes {
+				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"))
+				if err != nil {
+					return fmt.Errorf("world rank %d, size %d: %w", cl.Rank(), size, err)
+				}
+				if cl.Rank() == 0 {
+					if err := enc.Encode(res); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int) (sizeResult, error) {
+	es := int64(dt.Size())
+	count := size / es
+	if count == 0 {
+		count = 1
+	}
+	n := int(count * es)
+	res := sizeResult{Bytes: int64(n), Path: "inline"}
+	var buf []byte
+	if n > cl.InlineLimit() {
+		seg, err := cl.Alloc(n)
+		if err != nil {
+			return res, err
+		}
+		defer seg.Free()
+		buf = seg.Bytes()[:n]
+		res.Path = "shm"
+	} else {
+		buf = make([]byte, n)
+	}
+	run := func() (time.Duration, error) {
+		t0 := time.Now()
+		err := cl.AllReduce(buf, dt, op)
+		return time.Since(t0), err
+	}
+	check := func() error {
+		fill(buf, dt, op, cl.Rank())
+		if _, err := run(); err != nil {
+			return err
+		}
+		return verify(buf, dt, op, cl.Size())
+	}
+	if err := check(); err != nil {
+		return res, err
+	}
+	for i := 0; i < warmup; i++ {
+		if _, err := run(); err != nil {
+			return res, err
+		}
+	}
+	for i := 0; i < iters; i++ {
+		if i == iters-1 {
+			fill(buf, dt, op, cl.Rank())
+		}
+		d, err := run()
+		if err != nil {
+			return res, err
+		}
+		res.TimesNS = append(res.TimesNS, d.Nanoseconds())
+	}
+	return res, verify(buf, dt, op, cl.Size())
+}
+
+// value is what rank w contributes at element i; exact in every dtype for
+// the worlds a machine can hold, so verification is exact too.
+func value(i, w int, op collective.ReduceOp) float64 {
+	if op == collective.Prod {
+		if (i+w)%3 == 0 {
+			return -1
+		}
+		return 1
+	}
+	return float64((w + 1) * (i%7 + 1))
+}
+
+func expected(i, size int, op collective.ReduceOp) float64 {
+	k := float64(i%7 + 1)
+	switch op {
+	case collective.Sum:
+		return k * float64(size*(size+1)/2)
+	case collective.Max:
+		return k * float64(size)
+	case collective.Min:
+		return k
+	}
+	p := 1.0
+	for w := 0; w < size; w++ {
+		p *= value(i, w, op)
+	}
+	return p
+}
+
+func fill(buf []byte, dt collective.DType, op collective.ReduceOp, rank int) {
+	es := dt.Size()
+	for i := 0; i*es < len(buf); i++ {
+		put(buf[i*es:], dt, value(i, rank, op))
+	}
+}
+
+func verify(buf []byte, dt collective.DType, op collective.ReduceOp, size int) error {
+	es := dt.Size()
+	for i := 0; i*es < len(buf); i++ {
+		if got, want := get(buf[i*es:], dt), expected(i, size, op); got != want {
+			return fmt.Errorf("wrong result at element %d: got %v, want %v", i, got, want)
+		}
+	}
+	return nil
+}
+
+func put(b []byte, dt collective.DType, v float64) {
+	switch dt {
+	case collective.Float32:
+		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
+	case collective.Float64:
+		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
+	case collective.Int32:
+		binary.LittleEndian.PutUint32(b, uint32(int32(v)))
+	case collective.Int64:
+		binary.LittleEndian.PutUint64(b, uint64(int64(v)))
+	}
+}
+
+func get(b []byte, dt collective.DType) float64 {
+	switch dt {
+	case collective.Float32:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
+	case collective.Float64:
+		return math.Float64frombits(binary.LittleEndian.Uint64(b))
+	case collective.Int32:
+		return float64(int32(binary.LittleEndian.Uint32(b)))
+	case collective.Int64:
+		return float64(int64(binary.LittleEndian.Uint64(b)))
+	}
+	return math.NaN()
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	cvd "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/daemon"
+)
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "ask a running daemon for its ring, trainers and what a collective waits for",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Usage: "the daemon's Unix socket `PATH` (default $COLLECTIVED_SOCKET, then " + cvd.DefaultSocket + ")"},
+			&cli.StringFlag{Name: "job", Usage: "the job `NAME` (default $COLLECTIVED_JOB)"},
+			&cli.BoolFlag{Name: "json", Usage: "print the daemon's JSON as it is"},
+			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "give up after this long"},
+		},
+		Action: func(c *cli.Context) error {
+			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), Observer: true,
+				LocalRank: -1, Label: "collectived status", Timeout: c.Duration("timeout"), DialTimeout: c.Duration("timeout")})
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			raw, err := cl.StatusJSON()
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				var out bytes.Buffer
+				json.Indent(&out, raw, "", "  ")
+				out.WriteByte('\n')
+				_, err := c.App.Writer.Write(out.Bytes())
+				return err
+			}
+			var st daemon.Status
+			if err := json.Unmarshal(raw, &st); err != nil {
+				return fmt.Errorf("status: the daemon's answer is not the status this version knows: %w", err)
+			}
+			printStatus(c.App.Writer, &st)
+			return nil
+		},
+	}
+}
+
+func printStatus(w io.Writer, st *daemon.Status) {
+	fmt.Fprintf(w, "job %q  node %d of %d  local size %d  socket %s\n", st.Job, st.NodeRank, st.NodeCount, st.LocalSize, st.Socket)
+	fmt.Fprintf(w, "ring: %s, generation %d, listen %s", st.Ring.State, st.Ring.Generation, st.Listen)
+	if st.Ring.Next != "" {
+		fmt.Fprintf(w, ", next %s, prev %s", st.Ring.Next, st.Ring.Prev)
+	}
+	fmt.Fprintln(w)
+	if st.Ring.LastError != "" {
+		fmt.Fprintf(w, "last failure: %s\n", st.Ring.LastError)
+	}
+	fmt.Fprintln(w, "trainers:")
+	for _, t := range st.Trainers {
+		if !t.Attached {
+			fmt.Fprintf(w, "  local %d (world %d): not attached, %d calls made\n", t.LocalRank, t.WorldRank, t.Calls)
+			continue
+		}
+		fmt.Fprintf(w, "  local %d (world %d): pid %d %q, %d calls, %d queued, last %s\n",
+			t.LocalRank, t.WorldRank, t.PID, t.Label, t.Calls, t.Queued, t.LastCall)
+	}
+	if f := st.InFlight; f != nil {
+		fmt.Fprintf(w, "in flight: collective %d %s, %s for %.1fs", f.Seq, f.Call, f.Phase, f.WaitedSec)
+		if f.NotCalled != "" {
+			fmt.Fprintf(w, "; not called by %s", f.NotCalled)
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintln(w, "in flight: nothing")
+	}
+}

@@ -1,0 +1,22 @@
+package main
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/urfave/cli/v2"
+)
+
+const protocolVersion = 1
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the version and the protocol it speaks",
+		Action: func(c *cli.Context) error {
+			fmt.Fprintf(c.App.Writer, "collectived %s (client protocol %d, %s, %s/%s)\n",
+				version, protocolVersion, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,196 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/rendezvous"
+	"github.com/collectived/collectived/ring"
+)
+
+// ErrShutdown is the cause given to calls pending when the daemon stops.
+var ErrShutdown = errors.New("collectived is shutting down")
+
+// Daemon serves one node: the Unix socket for its trainers and its place in
+// the ring. It owns two goroutines, the socket server and the engine, both
+// started by Start and both stopped by Close.
+type Daemon struct {
+	cfg Config
+	log *slog.Logger
+
+	srv *ipc.Server
+	rv  *rendezvous.Listener
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// notify wakes the engine: a call arrived, a trainer left.
+	notify chan struct{}
+
+	mu       sync.Mutex
+	slots    []slot
+	ring     *ring.Ring // the current generation's ring, nil while forming
+	gen      uint32     // the current (or last) generation
+	proposal uint32     // the generation to propose for the next ring
+	state    string     // "forming", "up", "failed", "stopped"
+	lastErr  error      // the last ring or formation failure
+	lost     error      // a trainer left mid-collective: fail collective k with this
+	inflight inflight   // the collective being waited for or run
+	closed   bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// inflight describes the collective the engine is working on, for status.
+type inflight struct {
+	active bool
+	seq    uint64
+	phase  string // "waiting for local calls", "in ring"
+	desc   string
+	since  time.Time
+}
+
+// New validates cfg, binds the Unix socket and the ring port, and returns a
+// daemon ready to Start. Binding both before Start lets a caller report
+// readiness (systemd READY=1) only once the sockets exist.
+func New(cfg Config) (*Daemon, error) {
+	if err := cfg.Verify(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg:    cfg,
+		log:    cfg.logger().With("node", cfg.Rank),
+		notify: make(chan struct{}, 1),
+		slots:  make([]slot, cfg.LocalSize),
+		state:  "forming",
+	}
+
+	rcfg := rendezvous.DefaultConfig()
+	rcfg.Job = cfg.Job
+	rcfg.Token = cfg.Token
+	rcfg.Peers = cfg.Peers
+	rcfg.Rank = cfg.Rank
+	rcfg.Listen = cfg.Listen
+	rcfg.Streams = cfg.Streams
+	rcfg.Digest = cfg.Digest
+	rcfg.ConnectTimeout = cfg.ConnectTimeout
+	rcfg.Logger = d.log
+	rv, err := rendezvous.Listen(rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("collectived node %d: ring listener: %w", cfg.Rank, err)
+	}
+
+	scfg := ipc.DefaultServerConfig()
+	scfg.Path = cfg.SocketPath
+	scfg.Mode = cfg.SocketMode
+	scfg.AllowedUIDs = cfg.AllowedUIDs
+	scfg.AllowedGIDs = cfg.AllowedGIDs
+	scfg.HelloTimeout = cfg.HelloTimeout
+	scfg.InlineLimit = cfg.InlineBytes
+	scfg.MaxInFlight = cfg.MaxInFlight
+	scfg.ShmQuota = cfg.ShmQuota
+	scfg.MaxClients = cfg.MaxClients
+	scfg.Logger = d.log
+	srv, err := ipc.Listen(scfg)
+	if err != nil {
+		rv.Close()
+		return nil, fmt.Errorf("collectived node %d: unix socket: %w", cfg.Rank, err)
+	}
+	d.rv, d.srv = rv, srv
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	return d, nil
+}
+
+// Start begins serving trainers and forming the ring.
+func (d *Daemon) Start() {
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		if err := d.srv.Serve(handler{d}); err != nil && !d.isClosed() {
+			d.log.Error("unix socket server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.engine()
+	}()
+	d.log.Info("collectived started", "job", d.cfg.Job, "node", d.cfg.Rank, "nodes", len(d.cfg.Peers),
+		"local_size", d.cfg.LocalSize, "socket", d.cfg.SocketPath, "listen", d.RingAddr())
+}
+
+// Close stops the daemon: pending calls fail with ErrShutdown, the ring and
+// the listeners close, the socket file is removed. It is idempotent.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() {
+		d.mu.Lock()
+		d.closed = true
+		r := d.ring
+		d.mu.Unlock()
+		d.cancel()
+		if r != nil {
+			r.Abort(fmt.Errorf("[shutdown] node %d is shutting down", d.cfg.Rank))
+		}
+		d.wake()
+		errSrv := d.srv.Close()
+		errRv := d.rv.Close()
+		done := make(chan struct{})
+		go func() { d.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(d.cfg.ShutdownTimeout):
+			d.log.Error("shutdown timed out; leaving goroutines behind", "timeout", d.cfg.ShutdownTimeout)
+		}
+		d.closeErr = errors.Join(errSrv, errRv)
+		d.setState("stopped", nil)
+	})
+	return d.closeErr
+}
+
+func (d *Daemon) isClosed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
+// wake nudges the engine without blocking.
+func (d *Daemon) wake() {
+	select {
+	case d.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Daemon) setState(state string, err error) {
+	d.mu.Lock()
+	d.state = state
+	if err != nil {
+		d.lastErr = err
+	}
+	gen := d.gen
+	d.mu.Unlock()
+	if d.cfg.OnState != nil {
+		msg := fmt.Sprintf("ring %s, generation %d, node %d of %d", state, gen, d.cfg.Rank, len(d.cfg.Peers))
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		d.cfg.OnState(msg)
+	}
+}
+
+// SocketPath is where trainers connect.
+func (d *Daemon) SocketPath() string { return d.cfg.SocketPath }
+
+// RingAddr is the bound ring listener address; a world of one binds none.
+func (d *Daemon) RingAddr() string {
+	if a := d.rv.Addr(); a != nil {
+		return a.String()
+	}
+	return "none (world of one)"
+}

@@ -1,0 +1,37 @@
+// Package daemon is the core of collectived: it matches the calls of the
+// trainers attached to this node, reduces their buffers locally, drives the
+// ring engine across nodes, and replies.
+//
+// # Matching
+//
+// Each of the node's local_size trainers owns a slot. A trainer's calls queue
+// in its slot in the order they arrive; the k-th call of every slot forms
+// local collective k. The engine waits until every slot has a call at its
+// head, checks that all descriptions agree, and only then touches data. The
+// ring engine checks the same across nodes through the fingerprints in its
+// frames, so the k-th call of every trainer in the world joins collective k.
+//
+// # Reduction order
+//
+// Allreduce folds the local buffers in local-rank order into local rank 0's
+// buffer (((b0 op b1) op b2) ...), runs the ring allreduce on that buffer
+// (whose order ring/doc.go documents), then copies the result into the other
+// local trainers' buffers. The order depends only on the world, so every
+// trainer gets bit-identical results, run after run.
+//
+// # Generations
+//
+// A ring failure (a peer lost, a timeout, a mismatch, a trainer lost
+// mid-collective) fails the collective in flight and every call queued
+// behind it with the original cause. The daemon then re-forms the ring as a
+// new generation, whose collectives are numbered from 0 again; trainers stay
+// attached throughout and their next call joins the new generation.
+//
+// # Failure messages across nodes
+//
+// A failure that the core detects itself (a local mismatch, a lost trainer,
+// a local timeout) aborts the ring with a reason that starts with a tag in
+// brackets, e.g. "[mismatch] ...". The ring carries the reason to every node,
+// where the tag selects the error code the trainers see. The tag is a
+// convention between daemons of one version; ring/ does not interpret it.
+package daemon

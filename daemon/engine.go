@@ -1,0 +1,323 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/ring"
+)
+
+const (
+	phaseLocal = "waiting for local calls"
+	phaseRing  = "in ring"
+)
+
+// retryForm is the pause between failed ring formations.
+const retryForm = 200 * time.Millisecond
+
+// engine is the daemon's main loop: form the ring, then run collectives
+// one after another until the ring fails, then form the next generation.
+func (d *Daemon) engine() {
+	var heads []call
+	var failed []call
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		r, err := d.form()
+		if err != nil {
+			if d.ctx.Err() != nil {
+				d.failAll(failed[:0], ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
+				return
+			}
+			// Calls that arrived while the ring could not form learn why
+			// now rather than at their timeout.
+			failed = d.failAll(failed[:0], ipc.Errorf(ipc.CodePeerLost, "node %d: ring generation %d could not form: %v", d.cfg.Rank, d.nextGen(), err))
+			select {
+			case <-d.ctx.Done():
+			case <-time.After(retryForm):
+			}
+			continue
+		}
+		for seq := uint64(0); ; seq++ {
+			heads, err = d.waitLocal(r, seq, heads, timer)
+			if err == nil {
+				err = d.execute(r, seq, heads)
+			}
+			if err != nil {
+				failed = d.fail(r, seq, heads, failed, err)
+				heads = heads[:0]
+				break
+			}
+			heads = heads[:0]
+		}
+		if d.ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// nextGen is the generation this node proposes for its next ring: one
+// past the last it formed. Ring.Start makes every node adopt the largest
+// proposal, so a restarted daemon (proposing 0) joins the survivors' count.
+func (d *Daemon) nextGen() uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.proposal
+}
+
+// form builds the next generation's ring. A world of one forms at once.
+func (d *Daemon) form() (*ring.Ring, error) {
+	proposal := d.nextGen()
+	d.setState("forming", nil)
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.ConnectTimeout)
+	defer cancel()
+	links, err := d.rv.Form(ctx, proposal)
+	if err != nil {
+		d.setState("forming", err)
+		d.log.Warn("ring formation failed", "generation", proposal, "err", err)
+		return nil, err
+	}
+	rc := ring.DefaultConfig()
+	rc.Rank, rc.Size = d.cfg.Rank, len(d.cfg.Peers)
+	rc.Generation = proposal
+	rc.SegmentBytes = d.cfg.SegmentBytes
+	rc.SmallBytes = d.cfg.SmallBytes
+	// The ring's no-progress timeout is longer than the local collective
+	// timeouts, so that the node whose trainers are late reports the
+	// precise cause (who has not called) before its neighbours time out.
+	rc.OpTimeout = max(d.cfg.CollectiveTimeout, d.cfg.FirstCallTimeout)*5/4 + time.Second
+	rc.HeartbeatInterval = d.cfg.HeartbeatInterval
+	rc.HeartbeatTimeout = d.cfg.HeartbeatTimeout
+	rc.Logger = d.log
+	r, err := ring.New(rc, ring.Links{Next: links.Next, Prev: links.Prev, NextAddr: links.NextAddr, PrevAddr: links.PrevAddr})
+	if err != nil {
+		closeLinks(links.Next, links.Prev)
+		return nil, err
+	}
+	gen, err := r.Start()
+	if err != nil {
+		r.Close()
+		d.setState("forming", err)
+		return nil, err
+	}
+	d.mu.Lock()
+	d.ring, d.gen, d.proposal = r, gen, gen+1
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		r.Close()
+		return nil, ErrShutdown
+	}
+	d.setState("up", nil)
+	d.log.Info("ring formed", "generation", gen, "next", links.NextAddr, "prev", links.PrevAddr)
+	return r, nil
+}
+
+// waitLocal waits until every local trainer has made call seq, warning
+// about stalls, and returns the calls. It fails on the collective timeout
+// (counted from the first local call), on a trainer lost, on a ring that
+// failed while idle, and on shutdown.
+func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.Timer) ([]call, error) {
+	timeout := d.cfg.CollectiveTimeout
+	if seq == 0 {
+		timeout = max(timeout, d.cfg.FirstCallTimeout)
+	}
+	nextWarn := d.cfg.StallWarning
+	started := false
+	for {
+		d.mu.Lock()
+		if d.lost != nil {
+			err := d.lost
+			d.lost = nil
+			d.mu.Unlock()
+			return heads, err
+		}
+		ready, oldest, any := d.headsLocked()
+		if ready {
+			heads = d.popHeadsLocked(heads)
+			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].req.Desc.String(), since: oldest}
+			d.mu.Unlock()
+			return heads, nil
+		}
+		if any && !started {
+			started = true
+			d.inflight = inflight{active: true, seq: seq, phase: phaseLocal, desc: "", since: oldest}
+		}
+		missing := ""
+		waited := time.Duration(0)
+		if any {
+			waited = time.Since(oldest)
+			if waited >= nextWarn || waited >= timeout {
+				missing = d.missingLocked()
+			}
+		}
+		d.mu.Unlock()
+
+		if any && waited >= timeout {
+			return heads, fmt.Errorf("[timeout] collective %d of generation %d timed out after %v on node %d: not called by %s",
+				seq, r.Generation(), timeout, d.cfg.Rank, missing)
+		}
+		if any && waited >= nextWarn {
+			d.log.Warn("collective stalled", "seq", seq, "generation", r.Generation(), "waited", waited.Round(time.Millisecond), "not_called", missing)
+			nextWarn += d.cfg.StallWarning
+		}
+		if err := r.Err(); err != nil {
+			return heads, err
+		}
+
+		// Sleep until a call arrives, the next warning or timeout is due,
+		// or a periodic look at the ring's health.
+		wait := 250 * time.Millisecond
+		if any {
+			wait = min(wait, nextWarn-waited, timeout-waited)
+		}
+		resetTimer(timer, max(wait, time.Millisecond))
+		select {
+		case <-d.notify:
+		case <-timer.C:
+		case <-d.ctx.Done():
+			return heads, ErrShutdown
+		}
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	select {
+	case <-t.C:
+	default:
+	}
+	t.Reset(d)
+}
+
+// execute runs collective seq on the given calls, one per local rank in
+// local-rank order, and replies to them.
+func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
+	desc := calls[0].req.Desc
+	for l := 1; l < len(calls); l++ {
+		if other := calls[l].req.Desc; !other.Equal(desc) {
+			return fmt.Errorf("[mismatch] collective %d of generation %d: %s called %s but %s called %s",
+				seq, r.Generation(), d.describeWorldRank(d.worldRank(0)), desc, d.describeWorldRank(d.worldRank(l)), other)
+		}
+	}
+	var err error
+	switch desc.Op {
+	case collective.OpAllReduce:
+		acc := calls[0].req.Buf
+		for l := 1; l < len(calls); l++ {
+			ring.Reduce(acc, calls[l].req.Buf, desc.DType, desc.Reduce)
+		}
+		if err = r.AllReduce(desc, acc); err == nil {
+			for l := 1; l < len(calls); l++ {
+				copy(calls[l].req.Buf, acc)
+			}
+		}
+	case collective.OpBroadcast:
+		L := d.cfg.LocalSize
+		rootNode, rootLocal := int(desc.Root)/L, int(desc.Root)%L
+		rd := desc
+		rd.Root = uint32(rootNode)
+		src := 0
+		if rootNode == d.cfg.Rank {
+			src = rootLocal
+		}
+		buf := calls[src].req.Buf
+		if err = r.Broadcast(rd, buf); err == nil {
+			for l := range calls {
+				if l != src {
+					copy(calls[l].req.Buf, buf)
+				}
+			}
+		}
+	case collective.OpBarrier:
+		err = r.Barrier(desc)
+	default:
+		err = fmt.Errorf("[internal] collective %d: op %s reached the engine", seq, desc.Op)
+	}
+	if err != nil {
+		return err
+	}
+	gen := r.Generation()
+	for _, c := range calls {
+		c.req.Reply(gen, seq)
+	}
+	d.mu.Lock()
+	d.inflight = inflight{}
+	d.mu.Unlock()
+	return nil
+}
+
+// fail ends a generation: the calls of collective seq get cause, the calls
+// queued behind it fail as aborted with the same cause, and the ring is
+// aborted (so that the other nodes learn of a cause found here) and closed.
+func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause error) []call {
+	gen := r.Generation()
+	if r.Err() == nil {
+		r.Abort(cause)
+	}
+	r.Close()
+	d.mu.Lock()
+	d.ring = nil
+	d.inflight = inflight{}
+	d.lost = nil
+	scratch = d.drainLocked(scratch[:0])
+	closed := d.closed
+	d.mu.Unlock()
+
+	e := d.callError(seq, gen, cause, closed)
+	for _, c := range heads {
+		c.req.Fail(e)
+	}
+	if len(scratch) > 0 {
+		ab := ipc.Errorf(ipc.CodeAborted, "call queued behind collective %d of generation %d, which failed: %s", seq, gen, e.Message)
+		for _, c := range scratch {
+			c.req.Fail(ab)
+		}
+	}
+	if !closed {
+		d.log.Error("collective failed; re-forming the ring", "seq", seq, "generation", gen, "err", cause)
+		d.setState("failed", cause)
+	}
+	for i := range scratch {
+		scratch[i] = call{}
+	}
+	return scratch[:0]
+}
+
+// failAll fails every queued call with e.
+func (d *Daemon) failAll(scratch []call, e *ipc.Error) []call {
+	d.mu.Lock()
+	scratch = d.drainLocked(scratch[:0])
+	d.mu.Unlock()
+	for _, c := range scratch {
+		c.req.Fail(e)
+	}
+	for i := range scratch {
+		scratch[i] = call{}
+	}
+	return scratch[:0]
+}
+
+// callError turns a failure into the error a trainer sees: the code chosen
+// by the cause's kind, the message naming the collective and the cause.
+func (d *Daemon) callError(seq uint64, gen uint32, cause error, closed bool) *ipc.Error {
+	code := ipc.CodePeerLost
+	msg := cause.Error()
+	switch {
+	case closed || errors.Is(cause, ErrShutdown) || hasTag(msg, "[shutdown]"):
+		code = ipc.CodeShutdown
+	case hasTag(msg, "[mismatch]") || errors.Is(cause, ring.ErrMismatch):
+		code = ipc.CodeMismatch
+	case hasTag(msg, "[trainer-lost]"):
+		code = ipc.CodeTrainerLost
+	case hasTag(msg, "[timeout]") || errors.Is(cause, ring.ErrTimeout):
+		code = ipc.CodeTimeout
+	case hasTag(msg, "[internal]"):
+		code = ipc.CodeInternal
+	}
+	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s", seq, gen, d.cfg.Rank, msg)
+}

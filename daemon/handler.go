@@ -1,0 +1,139 @@
+package daemon
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ipc"
+)
+
+// handler is the daemon as the Unix-socket server sees it. Its methods run
+// on the sessions' goroutines and never block on the ring.
+type handler struct{ d *Daemon }
+
+// noRank marks an observer's ranks in HELLO_OK.
+const noRank = ^uint32(0)
+
+func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
+	d := h.d
+	if hello.Job != d.cfg.Job {
+		return ipc.HelloOK{}, ipc.Errorf(ipc.CodeJob, "hello from pid %d names job %q, this daemon serves job %q", hello.PID, hello.Job, d.cfg.Job)
+	}
+	L := d.cfg.LocalSize
+	ok := ipc.HelloOK{
+		NodeRank:  uint32(d.cfg.Rank),
+		NodeCount: uint32(len(d.cfg.Peers)),
+		LocalSize: uint32(L),
+		WorldSize: uint32(len(d.cfg.Peers) * L),
+		TimeoutMS: uint64(d.cfg.CollectiveTimeout / time.Millisecond),
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ok.Generation = d.gen
+	if d.closed {
+		return ipc.HelloOK{}, ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank)
+	}
+	if hello.Observer {
+		ok.WorldRank, ok.LocalRank = noRank, noRank
+		return ok, nil
+	}
+	l := int(hello.LocalRank)
+	switch {
+	case l == -1:
+		l = -1
+		for i := range d.slots {
+			if d.slots[i].session == nil {
+				l = i
+				break
+			}
+		}
+		if l < 0 {
+			return ipc.HelloOK{}, ipc.Errorf(ipc.CodeFull, "all %d local ranks of node %d are taken", L, d.cfg.Rank)
+		}
+	case l < 0 || l >= L:
+		return ipc.HelloOK{}, ipc.Errorf(ipc.CodeRankRange, "local rank %d outside [0, %d) on node %d", l, L, d.cfg.Rank)
+	case d.slots[l].session != nil:
+		return ipc.HelloOK{}, ipc.Errorf(ipc.CodeRankTaken, "local rank %d of node %d is held by pid %d (%q)", l, d.cfg.Rank, d.slots[l].pid, d.slots[l].label)
+	}
+	sl := &d.slots[l]
+	sl.session, sl.pid, sl.label = s, int32(hello.PID), hello.Label
+	s.SetValue(l)
+	ok.LocalRank = uint32(l)
+	ok.WorldRank = uint32(d.worldRank(l))
+	d.log.Info("trainer attached", "local_rank", l, "world_rank", d.worldRank(l), "pid", hello.PID, "label", hello.Label)
+	return ok, nil
+}
+
+func (h handler) Call(s *ipc.Session, r *ipc.Request) {
+	d := h.d
+	l, ok := s.Value().(int)
+	if !ok {
+		r.Fail(ipc.Errorf(ipc.CodePermission, "an observer connection cannot make collective calls"))
+		return
+	}
+	desc := r.Desc
+	switch desc.Op {
+	case collective.OpAllGather:
+		r.Fail(ipc.Errorf(ipc.CodeUnsupported, "allgather through the daemon is not implemented in protocol version 1"))
+		return
+	case collective.OpBroadcast:
+		if int(desc.Root) >= len(d.cfg.Peers)*d.cfg.LocalSize {
+			r.Fail(ipc.Errorf(ipc.CodeBadRequest, "broadcast root %d outside world of %d", desc.Root, len(d.cfg.Peers)*d.cfg.LocalSize))
+			return
+		}
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		r.Fail(ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
+		return
+	}
+	sl := &d.slots[l]
+	sl.calls++
+	sl.last = desc
+	sl.queue = append(sl.queue, call{req: r, at: time.Now()})
+	d.mu.Unlock()
+	d.wake()
+}
+
+func (h handler) Status() ([]byte, error) { return h.d.statusJSON() }
+
+func (h handler) Disconnected(s *ipc.Session, cause error) {
+	d := h.d
+	l, ok := s.Value().(int)
+	if !ok {
+		return
+	}
+	d.mu.Lock()
+	sl := &d.slots[l]
+	if sl.session != s {
+		d.mu.Unlock()
+		return
+	}
+	pending := len(sl.queue) > 0
+	for l2 := range d.slots {
+		if len(d.slots[l2].queue) > 0 {
+			pending = true
+		}
+	}
+	inRing := d.inflight.active && d.inflight.phase == phaseRing
+	var lost error
+	if pending || inRing {
+		lost = fmt.Errorf("[trainer-lost] world rank %d (node %d, local rank %d, pid %d) disconnected mid-collective: %v",
+			d.worldRank(l), d.cfg.Rank, l, sl.pid, cause)
+		if d.lost == nil {
+			d.lost = lost
+		}
+	}
+	sl.session = nil
+	r := d.ring
+	d.mu.Unlock()
+	d.log.Info("trainer detached", "local_rank", l, "world_rank", d.worldRank(l), "pid", sl.pid, "cause", cause, "mid_collective", lost != nil)
+	if lost != nil && inRing && r != nil {
+		// The engine is inside the ring with this trainer's buffer; the
+		// abort makes that op fail on every node.
+		r.Abort(lost)
+	}
+	d.wake()
+}

@@ -1,0 +1,91 @@
+package daemon
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Status is the daemon's state as `collectived status` shows it and as the
+// STATUS_OK frame carries it (JSON; clients ignore fields they do not know).
+type Status struct {
+	Job        string          `json:"job"`
+	NodeRank   int             `json:"node_rank"`
+	NodeCount  int             `json:"node_count"`
+	LocalSize  int             `json:"local_size"`
+	Ring       RingStatus      `json:"ring"`
+	Trainers   []TrainerStatus `json:"trainers"`
+	InFlight   *InFlightStatus `json:"in_flight,omitempty"`
+	Socket     string          `json:"socket"`
+	Listen     string          `json:"listen"`
+	Peers      []string        `json:"peers"`
+	ReportedAt time.Time       `json:"reported_at"`
+}
+
+// RingStatus is the ring's state and last failure.
+type RingStatus struct {
+	State      string `json:"state"` // forming, up, failed, stopped
+	Generation uint32 `json:"generation"`
+	Next       string `json:"next,omitempty"`
+	Prev       string `json:"prev,omitempty"`
+	LastError  string `json:"last_error,omitempty"`
+}
+
+// TrainerStatus is one local rank's slot.
+type TrainerStatus struct {
+	LocalRank int    `json:"local_rank"`
+	WorldRank int    `json:"world_rank"`
+	Attached  bool   `json:"attached"`
+	PID       int32  `json:"pid,omitempty"`
+	Label     string `json:"label,omitempty"`
+	Calls     uint64 `json:"calls"`
+	LastCall  string `json:"last_call,omitempty"`
+	Queued    int    `json:"queued"`
+}
+
+// InFlightStatus is the collective being waited for or run, and on whom.
+type InFlightStatus struct {
+	Seq       uint64  `json:"seq"`
+	Phase     string  `json:"phase"`
+	Call      string  `json:"call,omitempty"`
+	WaitedSec float64 `json:"waited_sec"`
+	NotCalled string  `json:"not_called,omitempty"`
+}
+
+// Status reports the daemon's state.
+func (d *Daemon) Status() Status {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := len(d.cfg.Peers)
+	st := Status{
+		Job: d.cfg.Job, NodeRank: d.cfg.Rank, NodeCount: n, LocalSize: d.cfg.LocalSize,
+		Socket: d.cfg.SocketPath, Listen: d.RingAddr(), Peers: d.cfg.Peers,
+		ReportedAt: time.Now().UTC(),
+		Ring:       RingStatus{State: d.state, Generation: d.gen},
+	}
+	if n > 1 {
+		st.Ring.Next = d.cfg.Peers[(d.cfg.Rank+1)%n]
+		st.Ring.Prev = d.cfg.Peers[(d.cfg.Rank+n-1)%n]
+	}
+	if d.lastErr != nil {
+		st.Ring.LastError = d.lastErr.Error()
+	}
+	for l := range d.slots {
+		s := &d.slots[l]
+		ts := TrainerStatus{LocalRank: l, WorldRank: d.worldRank(l), Attached: s.session != nil,
+			PID: s.pid, Label: s.label, Calls: s.calls, Queued: len(s.queue)}
+		if s.calls > 0 {
+			ts.LastCall = s.last.String()
+		}
+		st.Trainers = append(st.Trainers, ts)
+	}
+	if f := d.inflight; f.active {
+		in := &InFlightStatus{Seq: f.seq, Phase: f.phase, Call: f.desc, WaitedSec: time.Since(f.since).Seconds()}
+		if f.phase == phaseLocal {
+			in.NotCalled = d.missingLocked()
+		}
+		st.InFlight = in
+	}
+	return st
+}
+
+func (d *Daemon) statusJSON() ([]byte, error) { return json.Marshal(d.Status()) }

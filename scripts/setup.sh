@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what building and testing collectived needs on a fresh Debian
+# machine, and nothing that is already there. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have ip            || need_pkgs+=(iproute2)
+have iptables      || need_pkgs+=(iptables)
+have gcc           || need_pkgs+=(gcc)
+have make          || need_pkgs+=(make)
+have systemd-analyze || need_pkgs+=(systemd)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "setup: missing Debian packages ${need_pkgs[*]}; run as root or install them" >&2
+		exit 1
+	fi
+	echo "setup: installing Debian packages: ${need_pkgs[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
+fi
+
+echo "setup: Go modules"
+go mod download
+
+echo "setup: Python venv .venv"
+if [ ! -x .venv/bin/python ]; then
+	python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q numpy pytest
+.venv/bin/python -m pip install -q -e ./clients/python
+echo "setup: done"
