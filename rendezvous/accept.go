@@ -120,6 +120,9 @@ func (l *Listener) deliver(c net.Conn, f *formation, h *hello) error {
 	}
 	l.mu.Lock()
 	err = f.commit(c, h)
+	if err == nil {
+		delete(l.pending, c) // the formation owns it now; Close must not touch it
+	}
 	l.mu.Unlock()
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -110,6 +111,9 @@ func (c Config) Verify() error {
 		}
 		seen[p] = i
 	}
+	if err := checkLoopbackMix(c.Peers); err != nil {
+		return fmt.Errorf("rendezvous config: %w", err)
+	}
 	if c.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 			return fmt.Errorf("rendezvous config: listen address %q: %w", c.Listen, err)
@@ -144,6 +148,27 @@ func checkPeerAddr(p string) error {
 	n, err := strconv.ParseUint(port, 10, 16)
 	if err != nil || n == 0 {
 		return fmt.Errorf("port %q is not in [1, 65535]", port)
+	}
+	return nil
+}
+
+// checkLoopbackMix refuses a peer list naming loopback for some peers and
+// real addresses for others: a loopback address means a different host on
+// each node, so such a list cannot describe one ring.
+func checkLoopbackMix(peers []string) error {
+	loop, other := -1, -1
+	for i, p := range peers {
+		host, _, _ := net.SplitHostPort(p)
+		switch ip := net.ParseIP(host); {
+		case strings.EqualFold(host, "localhost") || (ip != nil && ip.IsLoopback()):
+			loop = i
+		case ip != nil:
+			other = i
+		}
+	}
+	if loop >= 0 && other >= 0 {
+		return fmt.Errorf("peer %d %q is a loopback address but peer %d %q is not: every node would dial itself for peer %d",
+			loop, peers[loop], other, peers[other], loop)
 	}
 	return nil
 }

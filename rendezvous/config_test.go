@@ -34,6 +34,8 @@ func TestConfigVerify(t *testing.T) {
 		{"peer no host", func(c *Config) { c.Peers[1] = ":7000" }, "no host"},
 		{"peer unspecified", func(c *Config) { c.Peers[1] = "0.0.0.0:7000" }, "unspecified address"},
 		{"duplicate peer", func(c *Config) { c.Peers[1] = c.Peers[0] }, "peer 0 and peer 1 are both"},
+		{"loopback mixed", func(c *Config) { c.Peers[1] = "10.1.2.3:7001" }, `peer 0 "127.0.0.1:7000" is a loopback address but peer 1 "10.1.2.3:7001" is not`},
+		{"localhost mixed", func(c *Config) { c.Peers = []string{"10.1.2.3:7001", "localhost:7000"} }, `peer 1 "localhost:7000" is a loopback address`},
 		{"bad listen", func(c *Config) { c.Listen = "nonsense" }, `listen address "nonsense"`},
 		{"streams", func(c *Config) { c.Streams = 65 }, "streams 65 outside [1, 64]"},
 		{"connect timeout", func(c *Config) { c.ConnectTimeout = -1 }, "connect timeout -1ns is negative"},

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
+	"syscall"
 	"time"
 )
 
@@ -25,8 +26,9 @@ var aLongTimeAgo = time.Unix(1, 0)
 // dialParams is the dialer's side of one handshake.
 type dialParams struct {
 	cfg      *Config
-	hello    hello // ours; the nonce is filled by dialHandshake
-	wantRank int   // the rank that must answer
+	hello    hello        // ours; the nonce is filled by dialHandshake
+	wantRank int          // the rank that must answer
+	local    *net.TCPAddr // source address; nil lets the kernel choose
 
 	// skipListenerProof sends our proof without checking the listener's:
 	// only tests use it, to reach the listener's MAC check with a wrong key.
@@ -45,9 +47,16 @@ func (l *Listener) dialNext(ctx context.Context, gen uint32, limit time.Duration
 	backoff := backoffMin
 	var last error
 	lastLogged := ""
+	local := l.advertisedAddr(ctx)
 	for attempt := 1; ; attempt++ {
 		s := session{Epoch: l.epoch, Seq: l.seq.Add(1)}
-		conns, ngen, err := l.dialRound(ctx, addr, s, gen)
+		conns, ngen, err := l.dialRound(ctx, addr, local, s, gen)
+		if local != nil && errors.Is(err, syscall.EADDRNOTAVAIL) {
+			l.log.Warn("rendezvous cannot dial from our advertised address; letting the kernel choose, next may refuse us",
+				"advertised", local.IP.String(), "err", err)
+			local = nil
+			continue
+		}
 		if err == nil {
 			l.log.Info("rendezvous connected next", "next", cfg.next(), "addr", addr,
 				"streams", len(conns), "attempts", attempt, "next_generation", ngen)
@@ -83,6 +92,29 @@ func (l *Listener) dialNext(ctx context.Context, gen uint32, limit time.Duration
 	}
 }
 
+// advertisedAddr is the source address for dials: the IP of our own entry
+// in the peer list, because that is the address next checks us against
+// (ErrAddrNotInPeers). On a host with several interfaces the kernel might
+// otherwise pick another. Nil if the entry does not resolve.
+func (l *Listener) advertisedAddr(ctx context.Context) *net.TCPAddr {
+	host, _, _ := net.SplitHostPort(l.cfg.Peers[l.cfg.Rank])
+	ip := net.ParseIP(host)
+	if ip == nil {
+		ctx, cancel := context.WithTimeout(ctx, l.cfg.HandshakeTimeout)
+		ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
+		cancel()
+		if err != nil || len(ips) == 0 {
+			l.log.Warn("rendezvous cannot resolve our advertised address; letting the kernel choose", "advertised", host, "err", err)
+			return nil
+		}
+		ip = ips[0]
+	}
+	if ip.IsUnspecified() {
+		return nil
+	}
+	return &net.TCPAddr{IP: ip}
+}
+
 // expired is the error for ctx ending: a timeout naming the last cause, or
 // the caller's cancellation.
 func (l *Listener) expired(ctx context.Context, what string, limit time.Duration, last error) error {
@@ -116,12 +148,12 @@ func isContextErr(err error) bool {
 // dialRound connects all streams as one attempt. The listener must answer
 // every stream from the same Form; if it re-formed meanwhile, the round
 // starts over under a new attempt number, which supersedes this one there.
-func (l *Listener) dialRound(ctx context.Context, addr string, s session, gen uint32) ([]net.Conn, uint32, error) {
+func (l *Listener) dialRound(ctx context.Context, addr string, local *net.TCPAddr, s session, gen uint32) ([]net.Conn, uint32, error) {
 	cfg := &l.cfg
 	conns := make([]net.Conn, 0, cfg.Streams)
 	var first *hello
 	for i := 0; i < cfg.Streams; i++ {
-		p := &dialParams{cfg: cfg, wantRank: cfg.next(), hello: hello{
+		p := &dialParams{cfg: cfg, wantRank: cfg.next(), local: local, hello: hello{
 			ByteOrder:  nativeBOM,
 			Rank:       uint32(cfg.Rank),
 			World:      uint32(len(cfg.Peers)),
@@ -156,6 +188,9 @@ func (l *Listener) dialRound(ctx context.Context, addr string, s session, gen ui
 func dialStream(ctx context.Context, addr string, p *dialParams) (net.Conn, *hello, error) {
 	limit := p.cfg.HandshakeTimeout
 	d := net.Dialer{Timeout: limit}
+	if p.local != nil {
+		d.LocalAddr = p.local
+	}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err

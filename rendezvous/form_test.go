@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -429,4 +430,68 @@ func TestFormAttemptsSupersede(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(c6.RemoteAddr()), "127.0.0.1") {
 		t.Fatal(c6.RemoteAddr())
 	}
+}
+
+// Each node dials from the address the peer list gives it, so a listener
+// that checks its prev's address accepts it even where the kernel would
+// have picked another source (here: 127.0.0.2 and 127.0.0.3 on loopback).
+func TestFormDialsFromAdvertisedAddr(t *testing.T) {
+	hosts := []string{"127.0.0.2", "127.0.0.3"}
+	lns := make([]net.Listener, 2)
+	peers := make([]string, 2)
+	for r, h := range hosts {
+		ln, err := net.Listen("tcp", h+":0")
+		if err != nil {
+			t.Skipf("cannot bind %s: %v", h, err)
+		}
+		lns[r], peers[r] = ln, ln.Addr().String()
+	}
+	ls := make([]*Listener, 2)
+	for r := range 2 {
+		cfg := testConfig(t, peers, r, 2)
+		l, err := NewListener(cfg, lns[r])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ls[r] = l
+	}
+	links := mustFormAll(t, ls, []uint32{1, 1})
+	checkWired(t, peers, links, []uint32{1, 1}, 2)
+	for r, k := range links {
+		for _, c := range k.Next {
+			if got := c.LocalAddr().(*net.TCPAddr).IP.String(); got != hosts[r] {
+				t.Fatalf("rank %d dialled from %s, want %s", r, got, hosts[r])
+			}
+		}
+	}
+}
+
+// Nothing outlives Close: the accept loop and every handshake goroutine end.
+func TestListenerLeavesNoGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		w := newWorld(t, 3, 2, nil)
+		links := mustFormAll(t, w.ls, []uint32{1, 1, 1})
+		for _, k := range links {
+			k.Close()
+		}
+		half, err := net.Dial("tcp", w.peers[0]) // a handshake in progress at Close
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer half.Close()
+		for _, l := range w.ls {
+			l.Close()
+		}
+	}()
+	var n int
+	for range 200 {
+		if n = runtime.NumGoroutine(); n <= before {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	buf := make([]byte, 1<<16)
+	t.Fatalf("%d goroutines before, %d after Close:\n%s", before, n, buf[:runtime.Stack(buf, true)])
 }

@@ -134,6 +134,10 @@ func (l *Listener) acceptLoop() {
 				return
 			default:
 			}
+			if errors.Is(err, net.ErrClosed) {
+				l.log.Error("rendezvous listener closed under us; no more prev connections", "err", err)
+				return
+			}
 			// Like net/http: transient failures (EMFILE, ECONNABORTED)
 			// must not end the listener that outlives every ring.
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -214,6 +215,27 @@ func TestRejectGarbage(t *testing.T) {
 	rj := tg.rejects.waitFor(t, ErrBadMagic, 5*time.Second)
 	wantErr(t, "listener", rj.err, ErrBadMagic, "47 45 54 20") // "GET "
 	expectClosed(t, c)
+}
+
+// Every refusal is logged with the remote address and the reason.
+func TestRejectIsLogged(t *testing.T) {
+	var logs lockedBuffer
+	tg := newTarget(t, false, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	c, err := net.Dial("tcp", tg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("garbage!"))
+	tg.rejects.waitFor(t, ErrBadMagic, 5*time.Second)
+	out := logs.String()
+	for _, want := range []string{"level=WARN", `msg="rendezvous refused connection"`, "remote=" + c.LocalAddr().String(), "bad magic"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("log lacks %q:\n%s", want, out)
+		}
+	}
 }
 
 // A length beyond the limit is refused before anything is read or

@@ -43,18 +43,18 @@ func benchCommand() *cli.Command {
 
 // benchRow is one size's result, as printed with --json.
 type benchRow struct {
-	Bytes     int64   `json:"bytes"`
-	Nodes     int     `json:"nodes"`
-	Local     int     `json:"local"`
-	DType     string  `json:"dtype"`
-	Op        string  `json:"op"`
-	Path      string  `json:"path"`
-	Iters     int     `json:"iters"`
-	MedianUS  float64 `json:"median_us"`
-	P99US     float64 `json:"p99_us"`
-	AlgBWGBs  float64 `json:"algbw_GBps"`
-	BusBWGBs  float64 `json:"busbw_GBps"`
-	Verified  bool    `json:"verified"`
+	Bytes    int64   `json:"bytes"`
+	Nodes    int     `json:"nodes"`
+	Local    int     `json:"local"`
+	DType    string  `json:"dtype"`
+	Op       string  `json:"op"`
+	Path     string  `json:"path"`
+	Iters    int     `json:"iters"`
+	MedianUS float64 `json:"median_us"`
+	P99US    float64 `json:"p99_us"`
+	AlgBWGBs float64 `json:"algbw_GBps"`
+	BusBWGBs float64 `json:"busbw_GBps"`
+	Verified bool    `json:"verified"`
 }
 
 func runBench(c *cli.Context) error {
