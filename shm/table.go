@@ -121,9 +121,9 @@ func (t *Table) Free(id uint32) error {
 		t.mu.Unlock()
 		return fmt.Errorf("%w: segment %d", ErrBadSegment, id)
 	}
-	if e.refs > 0 {
+	if refs := e.refs; refs > 0 {
 		t.mu.Unlock()
-		return fmt.Errorf("%w: segment %d is used by %d call(s) in flight", ErrBusy, id, e.refs)
+		return fmt.Errorf("%w: segment %d is used by %d call(s) in flight", ErrBusy, id, refs)
 	}
 	delete(t.segs, id)
 	t.held -= e.seg.Size()

@@ -1,0 +1,98 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// ServerConfig configures a Server. Start from DefaultServerConfig.
+type ServerConfig struct {
+	// Path of the socket file. Its directory is created with mode 0750 if
+	// missing (an existing directory keeps its mode).
+	Path string
+	// Mode of the socket file (permission bits only).
+	Mode os.FileMode
+	// AllowedUIDs and AllowedGIDs admit peers by SO_PEERCRED: root and the
+	// daemon's own uid always, any uid listed, and any peer whose primary
+	// gid is listed (the kernel reports no supplementary groups). Empty
+	// lists admit root and the daemon's own uid only.
+	AllowedUIDs, AllowedGIDs []uint32
+	// HelloTimeout bounds the wait for a connection's first frame.
+	HelloTimeout time.Duration
+	// WriteTimeout bounds each frame written to a client; a client that
+	// stops reading for longer is disconnected.
+	WriteTimeout time.Duration
+	// InlineLimit is the largest buffer that travels inside CALL/CALL_OK.
+	InlineLimit int
+	// MaxInFlight is the number of calls a connection may have outstanding.
+	MaxInFlight int
+	// ShmQuota is the bytes of segments one connection may hold at once.
+	ShmQuota int64
+	// MaxClients bounds concurrent connections, observers included.
+	MaxClients int
+	// Logger receives connection events; nil discards them.
+	Logger *slog.Logger
+}
+
+// Default values (DefaultServerConfig).
+const (
+	DefaultSocketPath  = "/run/collectived/collectived.sock"
+	DefaultSocketMode  = 0o660
+	DefaultInlineLimit = 64 << 10
+	// maxInlineLimit keeps inline_limit + FrameOverhead within a u32 with
+	// a wide margin; bigger buffers belong in shared memory.
+	maxInlineLimit = 16 << 20
+	// minMaxFrame leaves room for STATUS_OK documents when the inline
+	// limit is small.
+	minMaxFrame = 64 << 10
+)
+
+// DefaultServerConfig returns the defaults: the standard socket path, mode
+// 0660, own uid and root only, 5 s hello timeout, 10 s write timeout,
+// 64 KiB inline limit, 64 calls in flight, 1 GiB of segments per
+// connection, 256 connections.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{
+		Path:         DefaultSocketPath,
+		Mode:         DefaultSocketMode,
+		HelloTimeout: 5 * time.Second,
+		WriteTimeout: 10 * time.Second,
+		InlineLimit:  DefaultInlineLimit,
+		MaxInFlight:  64,
+		ShmQuota:     1 << 30,
+		MaxClients:   256,
+	}
+}
+
+// Verify reports the first field that is out of range.
+func (c ServerConfig) Verify() error {
+	switch {
+	case c.Path == "":
+		return errors.New("ipc: config: socket path is empty")
+	case len(c.Path) > maxSocketPath:
+		return fmt.Errorf("ipc: config: socket path %s is %d bytes, the limit is %d", c.Path, len(c.Path), maxSocketPath)
+	case c.Mode == 0 || c.Mode&^os.ModePerm != 0:
+		return fmt.Errorf("ipc: config: socket mode %v must be nonzero permission bits only", c.Mode)
+	case c.HelloTimeout <= 0:
+		return fmt.Errorf("ipc: config: hello timeout %v must be positive", c.HelloTimeout)
+	case c.WriteTimeout <= 0:
+		return fmt.Errorf("ipc: config: write timeout %v must be positive", c.WriteTimeout)
+	case c.InlineLimit < 0 || c.InlineLimit > maxInlineLimit:
+		return fmt.Errorf("ipc: config: inline limit %d outside [0, %d]", c.InlineLimit, maxInlineLimit)
+	case c.MaxInFlight < 1 || c.MaxInFlight > 1<<16:
+		return fmt.Errorf("ipc: config: max in flight %d outside [1, 65536]", c.MaxInFlight)
+	case c.ShmQuota < 0:
+		return fmt.Errorf("ipc: config: shm quota %d is negative", c.ShmQuota)
+	case c.MaxClients < 1:
+		return fmt.Errorf("ipc: config: max clients %d must be at least 1", c.MaxClients)
+	}
+	return nil
+}
+
+// maxFrame is the max_frame the server announces.
+func (c ServerConfig) maxFrame() uint32 {
+	return uint32(max(c.InlineLimit+FrameOverhead, minMaxFrame))
+}

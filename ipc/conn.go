@@ -1,0 +1,303 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Side says which end of the protocol a Conn is: it decides which frame
+// types may arrive and which one arrives with an fd.
+type Side uint8
+
+const (
+	// DaemonSide receives requests; REGISTER arrives with an fd.
+	DaemonSide Side = iota
+	// ClientSide receives replies and ERROR; ALLOC_OK arrives with an fd.
+	ClientSide
+)
+
+// maxFDsPerMsg sizes the control buffer: a well-behaved peer sends one fd
+// per sendmsg; a few more let us see (and close) what a careless one sent
+// before we refuse it. More than this sets MSG_CTRUNC.
+const maxFDsPerMsg = 4
+
+// minReadBuf is the read buffer a Conn starts with; it grows, up to the
+// frame bound plus a header, only once a header announcing a longer frame
+// has passed DecodeHeader.
+const minReadBuf = HeaderSize + MaxHelloFrame
+
+// Frame is one frame read from a Conn.
+type Frame struct {
+	Header
+	// Payload aliases the Conn's read buffer: it is valid until the next
+	// ReadFrame.
+	Payload []byte
+	// FD is the fd that arrived with the frame, or -1. Only ALLOC_OK (on a
+	// client) and REGISTER (on the daemon) have one; the caller owns it.
+	FD int
+}
+
+// inFD is a received fd and the stream bytes [start, end) of the recvmsg
+// that delivered it. The kernel delivers an fd with the recvmsg that
+// returns the first byte of the sendmsg it was attached to, so the frame
+// it belongs to starts inside that range.
+type inFD struct {
+	fd         int
+	start, end uint64
+}
+
+// Conn frames a Unix stream socket: one goroutine reads frames (ReadFrame),
+// any number write them (WriteFrame, serialized).
+type Conn struct {
+	uc       *net.UnixConn
+	side     Side
+	fdType   Type
+	maxFrame atomic.Uint32
+
+	// Reader state, owned by the goroutine calling ReadFrame.
+	buf     []byte
+	r, w    int    // unread bytes are buf[r:w]
+	off     uint64 // stream offset of buf[r]
+	oob     []byte
+	fds     []inFD
+	readErr error // sticky: after a protocol error the stream is not trusted
+
+	wmu          sync.Mutex
+	writeTimeout time.Duration
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewConn wraps uc. The frame bound starts at MaxHelloFrame; raise it with
+// SetMaxFrame once HELLO_OK has been sent or received.
+func NewConn(uc *net.UnixConn, side Side) *Conn {
+	c := &Conn{
+		uc:   uc,
+		side: side,
+		oob:  make([]byte, unix.CmsgSpace(4*maxFDsPerMsg)),
+		buf:  make([]byte, minReadBuf),
+	}
+	c.fdType = TypeRegister
+	if side == ClientSide {
+		c.fdType = TypeAllocOK
+	}
+	c.maxFrame.Store(MaxHelloFrame)
+	return c
+}
+
+// SetMaxFrame sets the largest payload accepted from now on.
+func (c *Conn) SetMaxFrame(n uint32) { c.maxFrame.Store(n) }
+
+// MaxFrame is the current payload bound.
+func (c *Conn) MaxFrame() uint32 { return c.maxFrame.Load() }
+
+// SetWriteTimeout bounds each WriteFrame; 0 means no bound.
+func (c *Conn) SetWriteTimeout(d time.Duration) {
+	c.wmu.Lock()
+	c.writeTimeout = d
+	c.wmu.Unlock()
+}
+
+// SetReadDeadline bounds ReadFrame calls, as net.Conn's does.
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.uc.SetReadDeadline(t) }
+
+// UnixConn is the wrapped socket.
+func (c *Conn) UnixConn() *net.UnixConn { return c.uc }
+
+// ReadFrame reads the next frame. Protocol faults are fatal *Errors
+// (BAD_FRAME, BAD_FD) after which every fd received and not yet handed out
+// has been closed and ReadFrame keeps failing; transport errors (io.EOF,
+// deadlines) are returned as they are, wrapped.
+func (c *Conn) ReadFrame() (Frame, error) {
+	if c.readErr != nil {
+		return Frame{}, c.readErr
+	}
+	f, err := c.readFrame()
+	if err != nil {
+		c.closeFDs()
+		var e *Error
+		if errors.As(err, &e) {
+			c.readErr = err
+		}
+	}
+	return f, err
+}
+
+func (c *Conn) readFrame() (Frame, error) {
+	if err := c.checkUnclaimed(); err != nil {
+		return Frame{}, err
+	}
+	for c.w-c.r < HeaderSize {
+		if err := c.fill(HeaderSize); err != nil {
+			return Frame{}, err
+		}
+	}
+	h, err := DecodeHeader(c.buf[c.r:c.w], c.maxFrame.Load())
+	if err != nil {
+		return Frame{}, err
+	}
+	if c.side == DaemonSide && !h.Type.IsRequest() {
+		return Frame{}, Fatalf(CodeBadFrame, "%s (id %d) is a daemon frame, not a request", h.Type, h.ID)
+	}
+	if c.side == ClientSide && h.Type.IsRequest() {
+		return Frame{}, Fatalf(CodeBadFrame, "%s (id %d) is a request, not a daemon frame", h.Type, h.ID)
+	}
+	f := Frame{Header: h, FD: -1}
+	if h.Type == c.fdType {
+		// The fd came with the frame's first byte, which we hold.
+		if len(c.fds) == 0 || c.fds[0].start > c.off || c.fds[0].end <= c.off {
+			return Frame{}, Fatalf(CodeBadFD, "%s (id %d) arrived without an fd", h.Type, h.ID)
+		}
+		f.FD = c.fds[0].fd
+		c.fds = c.fds[1:]
+	}
+	total := HeaderSize + int(h.Length)
+	for c.w-c.r < total {
+		if err := c.fill(total); err != nil {
+			if f.FD >= 0 {
+				unix.Close(f.FD)
+			}
+			return Frame{}, err
+		}
+	}
+	f.Payload = c.buf[c.r+HeaderSize : c.r+total : c.r+total]
+	c.r += total
+	c.off += uint64(total)
+	return f, nil
+}
+
+// checkUnclaimed fails if an fd arrived only with bytes of frames already
+// read: no frame can claim it any more.
+func (c *Conn) checkUnclaimed() error {
+	if len(c.fds) > 0 && c.fds[0].end <= c.off {
+		n := 0
+		for _, f := range c.fds {
+			if f.end <= c.off {
+				n++
+			}
+		}
+		return Fatalf(CodeBadFD, "%d fd(s) arrived with frames that carry none (only %s carries one, attached to the sendmsg that begins with its first byte)", n, c.fdType)
+	}
+	return nil
+}
+
+// fill reads once from the socket, making room for need bytes from c.r.
+func (c *Conn) fill(need int) error {
+	if len(c.buf)-c.r < need || c.r == c.w {
+		if len(c.buf) < need {
+			nb := make([]byte, max(need, 2*len(c.buf)))
+			c.w = copy(nb, c.buf[c.r:c.w])
+			c.buf = nb
+		} else {
+			c.w = copy(c.buf, c.buf[c.r:c.w])
+		}
+		c.r = 0
+	}
+	start := c.off + uint64(c.w-c.r)
+	n, oobn, flags, _, err := c.uc.ReadMsgUnix(c.buf[c.w:], c.oob)
+	if oobn > 0 {
+		c.takeFDs(c.oob[:oobn], start, start+uint64(n))
+	}
+	c.w += n
+	if flags&unix.MSG_CTRUNC != 0 {
+		return Fatalf(CodeBadFD, "control message truncated (MSG_CTRUNC): more than %d fds in one message", maxFDsPerMsg)
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) && c.w > c.r {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("ipc: read: %w", err)
+	}
+	if n == 0 && oobn == 0 {
+		if c.w > c.r {
+			return fmt.Errorf("ipc: read: %w after %d bytes of a frame", io.ErrUnexpectedEOF, c.w-c.r)
+		}
+		return fmt.Errorf("ipc: read: %w", io.EOF)
+	}
+	return nil
+}
+
+// takeFDs queues every fd in a control buffer, in arrival order.
+func (c *Conn) takeFDs(oob []byte, start, end uint64) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			c.fds = append(c.fds, inFD{fd: fd, start: start, end: end})
+		}
+	}
+}
+
+func (c *Conn) closeFDs() {
+	for _, f := range c.fds {
+		unix.Close(f.fd)
+	}
+	c.fds = c.fds[:0]
+}
+
+// WriteFrame writes one complete frame; fd >= 0 travels with it, attached
+// to the sendmsg that begins with the frame's first byte. The caller keeps
+// ownership of fd. Writes from several goroutines are serialized.
+func (c *Conn) WriteFrame(b []byte, fd int) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.writeTimeout > 0 {
+		if err := c.uc.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
+			return fmt.Errorf("ipc: write: %w", err)
+		}
+	}
+	if fd >= 0 {
+		n, _, err := c.uc.WriteMsgUnix(b, unix.UnixRights(fd), nil)
+		if err != nil {
+			return fmt.Errorf("ipc: write %s with fd: %w", frameType(b), err)
+		}
+		b = b[n:]
+	}
+	for len(b) > 0 {
+		n, err := c.uc.Write(b)
+		if err != nil {
+			return fmt.Errorf("ipc: write %s: %w", frameType(b), err)
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func frameType(b []byte) Type {
+	if len(b) > 4 {
+		return Type(b[4])
+	}
+	return 0
+}
+
+// Close closes the socket and every received fd not handed out. Only the
+// reading goroutine's fds are touched after it has stopped, so call Close
+// from it or after it returned; CloseSocket unblocks it from elsewhere.
+func (c *Conn) Close() error {
+	c.closeFDs()
+	return c.CloseSocket()
+}
+
+// CloseSocket closes the socket only, unblocking a ReadFrame in progress.
+// Idempotent.
+func (c *Conn) CloseSocket() error {
+	c.closeOnce.Do(func() { c.closeErr = c.uc.Close() })
+	return c.closeErr
+}

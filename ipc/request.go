@@ -1,0 +1,219 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/shm"
+)
+
+// Request is one validated CALL handed to the Handler. It stays valid
+// until the core calls Reply or Fail (exactly once), even after the
+// session has ended; then the session reuses it.
+type Request struct {
+	ID   uint64
+	Desc collective.Desc
+	// Buf is the caller's buffer: for an inline call a copy of the data,
+	// for a shared-memory call the range of the segment (which stays
+	// mapped until Reply or Fail). The result goes into it, in place.
+	Buf    []byte
+	Inline bool
+
+	s       *Session
+	release func()
+	frame   []byte // CallOKPrefix + inline data: Buf is frame[CallOKPrefix:]
+	out     []byte // the frame the writer sends
+	state   atomic.Uint32
+}
+
+const (
+	reqIdle uint32 = iota
+	reqInFlight
+	reqAnswered
+)
+
+// Session is the session the call came on.
+func (r *Request) Session() *Session { return r.s }
+
+// Reply answers the call with success. An inline call's result is Buf.
+func (r *Request) Reply(generation uint32, seq uint64) {
+	if !r.answer() {
+		return
+	}
+	n := 0
+	if r.Inline {
+		n = len(r.Buf)
+	}
+	PutCallOKPrefix(r.frame, r.ID, generation, seq, n)
+	r.out = r.frame[:CallOKPrefix+n]
+	r.s.queue(r)
+}
+
+// Fail answers the call with an ERROR: an *Error's code and message (never
+// fatal: the session goes on), or INTERNAL with err's text.
+func (r *Request) Fail(err error) {
+	if !r.answer() {
+		return
+	}
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Code: CodeInternal, Message: fmt.Sprint(err)}
+	}
+	ne := *e
+	ne.Fatal = false
+	// The frame buffer is free now; reuse it when it is big enough.
+	r.out = ne.Append(r.frame[:0], r.ID)
+	r.s.queue(r)
+}
+
+func (r *Request) answer() bool {
+	if r.state.CompareAndSwap(reqInFlight, reqAnswered) {
+		return true
+	}
+	r.s.log.Error("BUG: call answered twice or after reuse", "id", r.ID, "call", r.Desc.String())
+	return false
+}
+
+// queue hands an answered request to the writer, or finishes it at once if
+// the session has ended. It never blocks: outq holds MaxInFlight requests.
+func (s *Session) queue(r *Request) {
+	s.mu.Lock()
+	if !s.closed {
+		s.outq <- r
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.retire(r)
+	s.reuse(r)
+}
+
+// retire ends the call's claims before its answer is written: the client
+// may reuse the id, count the slot free and free the segment as soon as it
+// reads the answer, so none of these may lag behind the write. Until
+// retired, a queued answer still counts against MaxInFlight, which is what
+// bounds outq.
+func (s *Session) retire(r *Request) {
+	if r.release != nil {
+		r.release()
+		r.release = nil
+	}
+	r.Buf = nil
+	s.mu.Lock()
+	delete(s.inflight, r.ID)
+	s.mu.Unlock()
+}
+
+// reuse puts a written (or dropped) request back on the free list.
+func (s *Session) reuse(r *Request) {
+	if cap(r.out) > cap(r.frame) {
+		r.frame = r.out[:cap(r.out)] // Fail grew it; keep the bigger one
+	}
+	r.out = nil
+	r.state.Store(reqIdle)
+	s.recycle(r)
+}
+
+// writeLoop is the writer goroutine: it sends answers queued by Reply and
+// Fail until the session ends, then finishes whatever is left.
+func (s *Session) writeLoop() {
+	defer close(s.wdone)
+	for {
+		select {
+		case r := <-s.outq:
+			s.retire(r)
+			err := s.conn.WriteFrame(r.out, -1)
+			s.reuse(r)
+			if err != nil {
+				s.Close(err)
+			}
+		case <-s.quit:
+			for {
+				select {
+				case r := <-s.outq:
+					s.retire(r)
+					s.reuse(r)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// handleCall validates a CALL and passes it to the handler.
+func (s *Session) handleCall(f Frame) error {
+	if err := s.observerRefused(f.Type); err != nil {
+		return err
+	}
+	c := &s.call
+	if err := DecodeCall(f.Payload, c, &s.names); err != nil {
+		return err
+	}
+	d := c.Desc
+	if err := d.Validate(int(s.helloOK.WorldSize)); err != nil {
+		return Errorf(CodeBadRequest, "CALL %s: %v", d, err)
+	}
+	if c.SHM && d.Op == collective.OpBarrier {
+		return Errorf(CodeBadRequest, "CALL %s: a barrier has no buffer; the SHM flag must be clear", d)
+	}
+	limit := s.srv.cfg.InlineLimit
+	if !c.SHM && len(c.Data) > limit {
+		return Errorf(CodeTooLarge, "CALL %s: %d bytes inline, the limit is %d; use shared memory", d, len(c.Data), limit)
+	}
+	if c.SHM {
+		if es := uint64(d.DType.Size()); c.Offset%es != 0 {
+			return Errorf(CodeBadRequest, "CALL %s: offset %d in segment %d is not a multiple of the %s size %d", d, c.Offset, c.Segment, d.DType, es)
+		}
+	}
+
+	s.mu.Lock()
+	if _, dup := s.inflight[f.ID]; dup {
+		s.mu.Unlock()
+		return Fatalf(CodeBadFrame, "CALL id %d is already in flight", f.ID)
+	}
+	if len(s.inflight) >= s.srv.cfg.MaxInFlight {
+		n := len(s.inflight)
+		s.mu.Unlock()
+		return Errorf(CodeTooMany, "CALL %s: %d calls in flight, the limit is %d", d, n, s.srv.cfg.MaxInFlight)
+	}
+	var r *Request
+	if n := len(s.free); n > 0 {
+		r = s.free[n-1]
+		s.free = s.free[:n-1]
+	}
+	s.mu.Unlock()
+	if r == nil {
+		r = &Request{s: s, frame: make([]byte, CallOKPrefix+limit)}
+	}
+
+	r.ID, r.Desc, r.Inline = f.ID, d, !c.SHM
+	if c.SHM {
+		buf, release, err := s.table.Acquire(c.Segment, c.Offset, d.Bytes())
+		if err != nil {
+			s.recycle(r)
+			if errors.Is(err, shm.ErrBadSegment) || errors.Is(err, shm.ErrRange) {
+				return Errorf(CodeBadSegment, "CALL %s: %v", d, err)
+			}
+			return Errorf(CodeInternal, "CALL %s: %v", d, err)
+		}
+		r.Buf, r.release = buf, release
+	} else {
+		r.Buf = r.frame[CallOKPrefix : CallOKPrefix+copy(r.frame[CallOKPrefix:], c.Data)]
+	}
+	r.state.Store(reqInFlight)
+	s.mu.Lock()
+	s.inflight[f.ID] = r
+	s.mu.Unlock()
+	s.h.Call(s, r)
+	return nil
+}
+
+// recycle returns an unused request to the free list.
+func (s *Session) recycle(r *Request) {
+	s.mu.Lock()
+	s.free = append(s.free, r)
+	s.mu.Unlock()
+}

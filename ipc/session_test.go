@@ -1,0 +1,361 @@
+package ipc
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/collective"
+)
+
+func TestHello(t *testing.T) {
+	srv, h := startServer(t, nil)
+
+	c := dial(t, srv.Path())
+	ok := c.attach()
+	if ok.Version != 1 || ok.InlineLimit != 4096 || ok.MaxFrame != minMaxFrame || ok.MaxInFlight != 8 ||
+		ok.ShmQuota != 16<<20 || ok.LocalRank != 0 || ok.WorldSize != 4 || ok.TimeoutMS != 60000 {
+		t.Errorf("HELLO_OK %+v", ok)
+	}
+
+	t.Run("version", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: 2, LocalRank: -1, Job: "job"}.Encode(1), -1)
+		c.expectError(f, CodeVersion, true, "client speaks protocol version 2, daemon speaks 1")
+	})
+	t.Run("job", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: 1, LocalRank: -1, Job: "other"}.Encode(1), -1)
+		c.expectError(f, CodeJob, true, `HELLO names job "other", daemon serves job "job"`)
+	})
+	t.Run("rank taken", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: 1, LocalRank: 0, Job: "job"}.Encode(1), -1)
+		c.expectError(f, CodeRankTaken, true, "local rank 0 is held by pid")
+	})
+	t.Run("bad magic", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		b := Hello{Version: 1, LocalRank: -1, Job: "job"}.Encode(1)
+		b[HeaderSize] = 'X'
+		c.expectError(c.roundTrip(b, -1), CodeBadFrame, true, "magic")
+	})
+	t.Run("first frame not hello", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(AppendEmpty(nil, TypeStatus, 1), -1)
+		c.expectError(f, CodeBadFrame, true, "the first frame must be HELLO, got STATUS")
+	})
+	t.Run("second hello", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		c.attach()
+		f := c.roundTrip(Hello{Version: 1, LocalRank: -1, Job: "job"}.Encode(5), -1)
+		c.expectError(f, CodeBadFrame, true, "second HELLO")
+		h.waitGone(t)
+	})
+	t.Run("observer", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: 1, Observer: true, LocalRank: 3, Job: "job"}.Encode(1), -1)
+		ok, err := DecodeHelloOK(f.Payload)
+		if err != nil || ok.WorldRank != NoRank || ok.LocalRank != NoRank {
+			t.Fatalf("observer HELLO_OK %+v %v", ok, err)
+		}
+		c.c.SetMaxFrame(ok.MaxFrame)
+		f = c.roundTrip(AppendEmpty(nil, TypeStatus, 2), -1)
+		if f.Type != TypeStatusOK || f.ID != 2 || !strings.Contains(string(f.Payload), `"trainers":1`) {
+			t.Fatalf("STATUS answered %s %q", f.Type, f.Payload)
+		}
+		c.expectError(c.inlineCall(3, make([]byte, 4), ""), CodePermission, false, "an observer may only ask STATUS, not CALL")
+		c.expectError(c.roundTrip(Alloc{Size: 1}.Encode(4), -1), CodePermission, false, "not ALLOC")
+		c.expectError(c.roundTrip(Free{Segment: 1}.Encode(5), -1), CodePermission, false, "not FREE")
+		c.expectError(c.roundTrip(Register{Size: 4096}.Encode(6), memfd(t, 4096, unix.F_SEAL_SHRINK)), CodePermission, false, "not REGISTER")
+		if f = c.roundTrip(AppendEmpty(nil, TypeStatus, 7), -1); f.Type != TypeStatusOK {
+			t.Fatalf("observer lost after refusals: %s", f.Type)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		srv, _ := startServer(t, func(c *ServerConfig) { c.HelloTimeout = 100 * time.Millisecond })
+		c := dial(t, srv.Path())
+		c.expectError(c.read(), CodeTimeout, true, "no HELLO within 100ms")
+	})
+	// The first client is unaffected by all of the above.
+	if f := c.inlineCall(2, []byte{1, 2, 3, 4}, ""); f.Type != TypeCallOK {
+		t.Fatalf("first client: %s %v", f.Type, c.errorOf(f))
+	}
+}
+
+func TestInlineCall(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	c := dial(t, srv.Path())
+	c.attach()
+	data := make([]byte, 4096)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	for i := uint64(0); i < 3; i++ {
+		f := c.inlineCall(10+i, data, "grad")
+		if f.Type != TypeCallOK || f.ID != 10+i {
+			t.Fatalf("got %s id %d: %v", f.Type, f.ID, c.errorOf(f))
+		}
+		var ok CallOK
+		if err := DecodeCallOK(f.Payload, &ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok.Generation != 1 || ok.Seq != i || len(ok.Result) != len(data) {
+			t.Fatalf("CALL_OK gen %d seq %d, %d bytes", ok.Generation, ok.Seq, len(ok.Result))
+		}
+		for j, b := range ok.Result {
+			if b != data[j]+1 {
+				t.Fatalf("result[%d] = %d, want %d", j, b, data[j]+1)
+			}
+		}
+	}
+	// A barrier has no data and gets no result.
+	f := c.roundTrip((&Call{Desc: collective.Desc{Op: collective.OpBarrier, Name: "epoch"}}).Encode(20), -1)
+	var ok CallOK
+	if f.Type != TypeCallOK || DecodeCallOK(f.Payload, &ok) != nil || len(ok.Result) != 0 {
+		t.Fatalf("barrier: %s", f.Type)
+	}
+	// Errors of well-formed calls are not fatal.
+	c.expectError(c.inlineCall(21, make([]byte, 4100), ""), CodeTooLarge, false, "4100 bytes inline, the limit is 4096")
+	c.expectError(c.inlineCall(22, make([]byte, 8), "fail"), CodeMismatch, false, "world rank 1 disagrees")
+	c.expectError(c.inlineCall(23, make([]byte, 8), "boom"), CodeInternal, false, "core exploded")
+	bad := Call{Desc: collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 1, Root: 4}, Data: make([]byte, 4)}
+	c.expectError(c.roundTrip(bad.Encode(24), -1), CodeBadRequest, false, "broadcast root 4 outside world of 4")
+	b := (&Call{Desc: collective.Desc{Op: collective.OpBarrier}, SHM: true, Segment: 1}).Encode(25)
+	c.expectError(c.roundTrip(b, -1), CodeBadRequest, false, "a barrier has no buffer")
+	if f := c.inlineCall(26, data[:8], ""); f.Type != TypeCallOK {
+		t.Fatalf("after errors: %s", f.Type)
+	}
+}
+
+func TestSharedMemoryCall(t *testing.T) {
+	srv, h := startServer(t, nil)
+	base := openFds(t)
+	c := dial(t, srv.Path())
+	c.attach()
+
+	seg, mem := c.alloc(10000)
+	pg := uint64(os.Getpagesize())
+	if want := (10000 + pg - 1) / pg * pg; seg.Size != want || uint64(len(mem)) != want {
+		t.Fatalf("ALLOC_OK size %d, mapped %d, want %d", seg.Size, len(mem), want)
+	}
+	for i := range mem {
+		mem[i] = byte(i % 200)
+	}
+	call := Call{Desc: descInt32(1000, "shm"), SHM: true, Segment: seg.Segment, Offset: 4000}
+	f := c.roundTrip(call.Encode(c.id()), -1)
+	var ok CallOK
+	if f.Type != TypeCallOK || DecodeCallOK(f.Payload, &ok) != nil || len(ok.Result) != 0 {
+		t.Fatalf("shm call: %s %v", f.Type, c.errorOf(f))
+	}
+	for i := range mem {
+		want := byte(i % 200)
+		if i >= 4000 && i < 8000 {
+			want++
+		}
+		if mem[i] != want {
+			t.Fatalf("mem[%d] = %d, want %d (result in place, nothing outside the range)", i, mem[i], want)
+		}
+	}
+
+	// Range and alignment checks.
+	call.Offset = uint64(len(mem)) - 3996
+	c.expectError(c.roundTrip(call.Encode(c.id()), -1), CodeBadSegment, false, "4000 bytes at offset")
+	call.Offset = 2
+	c.expectError(c.roundTrip(call.Encode(c.id()), -1), CodeBadRequest, false, "offset 2 in segment 1 is not a multiple of the int32 size 4")
+	call.Segment, call.Offset = 99, 0
+	c.expectError(c.roundTrip(call.Encode(c.id()), -1), CodeBadSegment, false, "segment 99")
+
+	// A client-made sealed memfd.
+	fd := memfd(t, 8192, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	f = c.roundTrip(Register{Size: 8192}.Encode(c.id()), fd)
+	reg, err := DecodeRegisterOK(f.Payload)
+	if f.Type != TypeRegisterOK || err != nil || reg.Size != 8192 || reg.Segment == seg.Segment {
+		t.Fatalf("REGISTER: %s %v %+v", f.Type, c.errorOf(f), reg)
+	}
+	rmem, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(rmem)
+	unix.Close(fd)
+	f = c.roundTrip((&Call{Desc: descInt32(2048, ""), SHM: true, Segment: reg.Segment}).Encode(c.id()), -1)
+	if f.Type != TypeCallOK || rmem[0] != 1 || rmem[8191] != 1 {
+		t.Fatalf("call on registered segment: %s, mem %d %d", f.Type, rmem[0], rmem[8191])
+	}
+
+	// FREE both; a second FREE is BAD_SEGMENT.
+	for _, id := range []uint32{seg.Segment, reg.Segment} {
+		if f := c.roundTrip(Free{Segment: id}.Encode(c.id()), -1); f.Type != TypeFreeOK {
+			t.Fatalf("FREE %d: %s %v", id, f.Type, c.errorOf(f))
+		}
+	}
+	c.expectError(c.roundTrip(Free{Segment: seg.Segment}.Encode(c.id()), -1), CodeBadSegment, false, "unknown segment")
+	c.c.Close()
+	h.waitGone(t)
+	waitFds(t, base)
+}
+
+func TestQuotaAndBusy(t *testing.T) {
+	pg := int64(os.Getpagesize())
+	srv, h := startServer(t, func(c *ServerConfig) { c.ShmQuota = 4 * pg })
+	c := dial(t, srv.Path())
+	c.attach()
+	seg, _ := c.alloc(uint64(2 * pg))
+	c.expectError(c.roundTrip(Alloc{Size: uint64(3 * pg)}.Encode(c.id()), -1), CodeQuota, false,
+		"request of 12288 bytes, 8192 held, quota 16384")
+	c.expectError(c.roundTrip(Alloc{Size: 1 << 63}.Encode(c.id()), -1), CodeQuota, false, "ALLOC of 9223372036854775808 bytes")
+	c.expectError(c.roundTrip(Alloc{}.Encode(c.id()), -1), CodeBadRequest, false, "size is 0")
+	fd := memfd(t, 3*pg, unix.F_SEAL_SHRINK)
+	c.expectError(c.roundTrip(Register{Size: uint64(3 * pg)}.Encode(c.id()), fd), CodeQuota, false, "REGISTER of 12288 bytes")
+	unix.Close(fd)
+
+	h.setHold()
+	call := Call{Desc: descInt32(4, ""), SHM: true, Segment: seg.Segment}
+	c.send(call.Encode(100), -1)
+	c.expectError(c.roundTrip(Free{Segment: seg.Segment}.Encode(101), -1), CodeBusy, false, "used by 1 call(s) in flight")
+	h.release()
+	if f := c.read(); f.Type != TypeCallOK || f.ID != 100 {
+		t.Fatalf("held call: %s id %d", f.Type, f.ID)
+	}
+	if f := c.roundTrip(Free{Segment: seg.Segment}.Encode(102), -1); f.Type != TypeFreeOK {
+		t.Fatalf("FREE after the call: %s %v", f.Type, c.errorOf(f))
+	}
+}
+
+func TestTooManyInFlight(t *testing.T) {
+	srv, h := startServer(t, func(c *ServerConfig) { c.MaxInFlight = 2 })
+	c := dial(t, srv.Path())
+	c.attach()
+	h.setHold()
+	c.send((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(10), -1)
+	c.send((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(11), -1)
+	c.expectError(c.inlineCall(12, make([]byte, 4), ""), CodeTooMany, false, "2 calls in flight, the limit is 2")
+	h.release()
+	got := map[uint64]bool{}
+	for range 2 {
+		f := c.read()
+		if f.Type != TypeCallOK {
+			t.Fatalf("held call answered %s", f.Type)
+		}
+		got[f.ID] = true
+	}
+	if !got[10] || !got[11] {
+		t.Fatalf("answers for %v", got)
+	}
+	// Slots are free as soon as the answers are read: fill them again at
+	// once, many times, and never see TOO_MANY.
+	for i := range 200 {
+		id := uint64(1000 + 2*i)
+		c.send((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(id), -1)
+		c.send((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(id+1), -1)
+		for range 2 {
+			if f := c.read(); f.Type != TypeCallOK {
+				t.Fatalf("round %d: %s %v", i, f.Type, c.errorOf(f))
+			}
+		}
+	}
+	// Reusing an id that is in flight is a protocol error.
+	h.setHold()
+	c.send((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(50), -1)
+	c.expectError(c.inlineCall(50, make([]byte, 4), ""), CodeBadFrame, true, "CALL id 50 is already in flight")
+	ev := h.waitGone(t)
+	if !errors.Is(ev.cause, ErrBadFrame) {
+		t.Errorf("Disconnected cause %v", ev.cause)
+	}
+	h.release() // answering after the session ended is harmless
+}
+
+func TestMalformedFrames(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	other := dial(t, srv.Path())
+	other.attach()
+	cases := []struct {
+		name  string
+		hello bool
+		frame []byte
+		want  string
+	}{
+		{"unknown type", true, Header{Type: 0x07, ID: 3}.Append(nil), "unknown frame type 0x07"},
+		{"reply type", true, Header{Type: TypeCallOK, Length: 16, ID: 3}.Append(make([]byte, 0)), "CALL_OK (id 3) is a daemon frame"},
+		{"reserved", true, func() []byte { b := AppendEmpty(nil, TypeStatus, 3); b[6] = 1; return b }(), "reserved header field"},
+		{"flags", true, func() []byte { b := AppendEmpty(nil, TypeStatus, 3); b[5] = 1; return b }(), "flags 0x01"},
+		{"short FREE", true, func() []byte {
+			b := Header{Type: TypeFree, Length: 4, ID: 3}.Append(nil)
+			return append(b, 1, 0, 0, 0)
+		}(), "FREE: payload is 4 bytes, want 8"},
+		{"id 0", true, AppendEmpty(nil, TypeStatus, 0), "STATUS uses id 0"},
+		{"inline length", true, func() []byte {
+			b := (&Call{Desc: descInt32(2, ""), Data: make([]byte, 8)}).Encode(3)
+			binary.LittleEndian.PutUint64(b[HeaderSize+8:], 3)
+			return b
+		}(), "inline data is 8 bytes, count 3 of int32 implies 12"},
+		{"over max_frame", true, Header{Type: TypeCall, Length: minMaxFrame + 1, ID: 3}.Append(nil), "length 65537 exceeds the limit of 65536"},
+		{"over pre-hello bound", false, Header{Type: TypeHello, Length: MaxHelloFrame + 1, ID: 1}.Append(nil), "length 4097 exceeds the limit of 4096"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(t, srv.Path())
+			if tc.hello {
+				c.attach()
+			}
+			c.expectError(c.roundTrip(tc.frame, -1), CodeBadFrame, true, tc.want)
+			if f := other.inlineCall(other.id(), make([]byte, 4), ""); f.Type != TypeCallOK {
+				t.Fatalf("other client: %s", f.Type)
+			}
+		})
+	}
+}
+
+// A header claiming 4 GiB is refused from the header alone: no payload is
+// awaited and nothing near its size is allocated.
+func TestHugeLengthRejectedBeforeAllocation(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	for _, hello := range []bool{false, true} {
+		c := dial(t, srv.Path())
+		if hello {
+			c.attach()
+		}
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		b := Header{Type: TypeCall, Length: 0xffffffff, ID: 7}.Append(nil)
+		c.expectError(c.roundTrip(b, -1), CodeBadFrame, true, "length 4294967295 exceeds the limit")
+		runtime.ReadMemStats(&after)
+		if grown := after.TotalAlloc - before.TotalAlloc; grown > 16<<20 {
+			t.Errorf("hello=%v: %d bytes allocated while refusing the frame", hello, grown)
+		}
+	}
+}
+
+func TestTruncatedFrame(t *testing.T) {
+	srv, h := startServer(t, nil)
+	c := dial(t, srv.Path())
+	c.attach()
+	b := (&Call{Desc: descInt32(4, ""), Data: make([]byte, 16)}).Encode(5)
+	if _, err := c.uc.Write(b[:HeaderSize+10]); err != nil {
+		t.Fatal(err)
+	}
+	c.uc.CloseWrite()
+	ev := h.waitGone(t)
+	if ev.cause == nil || !strings.Contains(ev.cause.Error(), "unexpected EOF") {
+		t.Errorf("cause %v, want unexpected EOF", ev.cause)
+	}
+	c.expectClosed()
+}
+
+func TestStatusTooBig(t *testing.T) {
+	srv, h := startServer(t, nil)
+	h.mu.Lock()
+	h.status = bytes.Repeat([]byte("x"), minMaxFrame+1)
+	h.mu.Unlock()
+	c := dial(t, srv.Path())
+	c.attach()
+	c.expectError(c.roundTrip(AppendEmpty(nil, TypeStatus, 2), -1), CodeInternal, false, "over max_frame")
+}
