@@ -88,7 +88,7 @@ func runBench(c *cli.Context) error {
 	var stderrs []*bytes.Buffer
 	for n := 0; n < nodes; n++ {
 		for l := 0; l < local; l++ {
-			cmd := exec.Command(self, "bench-trainer", "--socket", w.sockets[n], "--job", w.job,
+			cmd := exec.Command(self, "bench-trainer", "--socket", w.sockets[n], "--job", w.job, "--local-rank", strconv.Itoa(l),
 				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
 				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")))
 			var eb bytes.Buffer

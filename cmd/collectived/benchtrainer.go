@@ -35,6 +35,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.StringFlag{Name: "op", Value: "sum"},
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
+			&cli.IntFlag{Name: "local-rank", Value: -1},
 		},
 		Action: func(c *cli.Context) error {
 			sizes, err := parseSizes(c.String("sizes"))
@@ -49,7 +50,7 @@ func benchTrainerCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: -1, Label: "bench-trainer"})
+			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer"})
 			if err != nil {
 				return err
 			}
