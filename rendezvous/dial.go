@@ -71,8 +71,7 @@ func (l *Listener) dialNext(ctx context.Context, gen uint32, limit time.Duration
 			return nil, 0, perr(l.expired(ctx, "never answered", limit, last))
 		}
 		if fatal(err) {
-			l.log.Error("rendezvous next refused", "next", cfg.next(), "addr", addr, "err", err)
-			return nil, 0, perr(err)
+			return nil, 0, perr(err) // Form logs it
 		}
 		last = err
 		// One line per kind of failure, not per retry: a peer that is

@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -146,10 +147,13 @@ type rejectedError struct {
 }
 
 func (e *rejectedError) Error() string {
-	if e.reason == "" {
-		return fmt.Sprintf("refused us: %v", e.code.err())
+	s := e.code.err()
+	// The listener's reason usually repeats the sentinel's words first.
+	reason := strings.TrimPrefix(e.reason, s.Error()+": ")
+	if reason == "" {
+		return fmt.Sprintf("refused us: %v", s)
 	}
-	return fmt.Sprintf("refused us: %v (its view: %s)", e.code.err(), e.reason)
+	return fmt.Sprintf("refused us: %v (its view: %s)", s, reason)
 }
 
 func (e *rejectedError) Unwrap() error { return e.code.err() }

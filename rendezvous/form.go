@@ -42,8 +42,13 @@ func (k *Links) Close() error {
 // streams greeted by an earlier Form are never taken into a later one.
 //
 // Only one Form runs at a time on a Listener. Between calls, connections
-// from prev are authenticated and then refused as ErrNotForming, which the
-// dialer takes as "retry".
+// from prev have their hello checked and are then refused as
+// ErrNotForming, which the dialer takes as "retry"; configuration
+// mismatches are still refused by name.
+//
+// Form returns at once, without waiting for the deadline, when next is
+// configured differently (ErrJob, ErrDigest, ErrVersion, ErrAuth, ...):
+// a caller that loops on Form should pause between calls.
 func (l *Listener) Form(ctx context.Context, generation uint32) (*Links, error) {
 	cfg := &l.cfg
 	if generation == 0 {
@@ -60,7 +65,7 @@ func (l *Listener) Form(ctx context.Context, generation uint32) (*Links, error) 
 	start := time.Now()
 	limit := cfg.ConnectTimeout
 	if d, ok := ctx.Deadline(); ok && d.Sub(start) < limit {
-		limit = d.Sub(start).Round(time.Millisecond)
+		limit = d.Sub(start).Round(10 * time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
