@@ -264,6 +264,16 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 	d.ring = nil
 	d.inflight = inflight{}
 	d.lost = nil
+	if len(heads) == 0 {
+		// Failed while waiting for local calls: the calls already at the
+		// head of their queues were made for collective seq itself.
+		for l := range d.slots {
+			if q := d.slots[l].queue; len(q) > 0 {
+				heads = append(heads, q[0])
+				d.slots[l].queue = append(q[:0], q[1:]...)
+			}
+		}
+	}
 	scratch = d.drainLocked(scratch[:0])
 	closed := d.closed
 	d.mu.Unlock()

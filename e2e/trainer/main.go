@@ -48,7 +48,8 @@ func main() {
 	paths := flag.String("paths", "inline,shm", "sweep: inline (plain memory) and/or shm (a daemon segment)")
 	count := flag.Int("count", 1024, "repeat: float32 elements")
 	times := flag.Int("times", 1, "repeat: calls")
-	override := flag.String("count-for", "", "repeat: RANK=COUNT makes that world rank call another count")
+	override := flag.String("count-for", "", "repeat: RANK[,RANK...]=COUNT makes those world ranks call another count")
+	mismatchCall := flag.Int("mismatch-call", -1, "repeat: apply -count-for only to this call (-1: every call)")
 	pause := flag.Duration("pause", 0, "repeat: sleep before each call")
 	stopOnError := flag.Bool("stop-on-error", false, "repeat: exit after the first failed call")
 	timeout := flag.Duration("timeout", 0, "client call timeout")
@@ -64,7 +65,7 @@ func main() {
 	case "sweep":
 		err = sweep(c, out, split(*sizes), split(*dtypes), split(*ops), split(*paths))
 	case "repeat":
-		err = repeat(c, out, *count, *times, *override, *pause, *stopOnError)
+		err = repeat(c, out, *count, *times, *override, *mismatchCall, *pause, *stopOnError)
 	default:
 		err = fmt.Errorf("unknown mode %q", *mode)
 	}
@@ -223,20 +224,30 @@ func get(b []byte, dt collective.DType) float64 {
 
 // repeat makes the same float32 sum call several times, reporting each
 // outcome; -count-for makes one rank disagree.
-func repeat(c *cvd.Client, out *json.Encoder, count, times int, override string, pause time.Duration, stop bool) error {
+func repeat(c *cvd.Client, out *json.Encoder, normal, times int, override string, mismatchCall int, pause time.Duration, stop bool) error {
+	other := normal
 	if override != "" {
-		r, cnt, ok := strings.Cut(override, "=")
-		rank, err1 := strconv.Atoi(r)
-		n, err2 := strconv.Atoi(cnt)
-		if !ok || err1 != nil || err2 != nil {
-			return fmt.Errorf("-count-for %q: want RANK=COUNT", override)
+		rs, cnt, ok := strings.Cut(override, "=")
+		n, err := strconv.Atoi(cnt)
+		if !ok || err != nil {
+			return fmt.Errorf("-count-for %q: want RANK[,RANK...]=COUNT", override)
 		}
-		if rank == c.Rank() {
-			count = n
+		for _, r := range strings.Split(rs, ",") {
+			rank, err := strconv.Atoi(r)
+			if err != nil {
+				return fmt.Errorf("-count-for %q: %q is not a rank", override, r)
+			}
+			if rank == c.Rank() {
+				other = n
+			}
 		}
 	}
-	x := make([]float32, count)
 	for k := 0; k < times; k++ {
+		count := normal
+		if mismatchCall < 0 || mismatchCall == k {
+			count = other
+		}
+		x := make([]float32, count)
 		time.Sleep(pause)
 		for i := range x {
 			x[i] = float32(c.Rank() + 1)

@@ -1,0 +1,170 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMismatch: calls that disagree, inside one node or across nodes, fail
+// on every trainer with MISMATCH naming the ranks and both descriptions;
+// nothing is exchanged, and the next call (in a new generation) succeeds.
+func TestMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name, ranks string
+		want        []string
+	}{
+		{"local", "3", []string{"world rank 2", "world rank 3", "count=1024", "count=1000"}},
+		{"across nodes", "2,3", []string{"count=1024", "count=1000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := startWorld(t, 2, 2, "")
+			trs := w.startTrainers("-mode", "repeat", "-times", "2", "-count", "1024", "-count-for", tc.ranks+"=1000", "-mismatch-call", "0")
+			for i, tr := range trs {
+				evs, err := tr.wait(t, 60*time.Second)
+				if err != nil {
+					t.Fatalf("trainer %d: %v", i, err)
+				}
+				if len(evs) != 2 {
+					t.Fatalf("trainer %d: %d events, want 2", i, len(evs))
+				}
+				e := evs[0]
+				if e.OK || e.Code != "MISMATCH" {
+					t.Fatalf("trainer %d call 0: ok=%v code=%s %s; want MISMATCH", i, e.OK, e.Code, e.Message)
+				}
+				for _, s := range tc.want {
+					if !strings.Contains(e.Message, s) {
+						t.Errorf("trainer %d: mismatch message does not name %q: %s", i, s, e.Message)
+					}
+				}
+				if !evs[1].OK {
+					t.Errorf("trainer %d call 1 after the mismatch failed: %s %s", i, evs[1].Code, evs[1].Message)
+				} else if evs[1].Gen == 0 {
+					t.Errorf("trainer %d call 1 ran in generation 0; the failed generation should have been replaced", i)
+				}
+			}
+		})
+	}
+}
+
+// TestTrainerKilled: a trainer killed while the others wait for it fails
+// the collective on every other trainer, on every node, with TRAINER_LOST
+// naming it; a replacement trainer attaches and the world goes on.
+func TestTrainerKilled(t *testing.T) {
+	w := startWorld(t, 2, 2, "")
+	var trs []*trainer
+	for i := 0; i < 3; i++ {
+		trs = append(trs, w.startTrainer(i/2, "-mode", "repeat", "-times", "2", "-count", "4096"))
+		time.Sleep(100 * time.Millisecond) // take local ranks in order
+	}
+	victim := w.startTrainer(1, "-mode", "repeat", "-times", "1", "-pause", "1h")
+	time.Sleep(500 * time.Millisecond)
+	killed := time.Now()
+	victim.cmd.Process.Kill()
+	// The replacement takes the freed local rank once the others have
+	// their error, then everyone's second call meets.
+	time.Sleep(1500 * time.Millisecond)
+	trs = append(trs, w.startTrainer(1, "-mode", "repeat", "-times", "1", "-count", "4096"))
+	for i, tr := range trs {
+		evs, err := tr.wait(t, 60*time.Second)
+		if err != nil {
+			t.Fatalf("trainer %d: %v", i, err)
+		}
+		if i == 3 {
+			if len(evs) != 1 || !evs[0].OK {
+				t.Fatalf("replacement trainer: %+v", evs)
+			}
+			continue
+		}
+		if len(evs) != 2 {
+			t.Fatalf("trainer %d: %d events, want 2", i, len(evs))
+		}
+		e := evs[0]
+		if e.OK || e.Code != "TRAINER_LOST" || !strings.Contains(e.Message, "world rank 3") {
+			t.Fatalf("trainer %d call 0: ok=%v code=%s %q; want TRAINER_LOST naming world rank 3", i, e.OK, e.Code, e.Message)
+		}
+		if !evs[1].OK {
+			t.Fatalf("trainer %d call 1 after the loss: %s %s", i, evs[1].Code, evs[1].Message)
+		}
+	}
+	t.Logf("trainer killed at %v; all survivors told and recovered", killed.Format(time.StampMilli))
+}
+
+// TestDaemonKilled: kill -9 one daemon mid-allreduce; the trainers of the
+// other nodes get PEER_LOST naming the dead node within a bound; once the
+// daemon is restarted the ring re-forms and new calls succeed.
+func TestDaemonKilled(t *testing.T) {
+	testDaemonFault(t, func(w *world) { w.kill(2) }, func(w *world) { w.startDaemon(2); w.waitSocket(2, 20*time.Second) }, 0, 5*time.Second)
+}
+
+// TestDaemonStopped: SIGSTOP one daemon; its neighbours see no heartbeat
+// and fail within [T/2, 2T] of the heartbeat timeout T; after SIGCONT the
+// stopped daemon finds its ring gone, and all re-form.
+func TestDaemonStopped(t *testing.T) {
+	const T = 1500 * time.Millisecond // heartbeat_timeout in fastTimeouts
+	testDaemonFault(t, func(w *world) { w.signal(2, syscall.SIGSTOP) }, func(w *world) { w.signal(2, syscall.SIGCONT) }, T/2, 2*T+time.Second)
+}
+
+func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetect time.Duration) {
+	w := startWorld(t, 3, 1, "")
+	// Trainers of nodes 0 and 1 loop on 1 MiB allreduces until one fails.
+	var survivors []*trainer
+	for n := 0; n < 2; n++ {
+		survivors = append(survivors, w.startTrainer(n, "-mode", "repeat", "-times", "100000", "-count", "262144", "-stop-on-error"))
+	}
+	victimTrainer := w.startTrainer(2, "-mode", "repeat", "-times", "100000", "-count", "262144", "-stop-on-error")
+	time.Sleep(1500 * time.Millisecond)
+	faultAt := time.Now()
+	fault(w)
+	for i, tr := range survivors {
+		evs, err := tr.wait(t, 30*time.Second)
+		if err != nil {
+			t.Fatalf("trainer on node %d: %v", i, err)
+		}
+		if len(evs) < 2 {
+			t.Fatalf("trainer on node %d: only %d calls before the fault", i, len(evs))
+		}
+		last := evs[len(evs)-1]
+		if last.OK {
+			t.Fatalf("trainer on node %d never saw the fault", i)
+		}
+		if last.Code != "PEER_LOST" && last.Code != "TIMEOUT" {
+			t.Errorf("trainer on node %d: code %s, want PEER_LOST or TIMEOUT: %s", i, last.Code, last.Message)
+		}
+		if !strings.Contains(last.Message, "rank 2") {
+			t.Errorf("trainer on node %d: error does not name node rank 2: %s", i, last.Message)
+		}
+		detect := time.Since(faultAt)
+		t.Logf("node %d trainer told after at most %v: %s", i, detect.Round(time.Millisecond), last.Message)
+		if detect > maxDetect {
+			t.Errorf("node %d detection took %v, bound %v", i, detect, maxDetect)
+		}
+		// The failed call began before the fault and ended with it; it
+		// cannot have ended before minDetect after the fault.
+		if lastEnd := faultAt.Add(-time.Duration(0)); minDetect > 0 && time.Duration(last.Millis)*time.Millisecond < minDetect {
+			t.Errorf("node %d failed after %dms, before T/2 = %v (fault at %v)", i, last.Millis, minDetect, lastEnd.Format(time.StampMilli))
+		}
+	}
+	heal(w)
+	victimTrainer.cmd.Process.Kill()
+	var again []*trainer
+	for n := 0; n < 3; n++ {
+		again = append(again, w.startTrainer(n, "-mode", "repeat", "-times", "3", "-count", "1024", "-timeout", "40s"))
+	}
+	for i, tr := range again {
+		evs, err := tr.wait(t, 60*time.Second)
+		if err != nil {
+			t.Fatalf("trainer on node %d after healing: %v", i, err)
+		}
+		okCount := 0
+		for _, e := range evs {
+			if e.OK {
+				okCount++
+			}
+		}
+		if okCount == 0 || !evs[len(evs)-1].OK {
+			t.Fatalf("trainer on node %d after healing: %+v", i, evs)
+		}
+	}
+}
