@@ -18,6 +18,7 @@ type Status struct {
 	Socket     string          `json:"socket"`
 	Listen     string          `json:"listen"`
 	Peers      []string        `json:"peers"`
+	Process    ProcessStatus   `json:"process"`
 	ReportedAt time.Time       `json:"reported_at"`
 }
 
@@ -59,8 +60,8 @@ func (d *Daemon) Status() Status {
 	st := Status{
 		Job: d.cfg.Job, NodeRank: d.cfg.Rank, NodeCount: n, LocalSize: d.cfg.LocalSize,
 		Socket: d.cfg.SocketPath, Listen: d.RingAddr(), Peers: d.cfg.Peers,
-		ReportedAt: time.Now().UTC(),
-		Ring:       RingStatus{State: d.state, Generation: d.gen},
+		ReportedAt: time.Now().UTC(), Process: processStatus(),
+		Ring: RingStatus{State: d.state, Generation: d.gen},
 	}
 	if n > 1 {
 		st.Ring.Next = d.cfg.Peers[(d.cfg.Rank+1)%n]
