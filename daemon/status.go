@@ -54,13 +54,14 @@ type InFlightStatus struct {
 
 // Status reports the daemon's state.
 func (d *Daemon) Status() Status {
+	ps := processStatus() // reads /proc: not under the daemon's lock
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := len(d.cfg.Peers)
 	st := Status{
 		Job: d.cfg.Job, NodeRank: d.cfg.Rank, NodeCount: n, LocalSize: d.cfg.LocalSize,
 		Socket: d.cfg.SocketPath, Listen: d.RingAddr(), Peers: d.cfg.Peers,
-		ReportedAt: time.Now().UTC(), Process: processStatus(),
+		ReportedAt: time.Now().UTC(), Process: ps,
 		Ring: RingStatus{State: d.state, Generation: d.gen},
 	}
 	if n > 1 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -142,6 +143,9 @@ func TestErrorIs(t *testing.T) {
 	var e *Error
 	if !errors.As(wrapped, &e) || e.Code != CodeMismatch || !errors.Is(wrapped, ErrMismatch) {
 		t.Error("wrapped *Error not found")
+	}
+	if fmt.Sprint(CodeMismatch) != "MISMATCH" || fmt.Sprintf("%v", ErrBusy) != "BUSY" {
+		t.Errorf("Code prints as %q", fmt.Sprint(CodeMismatch))
 	}
 	if CodeMismatch.String() != "MISMATCH" || Code(99).String() != "CODE(99)" || CodeInternal.String() != "INTERNAL" {
 		t.Error("Code.String")

@@ -54,8 +54,9 @@ func (c Code) String() string {
 // Known reports whether c is a code of protocol version 1.
 func (c Code) Known() bool { return c != 0 && int(c) < len(codeNames) }
 
-// Error makes a Code usable as a sentinel error.
-func (c Code) Error() string { return "collectived: " + c.String() }
+// Error makes a Code usable as a sentinel error. It is the code's name,
+// like String (fmt prefers Error to String).
+func (c Code) Error() string { return c.String() }
 
 // Sentinels for errors.Is. Each is the Code itself, so any *Error with that
 // code (which unwraps to its Code) matches.

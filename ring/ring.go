@@ -262,8 +262,10 @@ func (r *Ring) failCode(e *Error, reason string, code abortCode) {
 }
 
 // abortLinks hands the abort frame to every stream at once (a stream
-// stuck behind a blocked write gives up after AbortWait) and then closes
-// the connections, which also ends the readers and any blocked write.
+// stuck behind a blocked write gives up after AbortWait), half-closes
+// them, and closes them once the peers have closed their ends (or after
+// AbortWait). Closing with unread data would make TCP send a reset, which
+// can overtake the abort frame; the readers drain meanwhile.
 func (r *Ring) abortLinks(frame []byte) {
 	defer r.wg.Done()
 	var wg sync.WaitGroup
@@ -272,9 +274,21 @@ func (r *Ring) abortLinks(frame []byte) {
 		go func() {
 			defer wg.Done()
 			s.sendAbort(frame)
+			if cw, ok := s.conn.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
 		}()
 	}
 	wg.Wait()
+	expired := make(chan struct{})
+	t := time.AfterFunc(r.cfg.AbortWait, func() { close(expired) })
+	defer t.Stop()
+	for _, s := range r.all {
+		select {
+		case <-s.readerDone:
+		case <-expired:
+		}
+	}
 	for _, s := range r.all {
 		_ = s.conn.Close()
 	}

@@ -61,6 +61,8 @@ type stream struct {
 	wbuf []byte // header plus a coalesced small payload
 
 	hbuf [headerLen]byte // heartbeat frame, owned by the heartbeat goroutine
+
+	readerDone chan struct{} // closed when readLoop returns
 }
 
 type rxBuf struct {
@@ -82,7 +84,7 @@ type txDone struct {
 
 func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAddr string) *stream {
 	s := &stream{r: r, idx: idx, dir: dir, conn: c, peerRank: peerRank, peerAddr: peerAddr,
-		wsem: make(chan struct{}, 1)}
+		wsem: make(chan struct{}, 1), readerDone: make(chan struct{})}
 	if s.peerAddr == "" && c.RemoteAddr() != nil {
 		s.peerAddr = c.RemoteAddr().String()
 	}
@@ -112,6 +114,7 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 // readLoop owns the read side of the stream until the connection fails.
 func (s *stream) readLoop() {
 	defer s.r.wg.Done()
+	defer close(s.readerDone)
 	var hb [headerLen]byte
 	var reason [maxReasonLen]byte
 	for {
@@ -258,13 +261,25 @@ func (s *stream) writeData(req *txReq) error {
 	}
 	s.lastWrite.Store(time.Now().UnixNano())
 	if err != nil {
-		select {
-		case <-s.r.dying:
-		default:
-			s.r.failFrom(s, connError(err))
-		}
+		s.writeFailed(err)
 	}
 	return err
+}
+
+// writeFailed fails the ring for a write error, unless the reader of the
+// same connection explains it first: a peer that failed sends its abort
+// before closing, and that abort (read by our reader) names the real
+// cause, where our broken pipe would only say "closed".
+func (s *stream) writeFailed(err error) {
+	t := time.NewTimer(s.r.cfg.AbortWait)
+	defer t.Stop()
+	select {
+	case <-s.r.dying:
+	case <-s.readerDone:
+		s.r.failFrom(s, connError(err))
+	case <-t.C:
+		s.r.failFrom(s, connError(err))
+	}
 }
 
 // heartbeat sends a heartbeat if the stream has been silent for an
@@ -286,7 +301,7 @@ func (s *stream) heartbeat(now time.Time) {
 	_ = s.conn.SetWriteDeadline(time.Time{})
 	s.lastWrite.Store(time.Now().UnixNano())
 	if err != nil {
-		s.r.failFrom(s, connError(err))
+		s.writeFailed(err)
 	}
 }
 
