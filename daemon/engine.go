@@ -329,5 +329,26 @@ func (d *Daemon) callError(seq uint64, gen uint32, cause error, closed bool) *ip
 	case hasTag(msg, "[internal]"):
 		code = ipc.CodeInternal
 	}
-	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s", seq, gen, d.cfg.Rank, msg)
+	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s%s", seq, gen, d.cfg.Rank, msg, d.explainRing(cause))
+}
+
+// explainRing translates the ring's node ranks in a ring error into world
+// ranks, which is what trainers know each other by.
+func (d *Daemon) explainRing(cause error) string {
+	var re *ring.Error
+	if !errors.As(cause, &re) {
+		return ""
+	}
+	s := ""
+	if re.PeerRank >= 0 && re.PeerRank != d.cfg.Rank {
+		if errors.Is(cause, ring.ErrTimeout) && !errors.Is(cause, ring.ErrAborted) {
+			s += fmt.Sprintf(" [%s sent nothing for this collective: its trainers may not have called it; see its status or log]", d.describeNode(re.PeerRank))
+		} else {
+			s += fmt.Sprintf(" [ring rank %d is %s]", re.PeerRank, d.describeNode(re.PeerRank))
+		}
+	}
+	if re.Origin >= 0 && re.Origin != re.PeerRank && re.Origin != d.cfg.Rank {
+		s += fmt.Sprintf(" [origin rank %d is %s]", re.Origin, d.describeNode(re.Origin))
+	}
+	return s
 }

@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func statusJSON(t *testing.T, sock string) map[string]any {
+	t.Helper()
+	out, err := exec.Command(daemonBin, "status", "--socket", sock, "--job", "e2e", "--json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("collectived status: %v: %s", err, out)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatalf("status output is not JSON: %v: %s", err, out)
+	}
+	return m
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestStallReportAndStatus: a collective one trainer has not joined is
+// logged as stalled with that trainer's world rank, node, local rank and
+// pid, and `collectived status` shows the same while it waits.
+func TestStallReportAndStatus(t *testing.T) {
+	w := startWorld(t, 1, 2, "")
+	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	waitFor(t, 10*time.Second, "trainer 0 to attach", func() bool {
+		return strings.Contains(w.log(0), "world_rank=0")
+	})
+	idle := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16", "-pause", "1h")
+	pid := idle.cmd.Process.Pid
+	wantMissing := "world rank 1 (node 0, local rank 1, pid " + strconv.Itoa(pid) + ")"
+	waitFor(t, 10*time.Second, "the stall warning in the log", func() bool {
+		l := w.log(0)
+		return strings.Contains(l, "collective stalled") && strings.Contains(l, wantMissing)
+	})
+	st := statusJSON(t, w.sockets[0])
+	in, _ := st["in_flight"].(map[string]any)
+	if in == nil || !strings.Contains(in["not_called"].(string), wantMissing) || in["phase"] != "waiting for local calls" {
+		t.Fatalf("status in_flight = %v, want waiting for %s", st["in_flight"], wantMissing)
+	}
+	trs := st["trainers"].([]any)
+	if len(trs) != 2 || trs[1].(map[string]any)["pid"].(float64) != float64(pid) {
+		t.Fatalf("status trainers = %v", trs)
+	}
+	out, err := exec.Command(daemonBin, "status", "--socket", w.sockets[0], "--job", "e2e").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "not called by "+wantMissing) {
+		t.Fatalf("plain status does not show who is missing: %v\n%s", err, out)
+	}
+	idle.cmd.Process.Kill()
+	evs, err := caller.wait(t, 20*time.Second)
+	if err != nil || len(evs) != 1 || evs[0].Code != "TRAINER_LOST" {
+		t.Fatalf("caller after the idle trainer died: %v %+v", err, evs)
+	}
+}
+
+// TestCollectiveTimeout: a collective not completed within the collective
+// timeout fails with TIMEOUT naming who never called.
+func TestCollectiveTimeout(t *testing.T) {
+	cfg := strings.NewReplacer("collective: 20s", "collective: 3s", "first_call: 20s", "first_call: 3s", "stall_warning: 2s", "stall_warning: 1s").Replace(fastTimeouts)
+	w := startWorld(t, 2, 1, cfg)
+	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	idle := w.startTrainer(1, "-mode", "repeat", "-times", "1", "-count", "16", "-pause", "1h")
+	_ = idle
+	evs, err := caller.wait(t, 30*time.Second)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("caller: %v %+v", err, evs)
+	}
+	e := evs[0]
+	if e.Code != "TIMEOUT" || !strings.Contains(e.Message, "node 1 127.0.0.1:") || !strings.Contains(e.Message, "(world rank 1) sent nothing for this collective") {
+		t.Fatalf("caller got %s %q, want TIMEOUT naming world rank 1", e.Code, e.Message)
+	}
+	if e.Millis < 2500 || e.Millis > 20000 {
+		t.Fatalf("timed out after %d ms, configured 3 s", e.Millis)
+	}
+}
+
+// TestShutdown: SIGTERM fails pending calls with SHUTDOWN, removes the
+// socket and exits 0.
+func TestShutdown(t *testing.T) {
+	w := startWorld(t, 1, 2, "")
+	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	waitFor(t, 10*time.Second, "the call to be queued", func() bool {
+		return strings.Contains(w.log(0), "world_rank=0")
+	})
+	time.Sleep(200 * time.Millisecond)
+	w.mu.Lock()
+	d := w.daemons[0]
+	w.daemons[0] = nil
+	w.mu.Unlock()
+	d.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- d.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("daemon exited with %v after SIGTERM; log:\n%s", err, w.log(0))
+		}
+	case <-time.After(15 * time.Second):
+		d.Process.Kill()
+		t.Fatal("daemon did not exit within 15s of SIGTERM")
+	}
+	if _, err := os.Stat(w.sockets[0]); !os.IsNotExist(err) {
+		t.Errorf("socket %s still there after shutdown: %v", w.sockets[0], err)
+	}
+	evs, err := caller.wait(t, 10*time.Second)
+	if err != nil || len(evs) != 1 || evs[0].OK || (evs[0].Code != "SHUTDOWN" && evs[0].Code != "CLIENT") {
+		t.Fatalf("pending caller after shutdown: %v %+v", err, evs)
+	}
+	if !strings.Contains(strings.ToLower(evs[0].Message), "shut") {
+		t.Errorf("pending call's error does not say the daemon shut down: %s", evs[0].Message)
+	}
+}
+
+// TestCheck: `collectived check` prints the resolved world for a good
+// config and names the file, line and key of a bad one.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("job:\n  name: j\n  token_env: CHECK_TOKEN\n  local_size: 2\npeers:\n  - 127.0.0.1:7001\n  - 127.0.0.1:7002\n"), 0o600)
+	cmd := exec.Command(daemonBin, "check", "--config", good, "--rank", "1")
+	cmd.Env = append(os.Environ(), "CHECK_TOKEN=0123456789abcdef0123")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "2 nodes x 2 trainers = world of 4") || !strings.Contains(string(out), "* node 1  127.0.0.1:7002") {
+		t.Fatalf("check of a good config: %v\n%s", err, out)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("job:\n  name: j\n  token_env: CHECK_TOKEN\npeers:\n  - 127.0.0.1:7001\ntimeouts:\n  collective: 5x\n"), 0o600)
+	out, err = exec.Command(daemonBin, "check", "--config", bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "bad.yaml:7: timeouts.collective") {
+		t.Fatalf("check of a bad config: %v\n%s", err, out)
+	}
+	unknown := filepath.Join(dir, "unknown.yaml")
+	os.WriteFile(unknown, []byte("job:\n  name: j\n  token_env: CHECK_TOKEN\n  locl_size: 2\npeers:\n  - 127.0.0.1:7001\n"), 0o600)
+	out, err = exec.Command(daemonBin, "check", "--config", unknown).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "unknown.yaml:4") || !strings.Contains(string(out), "locl_size") {
+		t.Fatalf("check of a config with an unknown key: %v\n%s", err, out)
+	}
+	cmd = exec.Command(daemonBin, "check", "--config", good, "--rank", "1")
+	cmd.Env = append(os.Environ(), "CHECK_TOKEN=")
+	if out, err = cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "CHECK_TOKEN") {
+		t.Fatalf("check without the token: %v\n%s", err, out)
+	}
+}
