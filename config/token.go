@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 )
 
 // Token reads the job token from Job.TokenFile or from the environment
@@ -32,8 +34,20 @@ func (c *Config) Token() ([]byte, error) {
 	return nil, c.errAt("job", fmt.Errorf("%w: neither token_file nor token_env is set", ErrTokenInvalid))
 }
 
+// CredentialsPrefix starts a token_file inside the directory where systemd
+// puts the credentials of LoadCredential= ($CREDENTIALS_DIRECTORY), which
+// is only known when the service starts.
+const CredentialsPrefix = "${CREDENTIALS_DIRECTORY}/"
+
 func (c *Config) tokenFile(path string) ([]byte, error) {
 	const key = "job.token_file"
+	if rest, ok := strings.CutPrefix(path, CredentialsPrefix); ok {
+		dir := os.Getenv("CREDENTIALS_DIRECTORY")
+		if dir == "" {
+			return nil, c.errAt(key, fmt.Errorf("%w: %s names ${CREDENTIALS_DIRECTORY}, which is not set: run under systemd with LoadCredential=, or give an absolute path", ErrTokenInvalid, path))
+		}
+		path = filepath.Join(dir, rest)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, c.errAt(key, fmt.Errorf("%w: %w", ErrTokenInvalid, err))

@@ -55,7 +55,7 @@ func (v *checker) job() {
 		v.failf("job", "sets both token_file and token_env; keep one, so it is clear which token is used")
 	case j.TokenFile == "" && j.TokenEnv == "":
 		v.failf("job", "needs the job token: set token_file (a file only the daemon's user can read) or token_env (an environment variable)")
-	case j.TokenFile != "" && !filepath.IsAbs(j.TokenFile):
+	case j.TokenFile != "" && !filepath.IsAbs(j.TokenFile) && !strings.HasPrefix(j.TokenFile, CredentialsPrefix):
 		v.failf("job.token_file", "%q is not an absolute path", j.TokenFile)
 	case j.TokenEnv != "" && !isEnvName(j.TokenEnv):
 		v.failf("job.token_env", "%q is not an environment variable name", j.TokenEnv)
