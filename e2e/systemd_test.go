@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestSystemdUnit: the unit passes `systemd-analyze verify` and rates at
+// an exposure of at most 2.0 with `systemd-analyze security --offline`.
+func TestSystemdUnit(t *testing.T) {
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed (Debian package systemd; scripts/setup.sh installs it)")
+	}
+	unit, err := os.ReadFile("../systemd/collectived.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Verify the unit as installed: its ExecStart must name an executable.
+	dir := t.TempDir()
+	path := filepath.Join(dir, "collectived.service")
+	text := strings.ReplaceAll(string(unit), "/usr/local/bin/collectived", daemonBin)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(sa, "verify", path).CombinedOutput()
+	// verify prints warnings about the host's own units on some machines;
+	// only lines about our unit count.
+	var ours []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "collectived.service") {
+			ours = append(ours, l)
+		}
+	}
+	if len(ours) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, strings.Join(ours, "\n"))
+	}
+	out, _ = exec.Command(sa, "security", "--offline=yes", path).CombinedOutput()
+	m := regexp.MustCompile(`Overall exposure level for collectived.service: ([0-9.]+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("systemd-analyze security printed no exposure level:\n%s", out)
+	}
+	level, _ := strconv.ParseFloat(string(m[1]), 64)
+	t.Logf("exposure level %.1f", level)
+	if level > 2.0 {
+		t.Fatalf("exposure level %.1f, want <= 2.0:\n%s", level, out)
+	}
+}
+
+// TestSystemdNotify: under a NOTIFY_SOCKET the daemon says READY=1 once its
+// sockets are bound, STATUS= with the ring's state, WATCHDOG=1 at half of
+// WATCHDOG_USEC, and STOPPING=1 on SIGTERM.
+func TestSystemdNotify(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cvd-notify-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	nsPath := filepath.Join(dir, "notify")
+	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: nsPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	cfg := filepath.Join(dir, "c.yaml")
+	os.WriteFile(cfg, []byte("job:\n  name: e2e\n  token_env: E2E_TOKEN\npeers:\n  - 127.0.0.1:1\n"), 0o600)
+	sock := filepath.Join(dir, "d.sock")
+	cmd := exec.Command(daemonBin, "run", "--config", cfg, "--rank", "0", "--socket", sock)
+	cmd.Env = append(os.Environ(), "E2E_TOKEN=0123456789abcdef0123", "NOTIFY_SOCKET="+nsPath, "WATCHDOG_USEC=200000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var log strings.Builder
+	cmd.Stderr = &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+
+	seen := map[string]string{}
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(15 * time.Second)
+	stopped := false
+	for {
+		ns.SetReadDeadline(deadline)
+		n, _, err := ns.ReadFromUnix(buf)
+		if err != nil {
+			t.Fatalf("notify socket: %v; seen %v; log:\n%s", err, seen, log.String())
+		}
+		for _, line := range strings.Split(string(buf[:n]), "\n") {
+			k, v, _ := strings.Cut(line, "=")
+			if k == "" {
+				continue
+			}
+			if k == "READY" {
+				if _, err := os.Stat(sock); err != nil {
+					t.Fatalf("READY=1 before the socket %s exists", sock)
+				}
+			}
+			seen[k] = v
+		}
+		if !stopped && seen["READY"] == "1" && seen["WATCHDOG"] == "1" && strings.Contains(seen["STATUS"], "ring up") {
+			stopped = true
+			cmd.Process.Signal(syscall.SIGTERM)
+		}
+		if seen["STOPPING"] == "1" {
+			break
+		}
+	}
+	if !strings.Contains(seen["STATUS"], "generation") {
+		t.Errorf("STATUS = %q, want the ring's state and generation", seen["STATUS"])
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("daemon exit after SIGTERM: %v\n%s", err, log.String())
+	}
+}
