@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -69,6 +70,17 @@ type Conn struct {
 	fds     []inFD
 	readErr error // sticky: after a protocol error the stream is not trusted
 
+	// recvmsg state (recvmsg.go), kept here so that reading allocates
+	// nothing.
+	raw               syscall.RawConn
+	rawErr            error
+	recvFn            func(uintptr) bool
+	msg               unix.Msghdr
+	iov               unix.Iovec
+	rp                []byte
+	rn, roobn, rflags int
+	rerr              error
+
 	wmu          sync.Mutex
 	writeTimeout time.Duration
 
@@ -90,6 +102,8 @@ func NewConn(uc *net.UnixConn, side Side) *Conn {
 		c.fdType = TypeAllocOK
 	}
 	c.maxFrame.Store(MaxHelloFrame)
+	c.raw, c.rawErr = uc.SyscallConn()
+	c.recvFn = c.recvOnce
 	return c
 }
 
@@ -202,7 +216,7 @@ func (c *Conn) fill(need int) error {
 		c.r = 0
 	}
 	start := c.off + uint64(c.w-c.r)
-	n, oobn, flags, _, err := c.uc.ReadMsgUnix(c.buf[c.w:], c.oob)
+	n, oobn, flags, err := c.recvmsg(c.buf[c.w:])
 	if oobn > 0 {
 		c.takeFDs(c.oob[:oobn], start, start+uint64(n))
 	}

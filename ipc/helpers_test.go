@@ -27,6 +27,7 @@ type testHandler struct {
 	mu     sync.Mutex
 	ranks  map[int]*Session
 	hold   bool
+	inline bool // answer inside Call, without a goroutine
 	held   []*Request
 	pids   []int32
 	seq    atomic.Uint64
@@ -81,7 +82,12 @@ func (h *testHandler) Call(s *Session, r *Request) {
 		h.mu.Unlock()
 		return
 	}
+	inline := h.inline
 	h.mu.Unlock()
+	if inline {
+		h.answer(r)
+		return
+	}
 	go h.answer(r)
 }
 

@@ -1,0 +1,49 @@
+package ipc
+
+import (
+	"os"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// recvmsg reads once from the socket into p and c.oob. It calls recvmsg(2)
+// itself rather than through (*net.UnixConn).ReadMsgUnix, which allocates
+// the sender's address on every call: this way a steady stream of frames
+// is read without allocating. MSG_CMSG_CLOEXEC makes every received fd
+// close-on-exec atomically, so a daemon that execs never leaks a client's
+// fd. Deadlines and Close work as for any net.Conn read (RawConn.Read).
+func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
+	if c.rawErr != nil {
+		return 0, 0, 0, c.rawErr
+	}
+	c.rp = p
+	if err := c.raw.Read(c.recvFn); err != nil {
+		return 0, 0, 0, err
+	}
+	return c.rn, c.roobn, c.rflags, c.rerr
+}
+
+// recvOnce is the RawConn.Read callback; false means "wait until
+// readable".
+func (c *Conn) recvOnce(fd uintptr) bool {
+	for {
+		c.iov.Base = unsafe.SliceData(c.rp)
+		c.iov.SetLen(len(c.rp))
+		c.msg = unix.Msghdr{Iov: &c.iov, Iovlen: 1, Control: unsafe.SliceData(c.oob)}
+		c.msg.SetControllen(len(c.oob))
+		n, _, errno := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&c.msg)), unix.MSG_CMSG_CLOEXEC)
+		switch errno {
+		case 0:
+			c.rn, c.roobn, c.rflags, c.rerr = int(n), int(c.msg.Controllen), int(c.msg.Flags), nil
+			return true
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, os.NewSyscallError("recvmsg", errno)
+			return true
+		}
+	}
+}
