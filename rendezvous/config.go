@@ -39,7 +39,7 @@ type Config struct {
 
 	ConnectTimeout   time.Duration // whole formation deadline (default 60s)
 	HandshakeTimeout time.Duration // per-connection handshake deadline (default 5s)
-	MaxPending       int           // handshakes in progress at once on the listener (default 8)
+	MaxPending       int           // handshakes in progress at once on the listener (default 8); at most half from strangers
 
 	Logger *slog.Logger // nil: logs are discarded
 

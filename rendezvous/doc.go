@@ -102,5 +102,9 @@
 //
 // Strangers cannot disturb a formation: each handshake has a deadline
 // (HandshakeTimeout), at most MaxPending run at once (more are closed at
-// once with ErrBusy), and nothing is allocated from a length the peer sent.
+// once with ErrBusy), connections from addresses other than the prev
+// peer's may hold at most half of those slots, so a flood of them never
+// keeps prev out, and nothing is allocated from a length the peer sent.
+// Links already formed are not the listener's any more: nothing it
+// accepts touches them.
 package rendezvous

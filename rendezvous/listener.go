@@ -21,8 +21,12 @@ type Listener struct {
 	epoch uint64       // process start, orders our attempts after a restart
 	seq   atomic.Uint64
 	sem   chan struct{} // one token per handshake in progress
-	seen  *nonceCache
-	done  chan struct{} // closed by Close
+	// strangers holds a second token for each handshake from an address
+	// that is not our prev peer's, so that they can never take every slot
+	// and keep prev out.
+	strangers chan struct{}
+	seen      *nonceCache
+	done      chan struct{} // closed by Close
 
 	mu         sync.Mutex
 	closed     bool
@@ -75,14 +79,15 @@ func NewListener(cfg Config, ln net.Listener) (*Listener, error) {
 func newListener(cfg Config, ln net.Listener) *Listener {
 	cfg = cfg.withDefaults()
 	l := &Listener{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "rendezvous", "job", cfg.Job, "rank", cfg.Rank),
-		ln:      ln,
-		epoch:   uint64(time.Now().UnixNano()),
-		sem:     make(chan struct{}, cfg.MaxPending),
-		seen:    newNonceCache(),
-		done:    make(chan struct{}),
-		pending: make(map[net.Conn]struct{}),
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "rendezvous", "job", cfg.Job, "rank", cfg.Rank),
+		ln:        ln,
+		epoch:     uint64(time.Now().UnixNano()),
+		sem:       make(chan struct{}, cfg.MaxPending),
+		strangers: make(chan struct{}, max(1, cfg.MaxPending/2)),
+		seen:      newNonceCache(),
+		done:      make(chan struct{}),
+		pending:   make(map[net.Conn]struct{}),
 	}
 	if ln == nil {
 		return l
@@ -150,26 +155,64 @@ func (l *Listener) acceptLoop() {
 			continue
 		}
 		delay = 0
-		select {
-		case l.sem <- struct{}{}:
-		default:
-			l.refuseBusy(c)
+		stranger := !l.fromPrev(c.RemoteAddr())
+		if err := l.acquire(stranger); err != nil {
+			l.refuseBusy(c, err)
 			continue
 		}
 		if !l.track(c) {
-			<-l.sem
+			l.release(stranger)
 			c.Close()
 			return
 		}
 		l.wg.Add(1)
-		go l.serve(c)
+		go l.serve(c, stranger)
 	}
 }
 
-// refuseBusy answers a connection beyond MaxPending with a status frame (a
+// fromPrev is the accept-time guess of whether c comes from the prev peer,
+// by the addresses last resolved; the handshake checks for certain.
+func (l *Listener) fromPrev(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return ipIn(ta.IP, l.prevIPs)
+}
+
+// acquire takes a handshake slot, and a stranger slot for a connection not
+// from prev's address. Half the slots stay free for prev whatever strangers do.
+func (l *Listener) acquire(stranger bool) error {
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		return fmt.Errorf("%w: %d in progress, limit %d; connection closed", ErrBusy, cap(l.sem), cap(l.sem))
+	}
+	if !stranger {
+		return nil
+	}
+	select {
+	case l.strangers <- struct{}{}:
+		return nil
+	default:
+		<-l.sem
+		return fmt.Errorf("%w: %d in progress from addresses other than our prev peer's, limit %d; connection closed",
+			ErrBusy, cap(l.strangers), cap(l.strangers))
+	}
+}
+
+func (l *Listener) release(stranger bool) {
+	if stranger {
+		<-l.strangers
+	}
+	<-l.sem
+}
+
+// refuseBusy answers a connection beyond the limits with a status frame (a
 // few bytes into a fresh socket buffer, so it cannot block) and closes it.
-func (l *Listener) refuseBusy(c net.Conn) {
-	err := fmt.Errorf("%w: %d in progress, limit %d; connection closed", ErrBusy, l.cfg.MaxPending, l.cfg.MaxPending)
+func (l *Listener) refuseBusy(c net.Conn, err error) {
 	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	c.Write(appendStatus(nil, codeBusy, err.Error()))
 	c.Close()
@@ -194,9 +237,9 @@ func (l *Listener) untrack(c net.Conn) {
 
 // serve runs one incoming handshake; it owns c until it hands it to a
 // formation or closes it.
-func (l *Listener) serve(c net.Conn) {
+func (l *Listener) serve(c net.Conn, stranger bool) {
 	defer l.wg.Done()
-	defer func() { <-l.sem }()
+	defer l.release(stranger)
 	defer l.untrack(c)
 	addr := c.RemoteAddr().String()
 	if err := l.acceptHandshake(c); err != nil {

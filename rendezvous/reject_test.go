@@ -50,7 +50,7 @@ func (tg *target) expect(t *testing.T, dialErr, sentinel error, parts ...string)
 	wantErr(t, "dialer", dialErr, sentinel)
 	rj := tg.rejects.waitFor(t, sentinel, 5*time.Second)
 	wantErr(t, "listener", rj.err, sentinel, parts...)
-	if !strings.HasPrefix(rj.addr, "127.0.0.1:") {
+	if !strings.HasPrefix(rj.addr, "127.0.0.") {
 		t.Fatalf("rejection names %q, want the remote address", rj.addr)
 	}
 }
@@ -297,6 +297,32 @@ func TestRejectBusy(t *testing.T) {
 	}
 	defer c.Close()
 	tg.expect(t, readStatus(t, c), ErrBusy, "2 in progress, limit 2")
+}
+
+// Strangers (not from prev's address) get at most half the handshake slots:
+// holding them all open, they still cannot keep prev out.
+func TestRejectBusyStrangersLeavePrevRoom(t *testing.T) {
+	tg := newTarget(t, true, func(c *Config) { c.MaxPending = 4; c.HandshakeTimeout = 3 * time.Second })
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 5)}}
+	for range 2 {
+		c, err := d.Dial("tcp", tg.addr)
+		if err != nil {
+			t.Skipf("cannot dial from 127.0.0.5: %v", err)
+		}
+		defer c.Close()
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(tg.l.strangers) < 2 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	c, err := d.Dial("tcp", tg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tg.expect(t, readStatus(t, c), ErrBusy, "other than our prev peer's, limit 2")
+	if _, err := dialCrafted(tg.addr, craft(t, tg.peers, 0)); err != nil {
+		t.Fatalf("prev kept out by strangers: %v", err)
+	}
 }
 
 func TestRejectNotForming(t *testing.T) {
