@@ -114,10 +114,8 @@ func New(cfg Config, links Links) (*Ring, error) {
 	for _, s := range r.all {
 		r.wg.Add(1)
 		go s.readLoop()
-		if s.dir == toNext {
-			r.wg.Add(1)
-			go s.writeLoop()
-		}
+		r.wg.Add(1)
+		go s.writeLoop()
 	}
 	r.wg.Add(1)
 	go r.heartbeatLoop()

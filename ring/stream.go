@@ -58,9 +58,10 @@ type stream struct {
 
 	// toNext: frames queued for the writer goroutine.
 	reqs chan txReq
-	wbuf []byte // header plus a coalesced small payload
+	hb   chan struct{} // a heartbeat is due
+	wbuf []byte        // header plus a coalesced small payload
 
-	hbuf [headerLen]byte // heartbeat frame, owned by the heartbeat goroutine
+	hbuf [headerLen]byte // heartbeat frame, owned by the writer goroutine
 
 	readerDone chan struct{} // closed when readLoop returns
 }
@@ -84,7 +85,7 @@ type txDone struct {
 
 func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAddr string) *stream {
 	s := &stream{r: r, idx: idx, dir: dir, conn: c, peerRank: peerRank, peerAddr: peerAddr,
-		wsem: make(chan struct{}, 1), readerDone: make(chan struct{})}
+		wsem: make(chan struct{}, 1), readerDone: make(chan struct{}), hb: make(chan struct{}, 1)}
 	if s.peerAddr == "" && c.RemoteAddr() != nil {
 		s.peerAddr = c.RemoteAddr().String()
 	}
@@ -228,16 +229,19 @@ func (w *wrapped) Unwrap() []error { return []error{w.sentinel, w.err} }
 
 func wrapBad(err error) error { return &wrapped{sentinel: ErrBadFrame, err: err} }
 
-// writeLoop owns the data write side of a toNext stream. It reports every
-// request on r.done, also after a failure, so the op knows when the
-// caller's buffer is no longer read.
+// writeLoop owns the write side of a stream: data frames (toNext only)
+// and heartbeats. It reports every data request on r.done, also after a
+// failure, so the op knows when the caller's buffer is no longer read.
+// Aborts bypass it (see sendAbort): it may be stuck in a write.
 func (s *stream) writeLoop() {
 	defer s.r.wg.Done()
 	for {
 		select {
-		case req := <-s.reqs:
+		case req := <-s.reqs: // nil, never ready, on fromPrev streams
 			err := s.writeData(&req)
 			s.r.done <- txDone{stream: s.idx, err: err}
+		case <-s.hb:
+			s.writeHeartbeat()
 		case <-s.r.stop:
 			return
 		}
@@ -282,23 +286,30 @@ func (s *stream) writeFailed(err error) {
 	}
 }
 
-// heartbeat sends a heartbeat if the stream has been silent for an
-// interval and no other write holds it (a write in progress is traffic).
+// heartbeat asks the writer for a heartbeat if the stream has been
+// silent for an interval. It never blocks: a write may wait on a peer
+// that is not reading (and need not be hung: its owner may be slow to
+// call), and the heartbeat loop must go on serving the other streams.
 func (s *stream) heartbeat(now time.Time) {
 	if now.UnixNano()-s.lastWrite.Load() < int64(s.r.cfg.HeartbeatInterval) {
 		return
 	}
 	select {
-	case s.wsem <- struct{}{}:
+	case s.hb <- struct{}{}:
 	default:
+	}
+}
+
+func (s *stream) writeHeartbeat() {
+	select {
+	case <-s.r.dying:
 		return
+	case s.wsem <- struct{}{}:
 	}
 	defer func() { <-s.wsem }()
 	h := header{Kind: kindHeartbeat, Sender: uint32(s.r.rank), Generation: s.r.gen.Load()}
 	h.encode(s.hbuf[:])
-	_ = s.conn.SetWriteDeadline(now.Add(s.r.cfg.HeartbeatTimeout))
 	_, err := s.conn.Write(s.hbuf[:])
-	_ = s.conn.SetWriteDeadline(time.Time{})
 	s.lastWrite.Store(time.Now().UnixNano())
 	if err != nil {
 		s.writeFailed(err)

@@ -1,0 +1,149 @@
+// Package ring runs collectives (allreduce, broadcast, allgather,
+// barrier) for one rank of a ring of daemons over links that are already
+// established. It owns the algorithms, the pipeline, the reduce kernels,
+// the frame format and its checks, heartbeats and the abort protocol. It
+// knows nothing of where the connections come from (rendezvous/), of
+// clients (ipc/) or of config files: any net.Conn works, TCP in
+// production and net.Pipe in tests.
+//
+// # Use
+//
+//	r, err := ring.New(cfg, links) // starts the goroutines that own the links
+//	gen, err := r.Start()          // all ranks agree on a generation
+//	err = r.AllReduce(desc, buf)   // ... ops, one at a time, same order on every rank
+//	r.Close()
+//
+// Ops are called by one goroutine at a time; a concurrent call returns
+// ErrBusy. Every rank must call the same ops in the same order with equal
+// descriptions (collective.Desc); the k-th op after Start is collective
+// seq k. After the first failure the ring is dead: every later call
+// returns that failure, wrapped with the call's own op and seq. The owner
+// builds a new Ring (a new generation) over new links.
+//
+// Buffers hold native little-endian elements (the package assumes, and
+// documents, little-endian data; on a big-endian host a portable path
+// still reads them as little-endian). A buffer that is not aligned to its
+// element size takes the same portable path, more slowly.
+//
+// # Goroutines
+//
+// New starts, per connection, a reader that owns its read side; per
+// outgoing data stream, a writer that owns data writes; and one heartbeat
+// loop. Close stops them all and waits. The calling goroutine runs the
+// algorithm: it queues frames to the writers, takes received frames from
+// the readers and reduces. Received payloads land in buffers allocated at
+// New (rxBuffers per stream, each SegmentBytes or the small-message
+// limit), never in memory sized by a peer; the writers send straight from
+// the caller's buffer. An op returns only when no writer reads its buffer
+// any more. Steady-state ops allocate nothing (TestZeroAllocs).
+//
+// # Frames
+//
+// Every frame is a 64-byte header and a payload of Length bytes. All
+// integers are little-endian.
+//
+//	 0               4       5       6       7       8       9      12
+//	+---------------+-------+-------+-------+-------+-------+-------+
+//	| magic "CRNG"  | vers 1| kind  | op    | dtype | reduce| 0 0 0 |
+//	+---------------+-------+-------+-------+-------+-------+-------+
+//	12              16                              24
+//	+---------------+-------------------------------+
+//	| root (u32)    | count (u64)                   |
+//	+---------------+-------------------------------+
+//	24                              32                              40
+//	+-------------------------------+-------------------------------+
+//	| name fingerprint (u64)        | collective seq (u64)          |
+//	+-------------------------------+-------------------------------+
+//	40              44              48              52              56
+//	+---------------+---------------+---------------+---------------+
+//	| generation    | sender rank   | step          | payload length|
+//	+---------------+---------------+---------------+---------------+
+//	56                              64
+//	+-------------------------------+-------------------------------
+//	| aux (u64)                     | payload ...
+//	+-------------------------------+-------------------------------
+//
+// op, dtype, reduce, count and root are the call's collective.Desc in
+// its wire codes; the name travels only inside the fingerprint
+// (collective.Desc.Fingerprint, over all fields and the name). Kinds:
+//
+//	1 data       forward only (to next); payload <= max(SegmentBytes, small limit)
+//	2 abort      both ways; payload = reason text <= 1024 bytes;
+//	             aux = origin rank | original failure's code << 32
+//	3 heartbeat  both ways; no payload
+//	4 start      forward only; generation = the sender's running maximum proposal
+//
+// aux of an allgather data frame is the length of the block it belongs
+// to. A reader checks magic, version, kind, reserved bytes, the sender
+// rank (the neighbour it must be) and the payload length against the
+// bound for the kind before reading a payload; any violation is
+// ErrBadFrame. The op then checks that a data frame belongs to it:
+// generation (ErrGeneration), seq and description (ErrMismatch, showing
+// both descriptions), step and segment length (ErrBadFrame).
+//
+// # Protocol flow
+//
+// Start: N-1 steps; in each, every rank sends a start frame with the
+// largest generation it knows and takes the maximum with what it
+// receives. All ranks end with the maximum proposal; seq restarts at 0.
+//
+// AllReduce, large (len >= SmallBytes and count >= N): reduce-scatter
+// then allgather, 2(N-1) steps. The count is cut into N chunks (the first
+// count%N one element longer) and every chunk into the same number of
+// segments (at most SegmentBytes each). In reduce-scatter step s, rank r
+// sends chunk r-s and receives chunk r-s-1, folding it into its own
+// buffer; in allgather step t it sends chunk r+1-t and receives chunk r-t.
+// Within a step, segment j is queued for sending and then segment j is
+// received and reduced, so sending, receiving (reader goroutines) and
+// reducing overlap, and no size can deadlock: receivers always drain into
+// their buffers while every rank alternates sends and receives. Segment g
+// of an op goes on stream g mod S of the link.
+//
+// AllReduce, small: every rank's whole buffer circulates once (N-1
+// steps, one frame each), then every rank folds the N buffers itself.
+//
+// Broadcast: the root sends its buffer in segments; rank root+k receives
+// each segment and relays it to next, except rank root-1, which ends the
+// chain.
+//
+// AllGather: N-1 steps; in step s rank r sends block r-s and receives
+// block r-s-1, segment by segment; each frame carries the block length, so
+// blocks may differ in length (zero included) and grow only as bytes
+// arrive, up to MaxGatherBytes.
+//
+// Barrier: N-1 steps of an empty data frame each way round; after them
+// every rank has heard, indirectly, from every other.
+//
+// # Reduction order
+//
+// The order is fixed, so every rank ends with bit-identical bytes and a
+// given world and size gives the same bits run after run. With x_i rank
+// i's buffer and (op) the reduce op:
+//
+//   - small path: every element is ((x_0 op x_1) op x_2) ... op x_{N-1},
+//     computed by every rank alike;
+//   - large path: an element in chunk c is ((x_c op x_{c+1}) op ...) op
+//     x_{c-1} (indices mod N), computed once by rank c-1 and copied to the
+//     others.
+//
+// Integer sums and products wrap (two's complement). Max and min
+// propagate NaN: if either operand is NaN the result is NaN (which NaN,
+// when both are, is the CPU's choice, but it is the same on every rank).
+//
+// # Failures
+//
+// A socket error, a peer closing, a bad or diverged frame, no progress
+// for OpTimeout, or a peer silent for HeartbeatTimeout (heartbeats flow
+// on every idle connection, both ways, every HeartbeatInterval; silence
+// while our own op is not consuming is not counted) fails the ring. The
+// rank that finds it keeps the error (*Error: op, seq, step, generation,
+// peer rank and address, origin rank, cause), sends an abort frame with
+// its rank and the reason to both neighbours, and shuts its links after
+// at most AbortWait. A rank receiving an abort fails with ErrAborted
+// (and the original failure's sentinel, and the original origin and
+// reason text) and forwards the abort to both neighbours, so the cause
+// travels round the ring both ways and every rank reports the origin and
+// the cause, not "connection closed". Abort frames flowing backwards
+// never wait behind data, so they arrive even when the forward direction
+// is stuck.
+package ring
