@@ -135,8 +135,13 @@ func (l *Listener) Form(ctx context.Context, generation uint32) (*Links, error) 
 			NextAddr: cfg.Peers[cfg.next()], PrevAddr: cfg.Peers[cfg.prev()],
 			NextGeneration: next.gen, PrevGeneration: f.gens[0],
 		}
+		// Which interfaces the links really use: the first thing to look at
+		// when traffic takes a path nobody expected.
 		l.log.Info("rendezvous formed", "generation", generation, "next_generation", links.NextGeneration,
-			"prev_generation", links.PrevGeneration, "took", time.Since(start).Round(time.Millisecond))
+			"prev_generation", links.PrevGeneration, "streams", cfg.Streams,
+			"next", links.Next[0].LocalAddr().String()+"->"+links.Next[0].RemoteAddr().String(),
+			"prev", links.Prev[0].RemoteAddr().String()+"->"+links.Prev[0].LocalAddr().String(),
+			"took", time.Since(start).Round(time.Millisecond))
 		return links, nil
 	}
 

@@ -38,7 +38,7 @@ func (b *lockedBuffer) String() string {
 	return b.b.String()
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	buf := &lockedBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -93,7 +93,7 @@ func (r *rejectLog) waitFor(t *testing.T, target error, d time.Duration) rejecti
 
 // freeListeners binds n listeners on 127.0.0.1:0 so the peer list can be
 // built before any node starts.
-func freeListeners(t *testing.T, n int) ([]net.Listener, []string) {
+func freeListeners(t testing.TB, n int) ([]net.Listener, []string) {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	peers := make([]string, n)
@@ -108,7 +108,7 @@ func freeListeners(t *testing.T, n int) ([]net.Listener, []string) {
 	return lns, peers
 }
 
-func testConfig(t *testing.T, peers []string, rank, streams int) Config {
+func testConfig(t testing.TB, peers []string, rank, streams int) Config {
 	c := DefaultConfig()
 	c.Job = "test-job"
 	c.Token = testToken
