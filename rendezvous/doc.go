@@ -45,9 +45,10 @@
 // allocated, and no frame exceeds 512 bytes of payload.
 //
 //	header (8 bytes)
-//	+---+---+---+---+---------+------+-------------+
-//	| 'C' 'L' 'V' 'D'| version| type |  length u16 |   type: 1 hello, 2 auth, 3 status
-//	+---+---+---+---+---------+------+-------------+
+//	 0     1     2     3     4         5      6             8
+//	+-----+-----+-----+-----+---------+------+-------------+
+//	| 'C' | 'L' | 'V' | 'D' | version | type |  length u16 |  type: 1 hello, 2 auth, 3 status
+//	+-----+-----+-----+-----+---------+------+-------------+
 //
 //	hello payload (101 + job length bytes)
 //	 0               4               8              12      14      16
