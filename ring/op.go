@@ -14,7 +14,7 @@ func (r *Ring) begin(d *collective.Desc) error {
 	if !r.busy.CompareAndSwap(false, true) {
 		return fmt.Errorf("ring rank %d: %s: %w", r.rank, d.Op, ErrBusy)
 	}
-	if !r.started {
+	if !r.started.Load() {
 		r.busy.Store(false)
 		return fmt.Errorf("ring rank %d: %s: %w: call Start first", r.rank, d.Op, ErrNotStarted)
 	}

@@ -31,14 +31,14 @@ func (r *Ring) Start() (generation uint32, err error) {
 		return 0, fmt.Errorf("ring rank %d: start: %w", r.rank, ErrBusy)
 	}
 	defer r.busy.Store(false)
-	if r.started {
+	if r.started.Load() {
 		return r.gen.Load(), fmt.Errorf("ring rank %d: start: already started in generation %d", r.rank, r.gen.Load())
 	}
 	if r.size == 1 {
 		if err := r.Err(); err != nil {
 			return 0, err
 		}
-		r.started = true
+		r.started.Store(true)
 		return r.gen.Load(), nil
 	}
 	r.desc, r.fp, r.seq = collective.Desc{}, 0, 0
@@ -67,7 +67,7 @@ func (r *Ring) Start() (generation uint32, err error) {
 		return 0, r.Err()
 	}
 	r.gen.Store(gen)
-	r.started = true
+	r.started.Store(true)
 	return gen, nil
 }
 

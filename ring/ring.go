@@ -40,7 +40,7 @@ type Ring struct {
 
 	// Op state, owned by the goroutine inside an op (busy guards it).
 	busy        atomic.Bool
-	started     bool
+	started     atomic.Bool
 	seq         uint64
 	desc        collective.Desc
 	fp          uint64
@@ -205,7 +205,7 @@ func (r *Ring) newError(s *stream, origin int, cause error) *Error {
 	}
 	if e.Op == collective.OpInvalid {
 		e.Step = -1
-		if !r.started && r.busy.Load() {
+		if !r.started.Load() && r.busy.Load() {
 			e.phase = "start"
 		}
 	}
