@@ -83,6 +83,7 @@ type Conn struct {
 
 	wmu          sync.Mutex
 	writeTimeout time.Duration
+	wclosed      bool // WriteFinal has run
 
 	closeOnce sync.Once
 	closeErr  error
@@ -272,6 +273,33 @@ func (c *Conn) closeFDs() {
 func (c *Conn) WriteFrame(b []byte, fd int) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.writeLocked(b, fd)
+}
+
+// ErrWriteClosed is returned by writes after WriteFinal.
+var ErrWriteClosed = errors.New("ipc: connection closed for writing after a fatal frame")
+
+// WriteFinal writes b (a FATAL ERROR frame) as the connection's last frame
+// and closes the socket: writes racing with it either precede it or fail
+// with ErrWriteClosed, so a client never sees a frame after a fatal one.
+// On a Unix socket the frame is in the peer's queue once written, so
+// closing at once loses nothing.
+func (c *Conn) WriteFinal(b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.wclosed {
+		return ErrWriteClosed
+	}
+	err := c.writeLocked(b, -1)
+	c.wclosed = true
+	c.CloseSocket()
+	return err
+}
+
+func (c *Conn) writeLocked(b []byte, fd int) error {
+	if c.wclosed {
+		return ErrWriteClosed
+	}
 	if c.writeTimeout > 0 {
 		if err := c.uc.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
 			return fmt.Errorf("ipc: write: %w", err)

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/collectived/collectived/shm"
 )
@@ -84,8 +85,12 @@ func (s *Session) Observer() bool { return s.hello.Observer }
 // Hello is the client's HELLO.
 func (s *Session) Hello() Hello { return s.hello }
 
-// HelloOK is what the session answered to HELLO.
-func (s *Session) HelloOK() HelloOK { return s.helloOK }
+// HelloOK is what the session answered to HELLO (zero until then).
+func (s *Session) HelloOK() HelloOK {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.helloOK
+}
 
 // SetValue stores the core's per-session state.
 func (s *Session) SetValue(v any) {
@@ -118,7 +123,7 @@ func (s *Session) Close(cause error) {
 	if errors.As(cause, &e) {
 		fatal := *e
 		fatal.Fatal = true
-		s.conn.WriteFrame(fatal.Encode(0), -1)
+		s.conn.WriteFinal(fatal.Encode(0))
 	}
 	s.conn.CloseSocket()
 }
@@ -194,7 +199,7 @@ func (s *Session) fatal(err error) {
 		fatal := *e
 		fatal.Fatal = true
 		s.log.Warn("closing connection", "code", e.Code.String(), "err", e.Message)
-		s.conn.WriteFrame(fatal.Append(s.wbuf[:0], 0), -1)
+		s.conn.WriteFinal(fatal.Append(s.wbuf[:0], 0))
 	} else {
 		s.log.Debug("connection ended", "err", err)
 	}
@@ -245,7 +250,9 @@ func (s *Session) handshake() error {
 	if hello.Observer {
 		ok.WorldRank, ok.LocalRank = NoRank, NoRank
 	}
-	s.helloOK = ok
+	s.mu.Lock()
+	s.helloOK = ok // the reader reads it without the lock: it is the only writer
+	s.mu.Unlock()
 	s.conn.SetReadDeadline(time.Time{})
 	if err := s.send(ok.Append(s.wbuf[:0], f.ID), -1); err != nil {
 		return err
@@ -256,7 +263,7 @@ func (s *Session) handshake() error {
 	return nil
 }
 
-func closeFD(fd int) { os.NewFile(uintptr(fd), "").Close() }
+func closeFD(fd int) { unix.Close(fd) }
 
 // dispatch handles one request. A returned *Error that is not Fatal is
 // sent as the request's ERROR and the session goes on; anything else ends
