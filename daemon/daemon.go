@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/ipc"
 	"github.com/collectived/collectived/rendezvous"
 	"github.com/collectived/collectived/ring"
@@ -52,8 +53,8 @@ type Daemon struct {
 type inflight struct {
 	active bool
 	seq    uint64
-	phase  string // "waiting for local calls", "in ring"
-	desc   string
+	phase  string          // "waiting for local calls", "in ring"
+	desc   collective.Desc // rendered only when status asks
 	since  time.Time
 }
 

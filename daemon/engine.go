@@ -139,13 +139,13 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		ready, oldest, any := d.headsLocked()
 		if ready {
 			heads = d.popHeadsLocked(heads)
-			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].req.Desc.String(), since: oldest}
+			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].req.Desc, since: oldest}
 			d.mu.Unlock()
 			return heads, nil
 		}
 		if any && !started {
 			started = true
-			d.inflight = inflight{active: true, seq: seq, phase: phaseLocal, desc: "", since: oldest}
+			d.inflight = inflight{active: true, seq: seq, phase: phaseLocal, since: oldest}
 		}
 		missing := ""
 		waited := time.Duration(0)

@@ -16,10 +16,17 @@ type ProcessStatus struct {
 	FDs        int   `json:"fds"`
 	Memfds     int   `json:"memfds"` // open fds that are shared-memory segments
 	RSSBytes   int64 `json:"rss_bytes"`
+	// Mallocs is the Go runtime's count of heap allocations so far: its
+	// growth per collective in the steady state should be zero.
+	Mallocs uint64 `json:"mallocs"`
+	// HeapBytes is the Go heap in use (excluding shared segments).
+	HeapBytes uint64 `json:"heap_bytes"`
 }
 
 func processStatus() ProcessStatus {
-	ps := ProcessStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine()}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	ps := ProcessStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), Mallocs: ms.Mallocs, HeapBytes: ms.HeapAlloc}
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		ps.FDs = len(ents)
 		for _, e := range ents {

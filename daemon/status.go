@@ -81,7 +81,10 @@ func (d *Daemon) Status() Status {
 		st.Trainers = append(st.Trainers, ts)
 	}
 	if f := d.inflight; f.active {
-		in := &InFlightStatus{Seq: f.seq, Phase: f.phase, Call: f.desc, WaitedSec: time.Since(f.since).Seconds()}
+		in := &InFlightStatus{Seq: f.seq, Phase: f.phase, WaitedSec: time.Since(f.since).Seconds()}
+		if f.desc.Op != 0 {
+			in.Call = f.desc.String()
+		}
 		if f.phase == phaseLocal {
 			in.NotCalled = d.missingLocked()
 		}

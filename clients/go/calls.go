@@ -13,24 +13,30 @@ import (
 // Wait returns. buf may be plain memory (inline when it fits, else copied
 // through a scratch segment) or lie inside a Segment (zero copy).
 func (c *Client) Start(d collective.Desc, buf []byte) (*Handle, error) {
+	return c.start(&Handle{done: make(chan struct{}, 1)}, d, buf)
+}
+
+func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error) {
 	if uint64(len(buf)) != d.Bytes() {
 		return nil, fmt.Errorf("collectived: %s: buffer is %d bytes, the description needs %d", d, len(buf), d.Bytes())
 	}
+	var call ipc.Call
+	call.Desc = d
 	if seg, off, ok := c.locate(buf); ok {
-		call := ipc.Call{Desc: d, SHM: true, Segment: seg.id, Offset: off}
-		return c.send(call.Append, nil)
+		call.SHM, call.Segment, call.Offset = true, seg.id, off
+		return c.sendWith(h, call.Append, nil)
 	}
 	if len(buf) <= c.InlineLimit() {
-		call := ipc.Call{Desc: d, Data: buf}
-		return c.send(call.Append, buf)
+		call.Data = buf
+		return c.sendWith(h, call.Append, buf)
 	}
 	s, err := c.takeScratch(len(buf))
 	if err != nil {
 		return nil, err
 	}
 	copy(s.mem, buf)
-	call := ipc.Call{Desc: d, SHM: true, Segment: s.id}
-	h, err := c.send(call.Append, nil)
+	call.SHM, call.Segment = true, s.id
+	h, err = c.sendWith(h, call.Append, nil)
 	if err != nil {
 		c.putScratch(s)
 		return nil, err
@@ -45,13 +51,17 @@ func (c *Client) Start(d collective.Desc, buf []byte) (*Handle, error) {
 	return h, nil
 }
 
-// Do sends one collective call and waits for it.
+// Do sends one collective call and waits for it. In the steady state it
+// does not allocate.
 func (c *Client) Do(d collective.Desc, buf []byte) error {
-	h, err := c.Start(d, buf)
-	if err != nil {
+	h := handlePool.Get().(*Handle)
+	if _, err := c.start(h, d, buf); err != nil {
+		recycle(h)
 		return err
 	}
-	return h.Wait()
+	err := h.Wait()
+	recycle(h)
+	return err
 }
 
 // AllReduce reduces buf, holding elements of dt, across the world in place.
@@ -64,11 +74,7 @@ func (c *Client) AllReduce(buf []byte, dt DType, op ReduceOp) error {
 
 // AllReduce reduces x across the world in place.
 func AllReduce[T Elem](c *Client, x []T, op ReduceOp) error {
-	h, err := AllReduceAsync(c, x, op)
-	if err != nil {
-		return err
-	}
-	return h.Wait()
+	return c.Do(collective.Desc{Op: collective.OpAllReduce, DType: dtypeOf[T](), Reduce: op, Count: uint64(len(x))}, asBytes(x))
 }
 
 // AllReduceAsync starts an allreduce of x; x must not be touched until the

@@ -3,6 +3,8 @@ package collectived
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/collectived/collectived/ipc"
@@ -11,12 +13,14 @@ import (
 
 // Handle is a request in flight. Wait returns its outcome.
 type Handle struct {
-	c    *Client
-	id   uint64
-	done chan struct{}
-	err  error
+	c     *Client
+	id    uint64
+	done  chan struct{} // the reader sends once per request (buffered)
+	fired atomic.Bool   // the reply (or the connection's end) has arrived
+	err   error
+	timer *time.Timer // reused by pooled handles
 
-	// Filled by the reader before done closes.
+	// Filled by the reader before it signals done.
 	result   []byte // inline calls: where the result goes
 	fd       int    // ALLOC_OK
 	seg      ipc.AllocOK
@@ -29,12 +33,23 @@ type Handle struct {
 
 // Wait blocks until the request completes or the client's timeout passes.
 func (h *Handle) Wait() error {
-	t := time.NewTimer(h.c.timeout)
-	defer t.Stop()
+	if h.finished {
+		return h.err
+	}
+	if h.timer == nil {
+		h.timer = time.NewTimer(h.c.timeout)
+	} else {
+		h.timer.Reset(h.c.timeout)
+	}
 	select {
 	case <-h.done:
-	case <-t.C:
-		h.c.forget(h.id)
+		h.timer.Stop()
+	case <-h.timer.C:
+		if !h.c.forget(h.id) {
+			// The reply won the race with the timer: take it.
+			<-h.done
+			return h.complete(h.err)
+		}
 		return h.complete(fmt.Errorf("collectived: no reply from daemon at %s within %v (request %d): %w",
 			h.c.socket, h.c.timeout, h.id, ipc.ErrTimeout))
 	}
@@ -52,22 +67,30 @@ func (h *Handle) complete(err error) error {
 	return h.err
 }
 
-// Done reports whether the reply has arrived.
-func (h *Handle) Done() bool {
-	select {
-	case <-h.done:
-		return true
-	default:
-		return false
-	}
+// signal is the reader's side of done.
+func (h *Handle) signal() {
+	h.fired.Store(true)
+	h.done <- struct{}{}
 }
+
+// Done reports whether the reply has arrived.
+func (h *Handle) Done() bool { return h.finished || h.fired.Load() }
 
 // Generation and Seq name the collective a completed call ran as.
 func (h *Handle) Generation() uint32 { return h.gen }
 func (h *Handle) Seq() uint64        { return h.seq }
 
+// handlePool recycles the handles of synchronous calls (Do), whose
+// handles never reach the caller, so that a steady loop of calls does not
+// allocate.
+var handlePool = sync.Pool{New: func() any { return &Handle{done: make(chan struct{}, 1)} }}
+
 // send registers a handle and writes the frame that encode appends.
 func (c *Client) send(encode func(b []byte, id uint64) []byte, result []byte) (*Handle, error) {
+	return c.sendWith(&Handle{done: make(chan struct{}, 1)}, encode, result)
+}
+
+func (c *Client) sendWith(h *Handle, encode func(b []byte, id uint64) []byte, result []byte) (*Handle, error) {
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -76,7 +99,7 @@ func (c *Client) send(encode func(b []byte, id uint64) []byte, result []byte) (*
 	}
 	id := c.nextID
 	c.nextID++
-	h := &Handle{c: c, id: id, done: make(chan struct{}), result: result, fd: -1}
+	h.c, h.id, h.result, h.fd = c, id, result, -1
 	c.pending[id] = h
 	c.mu.Unlock()
 
@@ -85,16 +108,31 @@ func (c *Client) send(encode func(b []byte, id uint64) []byte, result []byte) (*
 	err := c.conn.WriteFrame(c.wbuf, -1)
 	c.wmu.Unlock()
 	if err != nil {
-		c.forget(id)
+		if !c.forget(id) {
+			<-h.done // the reader failed it meanwhile
+		}
 		return nil, fmt.Errorf("collectived: send to %s: %w", c.socket, err)
 	}
 	return h, nil
 }
 
-func (c *Client) forget(id uint64) {
+// recycle returns a synchronous call's handle to the pool.
+func recycle(h *Handle) {
+	timer := h.timer
+	*h = Handle{done: h.done, timer: timer}
+	handlePool.Put(h)
+}
+
+// forget drops a pending request; false means the reader already took it
+// and will signal (or has signalled) its handle.
+func (c *Client) forget(id uint64) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.pending[id]; !ok {
+		return false
+	}
 	delete(c.pending, id)
-	c.mu.Unlock()
+	return true
 }
 
 // reader delivers replies to their handles until the connection ends, then
@@ -162,7 +200,7 @@ func (c *Client) reader() {
 				unix.Close(f.FD)
 			}
 		}
-		close(h.done)
+		h.signal()
 	}
 	if cause == nil {
 		cause = errClosed
@@ -176,7 +214,7 @@ func (c *Client) reader() {
 	c.mu.Unlock()
 	for _, h := range pending {
 		h.err = cause
-		close(h.done)
+		h.signal()
 	}
 	c.conn.Close()
 }
