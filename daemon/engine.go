@@ -16,8 +16,14 @@ const (
 	phaseRing  = "in ring"
 )
 
-// retryForm is the pause between failed ring formations.
-const retryForm = 200 * time.Millisecond
+// Pauses between failed ring formations: short at first (a neighbour that
+// is restarting comes back quickly), growing to a few seconds so that a
+// lasting fault, such as a node with another config, is not retried (and
+// logged) many times a second.
+const (
+	retryFormMin = 200 * time.Millisecond
+	retryFormMax = 5 * time.Second
+)
 
 // engine is the daemon's main loop: form the ring, then run collectives
 // one after another until the ring fails, then form the next generation.
@@ -26,6 +32,7 @@ func (d *Daemon) engine() {
 	var failed []call
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	pause := retryFormMin
 	for {
 		r, err := d.form()
 		if err != nil {
@@ -38,10 +45,12 @@ func (d *Daemon) engine() {
 			failed = d.failAll(failed[:0], ipc.Errorf(ipc.CodePeerLost, "node %d: ring generation %d could not form: %v", d.cfg.Rank, d.nextGen(), err))
 			select {
 			case <-d.ctx.Done():
-			case <-time.After(retryForm):
+			case <-time.After(pause):
 			}
+			pause = min(2*pause, retryFormMax)
 			continue
 		}
+		pause = retryFormMin
 		for seq := uint64(0); ; seq++ {
 			heads, err = d.waitLocal(r, seq, heads, timer)
 			if err == nil {

@@ -393,3 +393,30 @@ func TestSteadyStateCallsDoNotAllocate(t *testing.T) {
 		t.Errorf("shared-memory call round trip allocates %v times", n)
 	}
 }
+
+// A client that stops reading is dropped after the write timeout; replies
+// to it queue without blocking the core.
+func TestClientNotReadingIsDropped(t *testing.T) {
+	srv, h := startServer(t, func(c *ServerConfig) {
+		c.WriteTimeout = 200 * time.Millisecond
+		c.MaxInFlight = 4096
+	})
+	h.mu.Lock()
+	h.inline = true // replies are queued from the reader goroutine itself
+	h.mu.Unlock()
+	c := dial(t, srv.Path())
+	c.attach()
+	frame := (&Call{Desc: descInt32(1024, ""), Data: make([]byte, 4096)}).Encode(1)
+	go func() {
+		for i := uint64(1); i < 4096; i++ {
+			binary.LittleEndian.PutUint64(frame[8:], i)
+			if _, err := c.uc.Write(frame); err != nil {
+				return
+			}
+		}
+	}()
+	ev := h.waitGone(t)
+	if ev.cause == nil || !strings.Contains(ev.cause.Error(), "timeout") {
+		t.Errorf("cause %v, want a write timeout", ev.cause)
+	}
+}

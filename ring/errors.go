@@ -170,10 +170,11 @@ func (e *abortError) Unwrap() []error {
 type mismatchError struct {
 	local, remote string
 	peer          int
+	how           string
 }
 
 func (e *mismatchError) Error() string {
-	return fmt.Sprintf("%v: local %s, rank %d sent %s", ErrMismatch, e.local, e.peer, e.remote)
+	return fmt.Sprintf("%v: local %s, rank %d sent %s%s", ErrMismatch, e.local, e.peer, e.remote, e.how)
 }
 
 func (e *mismatchError) Unwrap() error { return ErrMismatch }

@@ -471,3 +471,20 @@ func (f *fakeRank) closeAll() {
 		c.Close()
 	}
 }
+
+// Ranks whose diverged calls send no data at all (each thinks the other
+// is the broadcast root) still find the mismatch, from the op announced
+// in heartbeats, long before the op timeout.
+func TestFaultMismatchWithoutData(t *testing.T) {
+	rings, _ := faultWorld(t, 2, nil, func(c *Config) { c.OpTimeout = 30 * time.Second })
+	startAll(t, rings)
+	t0 := time.Now()
+	errs := opOnReal(t, rings, 20*time.Second, func(i int, r *Ring) error {
+		d := collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: 10, Root: uint32(1 - i)}
+		return r.Broadcast(d, make([]byte, 10))
+	})
+	expectAll(t, rings, errs, ErrMismatch, "root=0", "root=1")
+	if d := time.Since(t0); d > 15*time.Second {
+		t.Errorf("mismatch found after %v, the op timeout is 30s", d)
+	}
+}

@@ -27,6 +27,7 @@ func (r *Ring) begin(d *collective.Desc) error {
 	r.setStep(-1)
 	r.curSeq.Store(r.seq)
 	r.curOp.Store(uint32(d.Op))
+	r.setCurrent(true)
 	return nil
 }
 
@@ -44,6 +45,7 @@ func (r *Ring) end(err error) error {
 	if err != nil {
 		err = r.opError()
 	}
+	r.setCurrent(false)
 	r.curOp.Store(uint32(collective.OpInvalid))
 	r.curStep.Store(-1)
 	r.seq++
@@ -114,6 +116,10 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 			select {
 			case d := <-r.done:
 				r.noteDone(d)
+			case n := <-r.peerOp:
+				if err := r.peerDiverged(n); err != nil {
+					return err
+				}
 			case <-r.dying:
 				return r.opError()
 			case <-r.timer.C:
@@ -164,6 +170,10 @@ func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
 		case d := <-r.done:
 			r.noteDone(d)
 			r.timer.Reset(r.cfg.OpTimeout)
+		case n := <-r.peerOp:
+			if err := r.peerDiverged(n); err != nil {
+				return nil, err
+			}
 		case <-r.dying:
 			return nil, r.opError()
 		case <-r.timer.C:
@@ -194,11 +204,7 @@ func (r *Ring) checkFrame(s *stream, kind frameKind, h *header) error {
 		return r.failLocal(s, fmt.Errorf("%w: peer is in generation %d, this rank in %d", ErrGeneration, h.Generation, g))
 	}
 	if h.Seq != r.seq || !h.sameDesc(&r.desc, r.fp) {
-		return r.failLocal(s, &mismatchError{
-			local:  fmt.Sprintf("seq %d %s", r.seq, r.desc.String()),
-			remote: fmt.Sprintf("seq %d %s", h.Seq, h.remoteDesc(&r.desc)),
-			peer:   s.peerRank,
-		})
+		return r.mismatch(s, h, "")
 	}
 	if h.Step != uint32(r.step) {
 		return r.failLocal(s, wrapBad(fmt.Errorf("frame for step %d, want step %d", h.Step, r.step)))
@@ -230,6 +236,10 @@ func (r *Ring) waitSent(g uint64) error {
 		select {
 		case d := <-r.done:
 			r.noteDone(d)
+		case n := <-r.peerOp:
+			if err := r.peerDiverged(n); err != nil {
+				return err
+			}
 		case <-r.dying:
 			return r.opError()
 		case <-r.timer.C:
@@ -269,4 +279,22 @@ func (r *Ring) drainWrites() error {
 		}
 	}
 	return err
+}
+
+func (r *Ring) mismatch(s *stream, h *header, how string) error {
+	return r.failLocal(s, &mismatchError{
+		local:  fmt.Sprintf("seq %d %s", r.seq, r.desc.String()),
+		remote: fmt.Sprintf("seq %d %s", h.Seq, h.remoteDesc(&r.desc)),
+		peer:   s.peerRank,
+		how:    how,
+	})
+}
+
+// peerDiverged turns a heartbeat announcing another call at this seq
+// into a mismatch; a stale note (an earlier op) is ignored.
+func (r *Ring) peerDiverged(n peerNote) error {
+	if n.h.Seq != r.seq || n.h.sameDesc(&r.desc, r.fp) {
+		return nil
+	}
+	return r.mismatch(n.s, &n.h, " (announced in a heartbeat)")
 }

@@ -53,6 +53,15 @@ type Ring struct {
 	timer       *time.Timer
 	scratch     []byte
 
+	// The op under way as heartbeats announce it, so that ranks whose
+	// diverged calls exchange no data (broadcasts naming different roots)
+	// still find the mismatch; peerOp carries a diverged announcement to
+	// the op goroutine.
+	curMu     sync.Mutex
+	curHdr    header
+	curActive bool
+	peerOp    chan peerNote
+
 	gen atomic.Uint32
 	// What is under way, for errors raised outside the op goroutine.
 	curOp   atomic.Uint32
@@ -75,12 +84,13 @@ func New(cfg Config, links Links) (*Ring, error) {
 		return nil, err
 	}
 	r := &Ring{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		rank:  cfg.Rank,
-		size:  cfg.Size,
-		dying: make(chan struct{}),
-		stop:  make(chan struct{}),
+		cfg:    cfg,
+		log:    cfg.Logger,
+		rank:   cfg.Rank,
+		size:   cfg.Size,
+		dying:  make(chan struct{}),
+		stop:   make(chan struct{}),
+		peerOp: make(chan peerNote, 1),
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -314,5 +324,51 @@ func (r *Ring) heartbeatLoop() {
 				}
 			}
 		}
+	}
+}
+
+// peerNote is a heartbeat announcing a different call at our seq.
+type peerNote struct {
+	s *stream
+	h header
+}
+
+// announce stamps the op under way, if any, into a heartbeat.
+func (r *Ring) announce(h *header) {
+	r.curMu.Lock()
+	if r.curActive {
+		h.Op, h.DType, h.Reduce, h.Root, h.Count, h.NameFP, h.Seq =
+			r.curHdr.Op, r.curHdr.DType, r.curHdr.Reduce, r.curHdr.Root, r.curHdr.Count, r.curHdr.NameFP, r.curHdr.Seq
+	}
+	r.curMu.Unlock()
+}
+
+// setCurrent records the op under way for announce (active false: none).
+func (r *Ring) setCurrent(active bool) {
+	r.curMu.Lock()
+	r.curActive = active
+	if active {
+		r.curHdr = header{Seq: r.seq}
+		r.curHdr.setDesc(&r.desc, r.fp)
+	}
+	r.curMu.Unlock()
+}
+
+// heard compares a peer's announced op with ours; a different call at
+// the same seq goes to the op goroutine, which reports the mismatch.
+func (r *Ring) heard(s *stream, h *header) {
+	if h.Op == collective.OpInvalid {
+		return
+	}
+	r.curMu.Lock()
+	c, active := r.curHdr, r.curActive
+	r.curMu.Unlock()
+	if !active || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
+		c.Root == h.Root && c.Count == h.Count && c.NameFP == h.NameFP) {
+		return
+	}
+	select {
+	case r.peerOp <- peerNote{s: s, h: *h}:
+	default:
 	}
 }

@@ -139,6 +139,7 @@ func (s *stream) readLoop() {
 		}
 		switch h.Kind {
 		case kindHeartbeat:
+			s.r.heard(s, &h)
 		case kindAbort:
 			if _, err := io.ReadFull(s.conn, reason[:h.Length]); err != nil {
 				s.readFailed(err)
@@ -308,6 +309,7 @@ func (s *stream) writeHeartbeat() {
 	}
 	defer func() { <-s.wsem }()
 	h := header{Kind: kindHeartbeat, Sender: uint32(s.r.rank), Generation: s.r.gen.Load()}
+	s.r.announce(&h)
 	h.encode(s.hbuf[:])
 	_, err := s.conn.Write(s.hbuf[:])
 	s.lastWrite.Store(time.Now().UnixNano())

@@ -7,6 +7,7 @@ and stopped by PID (terminate, then kill). Nothing here is faked.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import shutil
@@ -46,7 +47,9 @@ def daemon_binary() -> tuple[Optional[str], str]:
     if not os.path.exists(go):
         _built = (None, "no Go toolchain to build the daemon and $COLLECTIVED_BIN is unset")
         return _built
-    out = os.path.join(tempfile.mkdtemp(prefix="cvd-bin-"), "collectived")
+    bindir = tempfile.mkdtemp(prefix="cvd-bin-")
+    atexit.register(shutil.rmtree, bindir, True)
+    out = os.path.join(bindir, "collectived")
     try:
         r = subprocess.run([go, "build", "-o", out, "./cmd/collectived"], cwd=REPO,
                            capture_output=True, text=True, timeout=600)
