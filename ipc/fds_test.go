@@ -170,3 +170,46 @@ func TestStrayFdsAreFatal(t *testing.T) {
 		})
 	}
 }
+
+// Pipelined requests: the replies (some with fds) arrive back to back and
+// are read in large chunks; every ALLOC_OK still gets its own fd, in order.
+func TestPipelinedAllocsPairFds(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	base := openFds(t)
+	c := dial(t, srv.Path())
+	c.attach()
+	var batch []byte
+	for i := uint64(1); i <= 6; i++ {
+		batch = Alloc{Size: i * 4096}.Append(batch, 100+i)
+		batch = (&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Append(batch, 200+i)
+	}
+	c.send(batch, -1)
+	seen := map[uint64]bool{}
+	for range 12 {
+		f := c.read()
+		switch f.Type {
+		case TypeAllocOK:
+			m, err := DecodeAllocOK(f.Payload)
+			if err != nil || f.FD < 0 {
+				t.Fatalf("ALLOC_OK %v fd %d", err, f.FD)
+			}
+			var st unix.Stat_t
+			if err := unix.Fstat(f.FD, &st); err != nil || uint64(st.Size) != m.Size || m.Size != (f.ID-100)*4096 {
+				t.Errorf("ALLOC_OK id %d: size %d, its fd has %d bytes", f.ID, m.Size, st.Size)
+			}
+			unix.Close(f.FD)
+		case TypeCallOK:
+			if f.FD >= 0 {
+				t.Errorf("CALL_OK with fd")
+			}
+		default:
+			t.Fatalf("unexpected %s", f.Type)
+		}
+		seen[f.ID] = true
+	}
+	if len(seen) != 12 {
+		t.Errorf("answers for %d distinct ids, want 12", len(seen))
+	}
+	c.c.Close()
+	waitFds(t, base)
+}
