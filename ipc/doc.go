@@ -3,23 +3,42 @@
 // file-descriptor passing with SCM_RIGHTS, peer credentials, the socket
 // file, and one session per connection.
 //
-// The codec (Header, Hello ... CallOK, Error, the Decode functions) is
-// side-neutral: the daemon and the Go client both use it. Every decoder
-// checks every field against the document and reports a fault as an *Error
-// whose Code is what goes on the wire (BAD_FRAME for malformed frames) and
-// whose message names the frame type and field. Lengths are bounded before
-// anything is allocated, and encoding or decoding CALL and CALL_OK into
-// caller-supplied buffers does not allocate.
+// # Codec
 //
-// Conn frames a *net.UnixConn: buffered reads with the frame bound, fds
-// paired with the frames that carry them, serialized writes.
+// Header, Hello ... CallOK and Error, with their Append/Encode methods and
+// Decode functions, are side-neutral: the daemon and the Go client both use
+// them. Every decoder checks every field against the document and reports a
+// fault as an *Error whose Code is what goes on the wire (BAD_FRAME, fatal,
+// for a malformed frame) and whose message names the frame type and field.
+// A Code is itself an error, so errors.Is(err, ipc.ErrMismatch) matches any
+// *Error with code MISMATCH. Lengths are bounded before anything is
+// allocated; encoding and decoding CALL and CALL_OK into caller-supplied
+// buffers does not allocate.
 //
-// Server and Session run the daemon side: Listen creates the socket file,
-// Serve accepts connections, checks SO_PEERCRED, and runs one Session per
-// connection, which handles HELLO, ALLOC, FREE, REGISTER and STATUS itself
-// (segments through package shm) and validates each CALL before handing it
-// to the Handler as a Request. The Handler (the daemon core) matches calls
-// and answers them with Request.Reply or Request.Fail.
+// # Conn
+//
+// Conn frames a *net.UnixConn for either side. Reads go through recvmsg(2)
+// with MSG_CMSG_CLOEXEC into a reusable buffer; received fds are queued
+// with the stream range of the read that brought them and handed to the
+// one frame type that carries an fd on that side (REGISTER on the daemon,
+// ALLOC_OK on a client) only if they arrived with its first byte. Any
+// other fd, a surplus one, or a truncated control message (MSG_CTRUNC)
+// closes every fd received and fails with a fatal BAD_FD. Writes are
+// serialized; an fd goes with the sendmsg that begins with its frame, and
+// WriteFinal makes a fatal ERROR the last frame a peer ever sees.
+//
+// # Server and Session
+//
+// Listen creates the socket file (replacing a stale one, never a live
+// one), Serve accepts connections, checks SO_PEERCRED, and runs one Session
+// per connection. A session answers HELLO (with the Handler's consent),
+// ALLOC, FREE, REGISTER and STATUS itself, keeping segments in a shm.Table
+// under the connection's quota; it validates each CALL (description, inline
+// size, segment range and alignment, calls in flight) and hands it to the
+// Handler as a Request. The Handler, the daemon core, answers with
+// Request.Reply or Request.Fail from any goroutine; answers are queued to
+// the session's writer and never block the core. Operations the daemon
+// does not implement (allgather in version 1) are the Handler's to refuse.
 //
 // The package knows nothing of rings, TCP or how collectives are computed.
 package ipc
