@@ -420,3 +420,37 @@ func TestClientNotReadingIsDropped(t *testing.T) {
 		t.Errorf("cause %v, want a write timeout", ev.cause)
 	}
 }
+
+// A client that disconnects with a shared-memory call in flight: the
+// handler is told, the request stays valid (its segment mapped) until the
+// core answers it, and then everything is released.
+func TestDisconnectWithCallInFlight(t *testing.T) {
+	srv, h := startServer(t, nil)
+	base := openFds(t)
+	c := dial(t, srv.Path())
+	c.attach()
+	seg, _ := c.alloc(8192)
+	h.setHold()
+	c.send((&Call{Desc: descInt32(2048, "held"), SHM: true, Segment: seg.Segment}).Encode(9), -1)
+	for {
+		h.mu.Lock()
+		n := len(h.held)
+		h.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.c.Close()
+	h.waitGone(t)
+	h.mu.Lock()
+	r := h.held[0]
+	h.mu.Unlock()
+	if r.Session().ID() == 0 || r.Inline || len(r.Buf) != 8192 {
+		t.Fatalf("held request %+v", r)
+	}
+	r.Buf[8191] = 1 // still mapped after Disconnected
+	waitFds(t, base+1)
+	h.release()
+	waitFds(t, base)
+}
