@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/collectived/collectived/collective"
@@ -91,5 +92,28 @@ func BenchmarkKernel(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+func TestReduceExported(t *testing.T) {
+	a, b := input(collective.Float64, collective.Sum, 0, 9), input(collective.Float64, collective.Sum, 1, 9)
+	want := reference(collective.Float64, collective.Sum, [][]byte{a, b}, 9, 1<<30)
+	if err := Reduce(a, b, collective.Float64, collective.Sum); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, want) {
+		t.Fatal("Reduce differs from the reference fold")
+	}
+	if err := Reduce(a, b[:8], collective.Float64, collective.Sum); err == nil || !strings.Contains(err.Error(), "reduce of 8 bytes into 72 bytes") {
+		t.Errorf("length mismatch: %v", err)
+	}
+	if err := Reduce(a[:3], b[:3], collective.Float64, collective.Sum); err == nil {
+		t.Error("partial element accepted")
+	}
+	if err := Reduce(a, b, collective.Bytes, collective.Sum); err == nil || !strings.Contains(err.Error(), "no reduce kernel for bytes sum") {
+		t.Errorf("bytes: %v", err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = Reduce(a, b, collective.Float64, collective.Max) }); n != 0 {
+		t.Errorf("Reduce allocates %v times", n)
 	}
 }

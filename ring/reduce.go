@@ -1,11 +1,24 @@
 package ring
 
-import "github.com/collectived/collectived/collective"
+import (
+	"fmt"
 
-// Reduce folds src into dst element by element (dst = dst op src) with the
-// same kernels the ring uses, so that a caller's local reduction follows
-// the ring's arithmetic exactly (NaN through max and min, wrapping integer
-// sums). dst and src hold elements of dt and have the same length.
-func Reduce(dst, src []byte, dt collective.DType, op collective.ReduceOp) {
-	kernelFor(dt, op)(dst, dst, src)
+	"github.com/collectived/collectived/collective"
+)
+
+// Reduce folds src into dst in place, dst[i] = dst[i] (op) src[i], with
+// the same kernels and semantics as AllReduce (native little-endian
+// elements, wrapping integers, NaN-propagating max and min). The daemon
+// uses it to combine its local trainers' buffers in local-rank order
+// before the ring runs. It allocates nothing.
+func Reduce(dst, src []byte, dt collective.DType, op collective.ReduceOp) error {
+	k := kernelFor(dt, op)
+	if k == nil {
+		return fmt.Errorf("ring: no reduce kernel for %s %s: %w", dt, op, collective.ErrInvalid)
+	}
+	if len(dst) != len(src) || len(dst)%dt.Size() != 0 {
+		return fmt.Errorf("ring: reduce of %d bytes into %d bytes of %s: %w", len(src), len(dst), dt, collective.ErrInvalid)
+	}
+	k(dst, dst, src)
+	return nil
 }
