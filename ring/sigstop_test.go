@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 const helperEnv = "RING_TEST_HELPER_NEXT"
