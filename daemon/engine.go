@@ -283,11 +283,24 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 			}
 		}
 	}
-	scratch = d.drainLocked(scratch[:0])
+	called := make([]bool, len(d.slots))
+	for _, c := range heads {
+		if l, ok := c.req.Session().Value().(int); ok {
+			called[l] = true
+		}
+	}
 	closed := d.closed
+	e := d.callError(seq, gen, cause, closed)
+	for l := range d.slots {
+		sl := &d.slots[l]
+		if !called[l] && len(sl.queue) == 0 && (sl.session != nil || !sl.attached) {
+			sl.owed = ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
+				d.worldRank(l), seq, gen, e.Message)
+		}
+	}
+	scratch = d.drainLocked(scratch[:0])
 	d.mu.Unlock()
 
-	e := d.callError(seq, gen, cause, closed)
 	for _, c := range heads {
 		c.req.Fail(e)
 	}

@@ -58,6 +58,10 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 	}
 	sl := &d.slots[l]
 	sl.session, sl.pid, sl.label = s, int32(hello.PID), hello.Label
+	if sl.attached {
+		sl.owed = nil // a replacement trainer starts afresh
+	}
+	sl.attached = true
 	s.SetValue(l)
 	ok.LocalRank = uint32(l)
 	ok.WorldRank = uint32(d.worldRank(l))
@@ -90,6 +94,14 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 		return
 	}
 	sl := &d.slots[l]
+	if owed := sl.owed; owed != nil {
+		sl.owed = nil
+		sl.calls++
+		sl.last = desc
+		d.mu.Unlock()
+		r.Fail(owed)
+		return
+	}
 	sl.calls++
 	sl.last = desc
 	sl.queue = append(sl.queue, call{req: r, at: time.Now()})

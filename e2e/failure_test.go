@@ -168,3 +168,38 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 		}
 	}
 }
+
+// TestLateTrainerFailsTheFailedCall: collective 0 fails on node 0 (its
+// trainers disagree) before node 1's trainers have even attached. When
+// they attach and call, that first call is their call of the failed
+// collective: it fails with the same cause instead of joining the next
+// generation, so every trainer's second call meets in the new one.
+func TestLateTrainerFailsTheFailedCall(t *testing.T) {
+	w := startWorld(t, 2, 2, "")
+	var early []*trainer
+	for i := 0; i < 2; i++ {
+		early = append(early, w.startTrainer(0, "-mode", "repeat", "-times", "2", "-count", "64", "-count-for", "0=32", "-mismatch-call", "0"))
+	}
+	waitFor(t, 20*time.Second, "node 0 to fail collective 0", func() bool {
+		return strings.Contains(w.log(0), "collective failed") && strings.Contains(w.log(1), "ring formed\" job=e2e node=1 generation=1")
+	})
+	var late []*trainer
+	for i := 0; i < 2; i++ {
+		late = append(late, w.startTrainer(1, "-mode", "repeat", "-times", "2", "-count", "64"))
+	}
+	for i, tr := range append(early, late...) {
+		evs, err := tr.wait(t, 60*time.Second)
+		if err != nil {
+			t.Fatalf("trainer %d: %v", i, err)
+		}
+		if len(evs) != 2 {
+			t.Fatalf("trainer %d: %d events, want 2", i, len(evs))
+		}
+		if evs[0].OK || evs[0].Code != "MISMATCH" || !strings.Contains(evs[0].Message, "count=32") {
+			t.Errorf("trainer %d call 0: ok=%v %s %q; want MISMATCH naming count=32", i, evs[0].OK, evs[0].Code, evs[0].Message)
+		}
+		if !evs[1].OK || evs[1].Gen == 0 {
+			t.Errorf("trainer %d call 1: ok=%v gen=%d %s %s; want success in a new generation", i, evs[1].OK, evs[1].Gen, evs[1].Code, evs[1].Message)
+		}
+	}
+}

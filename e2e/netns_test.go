@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The fault tests below run a world of 4 nodes x 2 trainers, each node's
+// daemon and trainers in a network namespace of their own (10.77.0.1-4,
+// joined by veths to a bridge in a fifth namespace), and break it the way
+// a cluster breaks: a daemon killed or frozen, a node cut off, a slow and
+// lossy link, a trainer killed holding shared memory. Each checks who
+// learns what and when, that the world recovers in a new generation, and
+// that every surviving daemon's goroutines, fds, memfds and RSS return to
+// their baseline.
+
+const (
+	netNodes = 4
+	netLocal = 2
+	// hbTimeout is heartbeat_timeout in fastTimeouts: T in the
+	// [T/2, 2T] detection bound of silent faults.
+	hbTimeout = 1500 * time.Millisecond
+	// loopCount is the trainers' allreduce size: 1 MiB of float32, large
+	// enough to use the ring's pipelined path and a shared segment.
+	loopCount = "262144"
+)
+
+// daemonFault describes one daemon fault test.
+type daemonFault struct {
+	victim     int
+	fault      func(c *cluster)
+	heal       func(c *cluster)
+	restarted  bool // heal starts a new daemon: the victim has no baseline
+	minDetect  time.Duration
+	maxDetect  time.Duration
+	wantCodes  []string
+	setupExtra func(c *cluster) // before the daemons start
+}
+
+// TestNetnsDaemonKilled: kill -9 one daemon mid-allreduce; every trainer
+// on every other node gets an error naming the dead node within 2 s; the
+// daemon restarted, the ring re-forms in a new generation and the same
+// trainers' next calls succeed.
+func TestNetnsDaemonKilled(t *testing.T) {
+	runDaemonFault(t, daemonFault{
+		victim:    2,
+		fault:     func(c *cluster) { c.kill(2) },
+		heal:      func(c *cluster) { c.startDaemon(2) },
+		restarted: true,
+		maxDetect: 2 * time.Second,
+		wantCodes: []string{"PEER_LOST"},
+	})
+}
+
+// TestNetnsDaemonStopped: SIGSTOP one daemon. Its TCP connections stay
+// open (its kernel still acknowledges), so only the missing heartbeats
+// tell: every other node's trainers fail within [T/2, 2T] of the
+// heartbeat timeout T. After SIGCONT the world re-forms.
+func TestNetnsDaemonStopped(t *testing.T) {
+	runDaemonFault(t, daemonFault{
+		victim:    1,
+		fault:     func(c *cluster) { c.signal(1, syscall.SIGSTOP) },
+		heal:      func(c *cluster) { c.signal(1, syscall.SIGCONT) },
+		minDetect: hbTimeout / 2,
+		maxDetect: 2 * hbTimeout,
+		wantCodes: []string{"PEER_LOST", "TIMEOUT"},
+	})
+}
+
+// TestNetnsPartition: a silent partition. iptables in node 3's namespace
+// drops everything in and out on its link, with no RST or ICMP: the others
+// fail within [T/2, 2T]; once the rules are removed the world re-forms.
+func TestNetnsPartition(t *testing.T) {
+	requireNetns(t)
+	requireIptables(t)
+	rules := [][]string{{"INPUT", "-i", "eth0", "-j", "DROP"}, {"OUTPUT", "-o", "eth0", "-j", "DROP"}}
+	runDaemonFault(t, daemonFault{
+		victim: 3,
+		fault: func(c *cluster) {
+			for _, r := range rules {
+				c.iptables(3, append([]string{"-I"}, r...)...)
+			}
+		},
+		heal: func(c *cluster) {
+			for _, r := range rules {
+				c.iptables(3, append([]string{"-D"}, r...)...)
+			}
+		},
+		minDetect: hbTimeout / 2,
+		maxDetect: 2 * hbTimeout,
+		wantCodes: []string{"PEER_LOST", "TIMEOUT"},
+	})
+}
+
+func runDaemonFault(t *testing.T, f daemonFault) {
+	c := newNetCluster(t, netNodes, netLocal)
+	if f.setupExtra != nil {
+		f.setupExtra(c)
+	}
+	c.startAll()
+	bs := c.baselines()
+	// Every trainer loops on 1 MiB allreduces; after the fault each goes
+	// on until 3 calls in a row succeed in the re-formed ring.
+	loopArgs := []string{"-mode", "loop", "-count", loopCount, "-until-ok", "3", "-need-fail", "-max-fails", "4"}
+	var trs []*ftProc
+	for n := 0; n < netNodes; n++ {
+		for l := 0; l < netLocal; l++ {
+			trs = append(trs, c.startFT(n, loopArgs...))
+		}
+	}
+	waitFor(t, 60*time.Second, "every trainer to complete 2 calls", func() bool {
+		for _, p := range trs {
+			if len(p.events()) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	preGen := trs[0].events()[0].Gen
+	victimName := fmt.Sprintf("rank %d", f.victim)
+	victimAddr := c.addrs[f.victim]
+
+	faultAt := time.Now()
+	f.fault(c)
+	var minD, maxD time.Duration
+	first := true
+	for i, p := range trs {
+		if p.node == f.victim {
+			continue
+		}
+		var fe ftEvent
+		waitFor(t, f.maxDetect+10*time.Second, fmt.Sprintf("trainer %d on node %d to see the fault", i, p.node), func() bool {
+			var ok bool
+			fe, ok = firstFailure(p.events())
+			return ok
+		})
+		d := fe.end().Sub(faultAt)
+		if first || d < minD {
+			minD = d
+		}
+		if first || d > maxD {
+			maxD = d
+		}
+		first = false
+		t.Logf("trainer %d (world rank %d, node %d) told after %v: %s %s", i, fe.Rank, p.node, d.Round(time.Millisecond), fe.Code, fe.Message)
+		if !containsAny(fe.Code, f.wantCodes) {
+			t.Errorf("trainer %d on node %d: code %s, want one of %v: %s", i, p.node, fe.Code, f.wantCodes, fe.Message)
+		}
+		if !strings.Contains(fe.Message, victimName) && !strings.Contains(fe.Message, victimAddr) {
+			t.Errorf("trainer %d on node %d: error names neither %q nor %s: %s", i, p.node, victimName, victimAddr, fe.Message)
+		}
+		if d > f.maxDetect || d < f.minDetect {
+			t.Errorf("trainer %d on node %d learnt of the fault after %v, want within [%v, %v]", i, p.node, d, f.minDetect, f.maxDetect)
+		}
+	}
+	t.Logf("detection after the fault: min %v, max %v (bound [%v, %v])", minD.Round(time.Millisecond), maxD.Round(time.Millisecond), f.minDetect, f.maxDetect)
+
+	f.heal(c)
+	if f.restarted {
+		// The dead daemon's trainers lost their connection; new ones
+		// take their places and join the re-formed ring's first call.
+		for l := 0; l < netLocal; l++ {
+			trs = append(trs, c.startFT(f.victim, "-mode", "loop", "-count", loopCount, "-until-ok", "3", "-max-fails", "3"))
+		}
+	}
+	for i, p := range trs {
+		evs, err := p.wait(90 * time.Second)
+		if p.node == f.victim && f.restarted && i < netNodes*netLocal {
+			continue // killed with their daemon
+		}
+		if err != nil {
+			t.Fatalf("trainer %d on node %d: %v; events %+v", i, p.node, err, evs)
+		}
+		if len(evs) < 3 {
+			t.Fatalf("trainer %d on node %d: %d events, want at least 3: %+v", i, p.node, len(evs), evs)
+		}
+		for _, e := range evs[len(evs)-3:] {
+			if !e.OK {
+				t.Fatalf("trainer %d on node %d: no 3 successes in a row after healing: %+v", i, p.node, evs)
+			}
+			if e.Gen <= preGen {
+				t.Errorf("trainer %d on node %d: call %d after healing ran in generation %d, not after the failed %d", i, p.node, e.Call, e.Gen, preGen)
+			}
+		}
+	}
+	var keep []baseline
+	for _, b := range bs {
+		if !(f.restarted && b.node == f.victim) {
+			keep = append(keep, b)
+		}
+	}
+	c.checkBaselines(keep, 20*time.Second)
+}
+
+func containsAny(s string, subs []string) bool {
+	for _, x := range subs {
+		if strings.Contains(s, x) {
+			return true
+		}
+	}
+	return false
+}
