@@ -138,8 +138,9 @@
 // while our own op is not consuming is not counted) fails the ring. The
 // rank that finds it keeps the error (*Error: op, seq, step, generation,
 // peer rank and address, origin rank, cause), sends an abort frame with
-// its rank and the reason to both neighbours, and shuts its links after
-// at most AbortWait. A rank receiving an abort fails with ErrAborted
+// its rank and the reason to both neighbours, and shuts its links within
+// 3 x AbortWait (half-closing first, so that the abort is read before the
+// connection ends). A rank receiving an abort fails with ErrAborted
 // (and the original failure's sentinel, and the original origin and
 // reason text) and forwards the abort to both neighbours, so the cause
 // travels round the ring both ways and every rank reports the origin and

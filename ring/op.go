@@ -250,8 +250,8 @@ func (r *Ring) waitSent(g uint64) error {
 }
 
 // drainWrites waits for every queued write of this op. After a failure
-// the links are closed within AbortWait, which ends any blocked write; the
-// wait is bounded regardless, so that no op outlives its timeouts.
+// the links are closed within 3 x AbortWait, which ends any blocked write;
+// the wait is bounded regardless, so that no op outlives its timeouts.
 func (r *Ring) drainWrites() error {
 	if r.pending() == 0 {
 		return nil
@@ -268,14 +268,14 @@ func (r *Ring) drainWrites() error {
 			}
 		case <-dying:
 			dying = nil
-			r.timer.Reset(2*r.cfg.AbortWait + time.Second)
+			r.timer.Reset(4*r.cfg.AbortWait + time.Second)
 		case <-r.timer.C:
 			if dying == nil {
 				return r.opError()
 			}
 			err = r.failLocal(r.next[0], r.timeout("sending to"))
 			dying = nil
-			r.timer.Reset(2*r.cfg.AbortWait + time.Second)
+			r.timer.Reset(4*r.cfg.AbortWait + time.Second)
 		}
 	}
 	return err

@@ -13,7 +13,8 @@ import (
 	"github.com/collectived/collectived/collective"
 )
 
-// Links are one rank's established connections. Next[i] is stream i to
+// Links are one rank's established connections. New takes ownership of
+// them (Close closes them); if New fails they are left to the caller. Next[i] is stream i to
 // rank+1 (data flows out), Prev[i] is stream i from rank-1 (data flows
 // in). len(Next)==len(Prev)>=1 when Size>1, nil when Size==1. Every
 // connection must be distinct (in a ring of two, Next and Prev both lead
@@ -269,11 +270,11 @@ func (r *Ring) failCode(e *Error, reason string, code abortCode) {
 	go r.abortLinks(frame)
 }
 
-// abortLinks hands the abort frame to every stream at once (a stream
-// stuck behind a blocked write gives up after AbortWait), half-closes
-// them, and closes them once the peers have closed their ends (or after
-// AbortWait). Closing with unread data would make TCP send a reset, which
-// can overtake the abort frame; the readers drain meanwhile.
+// abortLinks hands the abort frame to every stream at once (see
+// sendAbort), half-closes them, and closes them once the peers have
+// closed their ends (or after AbortWait): closing with unread data would
+// make TCP send a reset, which can overtake the abort frame; the readers
+// drain meanwhile. All links are closed within 3 x AbortWait.
 func (r *Ring) abortLinks(frame []byte) {
 	defer r.wg.Done()
 	var wg sync.WaitGroup
@@ -282,9 +283,6 @@ func (r *Ring) abortLinks(frame []byte) {
 		go func() {
 			defer wg.Done()
 			s.sendAbort(frame)
-			if cw, ok := s.conn.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
 		}()
 	}
 	wg.Wait()

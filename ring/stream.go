@@ -328,15 +328,24 @@ func (s *stream) hung(now time.Time) bool {
 }
 
 // sendAbort writes an abort frame if the write lock can be had within
-// AbortWait, and keeps the lock: nothing may follow an abort.
+// AbortWait, and keeps the lock: nothing may follow an abort. If the lock
+// cannot be had, a write is stuck on a peer that does not read; the
+// connection is closed at once, which also frees that write.
 func (s *stream) sendAbort(frame []byte) {
 	t := time.NewTimer(s.r.cfg.AbortWait)
 	defer t.Stop()
 	select {
 	case s.wsem <- struct{}{}:
 	case <-t.C:
+		_ = s.conn.Close()
 		return
 	}
 	_ = s.conn.SetWriteDeadline(time.Now().Add(s.r.cfg.AbortWait))
-	_, _ = s.conn.Write(frame)
+	if _, err := s.conn.Write(frame); err != nil {
+		_ = s.conn.Close()
+		return
+	}
+	if cw, ok := s.conn.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
 }
