@@ -162,6 +162,7 @@ func runDaemonFault(t *testing.T, f daemonFault) {
 	if f.restarted {
 		// The dead daemon's trainers lost their connection; new ones
 		// take their places and join the re-formed ring's first call.
+		c.waitUp(f.victim, preGen+1, 30*time.Second)
 		for l := 0; l < netLocal; l++ {
 			trs = append(trs, c.startFT(f.victim, "-mode", "loop", "-count", loopCount, "-until-ok", "3", "-max-fails", "3"))
 		}
