@@ -1,0 +1,278 @@
+"""bench/compare: collectived against OpenMPI (TCP and shared memory) and
+torch.distributed Gloo, in one run, on the same sizes and worlds, plus the
+sidecar's own cost (daemon vs in-process ring), the loopback TCP limit
+and the daemons' idle memory. Prints a ratio table and the targets'
+verdicts; writes docs/BENCHMARKS.md and its plots.
+
+Run it through bench/compare (the shell wrapper), which installs the
+Debian packages, builds the binaries and runs this with /usr/bin/python3.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import report  # noqa: E402
+import rss  # noqa: E402
+import runners  # noqa: E402
+
+REPO = os.path.dirname(HERE)
+DEFAULT_SIZES = "4,4KiB,64KiB,1MiB,16MiB,64MiB"
+QUICK_SIZES = "4,64KiB,64MiB"
+SMALL = 1 << 20  # sizes up to this get the "small" iteration count
+SYSTEMS = ["collectived", "mpi-tcp", "mpi-shm", "gloo"]
+
+
+def parse_sizes(s: str) -> list[int]:
+    out = []
+    for f in s.split(","):
+        f = f.strip()
+        mult = 1
+        for suf, m in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("K", 1 << 10), ("M", 1 << 20)):
+            if f.endswith(suf):
+                f, mult = f[: -len(suf)], m
+                break
+        try:
+            v = int(f) * mult
+        except ValueError:
+            raise SystemExit(f"compare: --sizes: {f!r} is not a size (bytes, or a number with KiB/MiB)")
+        if v < 1 or v > 1 << 30:
+            raise SystemExit(f"compare: --sizes: {v} is out of range 1 B to 1 GiB")
+        out.append(v)
+    return out
+
+
+def parse_worlds(s: str) -> list[int]:
+    out = []
+    for f in s.split(","):
+        if f.strip() not in ("2", "4"):
+            raise SystemExit(f"compare: --worlds: {f!r}: only 2 (2 nodes x 1) and 4 (2 nodes x 2) are defined")
+        out.append(int(f))
+    return out
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) * 1024
+
+    def out(argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unavailable ({e})"
+
+    torch_v = out(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"])
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "nproc": os.cpu_count(), "cpu": cpu, "mem_bytes": mem, "kernel": platform.release(),
+        "os": out(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "go": out(["go", "version"]),
+        "openmpi": out(["sh", "-c", "mpirun --allow-run-as-root --version | head -1"]),
+        "torch": torch_v, "iperf3": out(["sh", "-c", "iperf3 --version | head -1"]),
+        "commit": out(["git", "rev-parse", "--short", "HEAD"]),
+        "dirty": out(["git", "status", "--porcelain", "--", ".", ":!bench", ":!docs"]) != "",
+        "loadavg_start": open("/proc/loadavg").read().strip(),
+    }
+
+
+def groups(sizes, iters_small, iters_large):
+    """Sizes split by iteration count: small buffers get more calls."""
+    small = [s for s in sizes if s <= SMALL]
+    large = [s for s in sizes if s > SMALL]
+    return [(g, n) for g, n in ((small, iters_small), (large, iters_large)) if g]
+
+
+def measure_system(system, world, sizes_groups, warmup, bins, timeout):
+    rows = []
+    for sizes, iters in sizes_groups:
+        l0 = runners.loadavg()
+        t0 = time.monotonic()
+        if system == "collectived":
+            got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout)
+        elif system in ("mpi-tcp", "mpi-shm"):
+            got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout)
+        elif system == "gloo":
+            got = runners.gloo("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), world, sizes,
+                               iters, warmup, timeout)
+        else:
+            raise ValueError(system)
+        took = time.monotonic() - t0
+        for r in got:
+            r.update(system=system, world=world, load_before=l0, load_after=runners.loadavg(), group_s=round(took, 1))
+        rows += got
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, fewer iterations (a few minutes)")
+    ap.add_argument("--sizes", help=f"comma-separated sizes (default {DEFAULT_SIZES})")
+    ap.add_argument("--worlds", default="2,4", help="2 (2 nodes x 1 trainer vs 2 ranks), 4 (2 x 2 vs 4 ranks)")
+    ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 200 up to 1 MiB, 30 above; quick 50/10)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per size (default 5)")
+    ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 3; quick 1)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
+    ap.add_argument("--no-extras", action="store_true", help="skip the in-process ring, TCP and RSS measurements")
+    ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
+    ap.add_argument("--no-doc", action="store_true", help="print only; write no report or plots")
+    ap.add_argument("--report-only", metavar="RESULTS_JSON", help="rewrite report and plots from a saved run")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds any one benchmark command may take")
+    ap.add_argument("--collectived", default=os.path.join(HERE, ".build", "collectived"))
+    ap.add_argument("--mpi-binary", default=os.path.join(HERE, ".build", "mpi_allreduce"))
+    a = ap.parse_args()
+
+    if a.report_only:
+        with open(a.report_only) as f:
+            res = json.load(f)
+        return finish(res, a)
+
+    sizes = parse_sizes(a.sizes or (QUICK_SIZES if a.quick else DEFAULT_SIZES))
+    worlds = parse_worlds(a.worlds)
+    systems = [s.strip() for s in a.systems.split(",")]
+    for s in systems:
+        if s not in SYSTEMS:
+            raise SystemExit(f"compare: --systems: {s!r} is not one of {','.join(SYSTEMS)}")
+    if "collectived" not in systems:
+        raise SystemExit("compare: --systems must include collectived: every ratio is collectived's")
+    it_small, it_large = (a.iters, a.iters) if a.iters else ((50, 10) if a.quick else (200, 30))
+    if it_small < 1 or a.warmup < 0:
+        raise SystemExit(f"compare: --iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
+    if a.rounds is None:
+        a.rounds = 1 if a.quick else 3
+    if a.rounds < 1:
+        raise SystemExit(f"compare: --rounds {a.rounds}: want at least 1")
+    sg = groups(sizes, it_small, it_large)
+    bins = {"collectived": a.collectived, "mpi": a.mpi_binary}
+
+    started = time.monotonic()
+    res = {"meta": machine(), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds, "rounds": a.rounds,
+           "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL, "warmup": a.warmup},
+           "rows": [], "ring": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
+
+    def step(name, fn):
+        log(f"{name} ...")
+        t0 = time.monotonic()
+        try:
+            out = fn()
+            log(f"{name}: done in {time.monotonic() - t0:.0f}s")
+            return out
+        except (runners.RunError, OSError, KeyError, ValueError, json.JSONDecodeError) as e:
+            log(f"{name}: FAILED: {e}")
+            res["errors"].append(f"{name}: {e}")
+            return None
+
+    # Extras go with the world they describe: the in-process ring and the
+    # loopback limit are compared with world 2's collectived.
+    extras_world = 2 if 2 in worlds else worlds[0]
+    for rnd in range(a.rounds):
+        got = {"rows": [], "ring": [], "tcp_bidir": None}
+        for w in worlds:
+            items = list(systems)
+            if w == extras_world and not a.no_extras:
+                items[1:1] = ["ring", "tcp"]
+            k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
+            for item in items[k:] + items[:k]:
+                name = f"round {rnd + 1}/{a.rounds}, world {w}: {item}"
+                if item == "ring":
+                    pat = "BenchmarkAllReduce/world2/" if a.quick else "BenchmarkAllReduce"
+                    got["ring"] = step(name, lambda: runners.ring_inprocess(
+                        REPO, pat, "5x" if a.quick else "20x", a.timeout)) or []
+                elif item == "tcp":
+                    got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
+                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py")))
+                else:
+                    got["rows"] += step(name, lambda: measure_system(item, w, sg, a.warmup, bins, a.timeout)) or []
+        res["per_round"].append(got)
+    aggregate(res)
+    if not a.no_extras:
+        res["rss"] = step("daemon RSS at idle", lambda: rss.measure(a.collectived))
+    res["meta"]["loadavg_end"] = open("/proc/loadavg").read().strip()
+    res["meta"]["duration_s"] = round(time.monotonic() - started)
+    res["commands"] = [c.replace(REPO + "/", "") for c in runners.COMMANDS]
+
+    os.makedirs(os.path.join(HERE, ".results"), exist_ok=True)
+    with open(os.path.join(HERE, ".results", "latest.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return finish(res, a)
+
+
+def aggregate(res):
+    """One figure per (system, world, size): the median over rounds of each
+    round's median (and of its p99), so one disturbed round does not decide
+    a ratio; every round's own figures stay in the row."""
+    by = {}
+    for rnd in res["per_round"]:
+        for r in rnd["rows"]:
+            by.setdefault((r["system"], r["world"], r["bytes"]), []).append(r)
+    for (system, w, size), rs in by.items():
+        med = statistics.median(r["median_us"] for r in rs)
+        alg = size / (med * 1e3)
+        res["rows"].append({"system": system, "world": w, "bytes": size, "iters": rs[0]["iters"],
+                            "median_us": med, "p99_us": statistics.median(r["p99_us"] for r in rs),
+                            "algbw_GBps": alg, "busbw_GBps": alg * 2 * (w - 1) / w if w > 1 else 0.0,
+                            "path": rs[0].get("path"),
+                            "rounds": [{k: r.get(k) for k in ("median_us", "p99_us", "busbw_GBps", "load_before",
+                                                              "load_after")} for r in rs]})
+    ring = {}
+    for rnd in res["per_round"]:
+        for r in rnd["ring"] or []:
+            ring.setdefault((r["world"], r["bytes"]), []).append(r)
+    for (w, size), rs in ring.items():
+        mean = statistics.median(r["mean_us"] for r in rs)
+        alg = size / (mean * 1e3)
+        res["ring"].append({"world": w, "bytes": size, "iters": rs[0]["iters"], "mean_us": mean, "algbw_GBps": alg,
+                            "busbw_GBps": alg * 2 * (w - 1) / w, "rounds": [r["mean_us"] for r in rs]})
+    tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]
+    if tcp:
+        out = {"seconds": tcp[0]["seconds"], "rounds": len(tcp), "errors": sum((t["errors"] for t in tcp), [])}
+        for tool in ("iperf3", "threads"):
+            ts = [t[tool] for t in tcp if tool in t]
+            if ts:
+                out[tool] = {k: statistics.median(t[k] for t in ts)
+                             for k in ("forward_GBps", "reverse_GBps", "per_direction_GBps")}
+                out[tool]["rounds"] = [t["per_direction_GBps"] for t in ts]
+        out["per_direction_GBps"], out["reference"] = max(
+            (out[k]["per_direction_GBps"], k) for k in ("iperf3", "threads") if k in out)
+        res["tcp_bidir"] = out
+
+
+def finish(res, a) -> int:
+    print(report.ratio_text(res))
+    print(report.targets_text(res))
+    if res.get("errors"):
+        print("errors:\n  " + "\n  ".join(res["errors"]))
+    if not a.no_doc:
+        docs = os.path.dirname(os.path.abspath(a.doc))
+        plots = os.path.join(docs, "bench")
+        os.makedirs(plots, exist_ok=True)
+        if not a.report_only:
+            with open(os.path.join(plots, "results.json"), "w") as f:
+                json.dump(res, f, indent=1)
+        report.plots(res, plots)
+        with open(a.doc, "w") as f:
+            f.write(report.markdown(res, os.path.relpath(plots, docs)))
+        log(f"wrote {a.doc} and {plots}/busbw.png, latency.png, results.json")
+    return 1 if res.get("errors") else 0
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The torch.distributed Gloo side of bench/compare: one rank.
+
+Times dist.all_reduce (float32, sum, in place, CPU tensors) the way
+`collectived bench` times its allreduce: per size, one checked call,
+`warmup` untimed calls, then `iters` back-to-back timed calls (no barrier
+between them), the tensor refilled before the last one and checked after
+it. Rank 0 prints one JSON object per size with its per-call times; the
+caller computes median and p99 from them, as for every other system.
+
+Run W copies with --rank 0..W-1 and the same --init (tcp://127.0.0.1:PORT).
+Needs Debian's python3-torch, so run it with /usr/bin/python3.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--init", required=True, help="tcp://127.0.0.1:PORT or file:///path")
+    ap.add_argument("--sizes", required=True, help="comma-separated byte counts")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    a = ap.parse_args()
+    if a.iters < 1 or a.warmup < 0:
+        ap.error(f"--iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
+    sizes = []
+    for f in a.sizes.split(","):
+        try:
+            sizes.append(int(f))
+        except ValueError:
+            ap.error(f"--sizes: {f!r} is not a byte count")
+
+    # Keep Gloo on loopback whatever the host name resolves to.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world)
+    tri = a.world * (a.world + 1) // 2
+    for size in sizes:
+        n = max(1, size // 4)
+        pattern = (torch.arange(n, dtype=torch.int64) % 7 + 1).to(torch.float32)
+        buf = pattern * (a.rank + 1)
+        want = pattern * tri
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        if not torch.equal(buf, want):
+            print(f"gloo rank {a.rank}: {n * 4} bytes: wrong sum after the first call", file=sys.stderr)
+            return 1
+        for _ in range(a.warmup):
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        times = []
+        for i in range(a.iters):
+            if i == a.iters - 1:
+                buf.copy_(pattern * (a.rank + 1))
+            t0 = time.perf_counter_ns()
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            times.append(time.perf_counter_ns() - t0)
+        if not torch.equal(buf, want):
+            print(f"gloo rank {a.rank}: {n * 4} bytes: wrong sum after the timed calls", file=sys.stderr)
+            return 1
+        if a.rank == 0:
+            print(json.dumps({"bytes": n * 4, "times_ns": times}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+/*
+ * mpi_allreduce: the OpenMPI side of bench/compare.
+ *
+ * Times MPI_Allreduce (float32, sum, in place) the way `collectived bench`
+ * times its allreduce, so the two are comparable number for number: per
+ * size, one checked call, `warmup` untimed calls, then `iters` back-to-back
+ * timed calls (no barrier between them), the buffer refilled before the
+ * last one and checked after it. Rank 0's per-call times are printed as one
+ * JSON object per size on stdout; the median and p99 are computed by the
+ * caller from those times, exactly as for the other systems.
+ *
+ * usage: mpi_allreduce SIZES ITERS WARMUP
+ *   SIZES  comma-separated byte counts (multiples of 4 are used as is,
+ *          smaller ones become one float)
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Same contribution as collectived's bench trainer: exact in float32 for
+ * any world a machine can hold, so the check is exact. */
+static void fill(float *b, size_t n, int rank)
+{
+	for (size_t i = 0; i < n; i++)
+		b[i] = (float)((rank + 1) * (int)(i % 7 + 1));
+}
+
+static int check(const float *b, size_t n, int world, int64_t bytes)
+{
+	float tri = (float)(world * (world + 1) / 2);
+	for (size_t i = 0; i < n; i++) {
+		float want = (float)(i % 7 + 1) * tri;
+		if (b[i] != want) {
+			fprintf(stderr, "mpi_allreduce: %lld bytes: wrong sum at element %zu: got %g, want %g\n",
+				(long long)bytes, i, b[i], want);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	MPI_Init(&argc, &argv);
+	int rank, world;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	if (argc != 4) {
+		if (rank == 0)
+			fprintf(stderr, "usage: %s SIZES ITERS WARMUP\n", argv[0]);
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	}
+	int iters = atoi(argv[2]), warmup = atoi(argv[3]);
+	if (iters < 1 || warmup < 0) {
+		if (rank == 0)
+			fprintf(stderr, "mpi_allreduce: ITERS %s must be >= 1 and WARMUP %s >= 0\n", argv[2], argv[3]);
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	}
+	int64_t *times = malloc(sizeof(int64_t) * (size_t)iters);
+	char *sizes = strdup(argv[1]);
+	for (char *tok = strtok(sizes, ","); tok; tok = strtok(NULL, ",")) {
+		char *end;
+		long long req = strtoll(tok, &end, 10);
+		if (*end != '\0' || req < 0) {
+			if (rank == 0)
+				fprintf(stderr, "mpi_allreduce: size \"%s\" is not a byte count\n", tok);
+			MPI_Abort(MPI_COMM_WORLD, 2);
+		}
+		size_t n = (size_t)req / 4;
+		if (n == 0)
+			n = 1;
+		int64_t bytes = (int64_t)n * 4;
+		float *buf = aligned_alloc(64, (n * 4 + 63) / 64 * 64);
+		if (!buf) {
+			fprintf(stderr, "mpi_allreduce: rank %d: cannot allocate %lld bytes\n", rank, (long long)bytes);
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		}
+		fill(buf, n, rank);
+		MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+		if (check(buf, n, world, bytes) != 0)
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		for (int i = 0; i < warmup; i++)
+			MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+		for (int i = 0; i < iters; i++) {
+			if (i == iters - 1)
+				fill(buf, n, rank);
+			int64_t t0 = now_ns();
+			MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+			times[i] = now_ns() - t0;
+		}
+		if (check(buf, n, world, bytes) != 0)
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		if (rank == 0) {
+			printf("{\"bytes\": %lld, \"times_ns\": [", (long long)bytes);
+			for (int i = 0; i < iters; i++)
+				printf("%s%lld", i ? ", " : "", (long long)times[i]);
+			printf("]}\n");
+			fflush(stdout);
+		}
+		free(buf);
+	}
+	free(sizes);
+	free(times);
+	MPI_Finalize();
+	return 0;
+}

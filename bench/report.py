@@ -1,0 +1,393 @@
+"""What bench/compare prints and writes: ratio tables, target verdicts,
+docs/BENCHMARKS.md and its plots, all from one run's results dict."""
+
+import os
+
+PEERS = ["gloo", "mpi-tcp", "mpi-shm"]
+LABEL = {"collectived": "collectived", "gloo": "Gloo", "mpi-tcp": "OpenMPI TCP", "mpi-shm": "OpenMPI shm",
+         "ring": "ring in-process", "tcp": "TCP bidir"}
+MIB64 = 64 << 20
+
+
+def size_name(n: int) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    return f"{n} B"
+
+
+def row(res, system, world, size):
+    for r in res["rows"]:
+        if r["system"] == system and r["world"] == world and r["bytes"] == size:
+            return r
+    return None
+
+
+def ring_row(res, world, size):
+    for r in res.get("ring") or []:
+        if r["world"] == world and r["bytes"] == size:
+            return r
+    return None
+
+
+def world_title(w):
+    return f"world {w}: collectived 2 nodes x {w // 2} trainer{'s' if w > 2 else ''} vs {w} ranks"
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def _fmt(x, spec=".2f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+# --- the ratio table ----------------------------------------------------------
+
+def ratio_rows(res, w):
+    """Per size: collectived's busbw and median, and its ratios to each peer."""
+    out = []
+    tcp = (res.get("tcp_bidir") or {}).get("per_direction_GBps")
+    for size in res["sizes"]:
+        c = row(res, "collectived", w, size)
+        if not c:
+            continue
+        ring = ring_row(res, w, size)
+        r = {"size": size, "busbw": c["busbw_GBps"], "median_us": c["median_us"], "bus": {}, "lat": {}}
+        for p in PEERS:
+            pr = row(res, p, w, size)
+            r["bus"][p] = _ratio(c["busbw_GBps"], pr and pr["busbw_GBps"])
+            r["lat"][p] = _ratio(c["median_us"], pr and pr["median_us"])
+        r["bus"]["ring"] = _ratio(c["busbw_GBps"], ring and ring["busbw_GBps"])
+        r["lat"]["ring"] = _ratio(c["median_us"], ring and ring["mean_us"])
+        r["bus"]["tcp"] = _ratio(c["busbw_GBps"], tcp) if w == 2 else None
+        out.append(r)
+    return out
+
+
+def _ratio_table(res, w, md):
+    """Two tables: busbw ratios, then latency ratios. The in-process ring is
+    a column only in world 2, where it has the daemons' topology (2 ring
+    ranks); its world 4 is 4 ring ranks, not 2 nodes x 2 trainers."""
+    peers = PEERS + (["ring"] if w == 2 else [])
+    rows = ratio_rows(res, w)
+    bcols = ["size", "cvd busbw GB/s"] + [f"÷ {LABEL[p]}" for p in peers] + (["÷ TCP bidir"] if w == 2 else [])
+    blines = []
+    for r in rows:
+        cells = [size_name(r["size"]), _fmt(r["busbw"], ".3f")] + [_fmt(r["bus"][p]) for p in peers]
+        if w == 2:
+            cells.append(_fmt(r["bus"]["tcp"]) if r["size"] >= 1 << 20 else "-")
+        blines.append(cells)
+    lcols = ["size", "cvd median µs"] + [f"÷ {LABEL[p]}" for p in peers]
+    llines = [[size_name(r["size"]), _fmt(r["median_us"], ".1f")] + [_fmt(r["lat"][p]) for p in peers] for r in rows]
+    if md:
+        heads = ("**busbw ratio** (above 1: collectived faster)",
+                 "**latency ratio** (median time; below 1: collectived faster)")
+    else:
+        heads = ("busbw ratio (above 1: collectived faster)", "latency ratio (median time; below 1: collectived faster)")
+    return "\n\n".join([heads[0], _table(bcols, blines, md), heads[1], _table(lcols, llines, md)])
+
+
+def _table(cols, lines, md):
+    if md:
+        out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+        out += ["| " + " | ".join(c) + " |" for c in lines]
+        return "\n".join(out)
+    widths = [max(len(c), *(len(l[i]) for l in lines)) if lines else len(c) for i, c in enumerate(cols)]
+    out = ["  ".join(c.rjust(widths[i]) for i, c in enumerate(cols))]
+    out += ["  ".join(c.rjust(widths[i]) for i, c in enumerate(l)) for l in lines]
+    return "\n".join(out)
+
+
+def ratio_text(res) -> str:
+    parts = ["", "collectived ÷ each peer"]
+    for w in res["worlds"]:
+        parts += ["", world_title(w), _ratio_table(res, w, md=False)]
+    return "\n".join(parts)
+
+
+# --- targets ------------------------------------------------------------------
+
+def targets(res) -> list[dict]:
+    """Issue 5's targets, each with the measured value and PASS/FAIL (n/a if
+    this run did not measure what the target needs)."""
+    out = []
+
+    def add(name, value, op, limit, unit="x", aim=False, note=""):
+        if value is None:
+            verdict = "n/a"
+        else:
+            ok = value >= limit if op == ">=" else value <= limit
+            verdict = "PASS" if ok else "FAIL"
+        out.append({"target": name, "value": value, "op": op, "limit": limit, "unit": unit,
+                    "verdict": verdict, "aim": aim, "note": note})
+
+    c2, c4 = row(res, "collectived", 2, MIB64), row(res, "collectived", 4, MIB64)
+    bus = lambda r: r and r["busbw_GBps"]
+    lat = lambda r: r and r["median_us"]
+    add("64 MiB, world 2: busbw ÷ Gloo", _ratio(bus(c2), bus(row(res, "gloo", 2, MIB64))), ">=", 1.5)
+    add("64 MiB, world 2: busbw ÷ OpenMPI TCP", _ratio(bus(c2), bus(row(res, "mpi-tcp", 2, MIB64))), ">=", 1.8)
+    tcp = (res.get("tcp_bidir") or {}).get("per_direction_GBps")
+    add("64 MiB, world 2: busbw ÷ bidirectional TCP loopback (per direction)", _ratio(bus(c2), tcp), ">=", 0.85)
+    c2s = row(res, "collectived", 2, 4)
+    add("4 B, world 2: latency ÷ Gloo", _ratio(lat(c2s), lat(row(res, "gloo", 2, 4))), "<=", 0.2)
+    add("4 B, world 2: latency ÷ OpenMPI TCP (aim)", _ratio(lat(c2s), lat(row(res, "mpi-tcp", 2, 4))), "<=", 1.5,
+        aim=True)
+    add("64 MiB, world 4 (2x2): busbw ÷ Gloo (4 ranks)", _ratio(bus(c4), bus(row(res, "gloo", 4, MIB64))), ">=", 2.0)
+    add("64 MiB, world 4 (2x2): busbw ÷ OpenMPI TCP (4 ranks)", _ratio(bus(c4), bus(row(res, "mpi-tcp", 4, MIB64))),
+        ">=", 2.0)
+    ring = ring_row(res, 2, MIB64)
+    over = _ratio(lat(c2), ring and ring["mean_us"])
+    add("64 MiB, world 2: sidecar overhead (daemon median ÷ in-process ring mean - 1)",
+        None if over is None else (over - 1) * 100, "<=", 5.0, unit="%")
+    rs = res.get("rss")
+    add("daemon RSS at idle (largest daemon, fresh and after work)",
+        rs and rs["max_rss_bytes"] / (1 << 20), "<=", 30.0, unit=" MiB")
+    return out
+
+
+def _tval(t):
+    if t["value"] is None:
+        return "not measured"
+    v = t["value"]
+    if t["unit"] == "x":
+        return f"{v:.2f}x"
+    if t["unit"] == "%":
+        return f"{v:+.1f}%"
+    return f"{v:.1f}{t['unit']}"
+
+
+def _tlimit(t):
+    u = t["unit"] if t["unit"] != "x" else "x"
+    return f"{t['op']} {t['limit']:g}{'' if u == '%' else ''}{u}"
+
+
+def targets_text(res) -> str:
+    ts = targets(res)
+    lines = [[t["target"], _tval(t), _tlimit(t), t["verdict"] + (" (aim)" if t["aim"] else "")] for t in ts]
+    return "\ntargets (issue 5)\n" + _table(["target", "measured", "wanted", "verdict"], lines, md=False)
+
+
+# --- plots --------------------------------------------------------------------
+
+STYLE = {"collectived": ("tab:red", "o"), "gloo": ("tab:blue", "s"), "mpi-tcp": ("tab:green", "^"),
+         "mpi-shm": ("tab:olive", "v"), "ring": ("tab:purple", "D")}
+
+
+def plots(res, d):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    worlds = res["worlds"]
+    for kind in ("busbw", "latency"):
+        fig, axes = plt.subplots(1, len(worlds), figsize=(6.5 * len(worlds), 4.6), squeeze=False)
+        for ax, w in zip(axes[0], worlds):
+            for s in ["collectived"] + PEERS:
+                rs = sorted((r for r in res["rows"] if r["system"] == s and r["world"] == w), key=lambda r: r["bytes"])
+                if not rs:
+                    continue
+                col, mk = STYLE[s]
+                x = [r["bytes"] for r in rs]
+                if kind == "busbw":
+                    ax.plot(x, [r["busbw_GBps"] for r in rs], color=col, marker=mk, label=LABEL[s])
+                else:
+                    ax.plot(x, [r["median_us"] for r in rs], color=col, marker=mk, label=f"{LABEL[s]} median")
+                    ax.plot(x, [r["p99_us"] for r in rs], color=col, ls=":", lw=1, label=f"{LABEL[s]} p99")
+            ring = sorted((r for r in res.get("ring") or [] if r["world"] == w), key=lambda r: r["bytes"])
+            if ring:
+                col, mk = STYLE["ring"]
+                y = [r["busbw_GBps"] if kind == "busbw" else r["mean_us"] for r in ring]
+                ax.plot([r["bytes"] for r in ring], y, color=col, marker=mk, ls="--",
+                        label=("ring engine in-process" if w == 2 else f"ring engine in-process, {w} ring ranks")
+                        + (" (mean)" if kind == "latency" else ""))
+            tcp = (res.get("tcp_bidir") or {}).get("per_direction_GBps")
+            if kind == "busbw" and w == 2 and tcp:
+                ax.axhline(tcp, color="gray", ls="--", lw=1, label=f"TCP loopback bidir, per direction ({tcp:.2f} GB/s)")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(res["sizes"], [size_name(x) for x in res["sizes"]], fontsize=8)
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_yscale("log")
+            ax.set_xlabel("buffer size (bytes, float32 sum)")
+            ax.set_ylabel("busbw (GB/s)" if kind == "busbw" else "time per allreduce (µs)")
+            ax.set_title(world_title(w), fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        m = res["meta"]
+        fig.suptitle(f"allreduce {'bus bandwidth' if kind == 'busbw' else 'latency'} on loopback, "
+                     f"{m['nproc']} cores, {m['date_utc'][:10]}", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, f"{kind}.png"), dpi=110)
+        plt.close(fig)
+
+
+# --- the Markdown report --------------------------------------------------------
+
+def _spread(r, key, spec):
+    """The figure, with the lowest and highest of the rounds' own figures."""
+    if r is None:
+        return "-"
+    rounds = r.get("rounds") or []
+    vals = [x[key] if isinstance(x, dict) else x for x in rounds]
+    vals = [v for v in vals if v is not None]
+    if len(vals) < 2:
+        return format(r[key], spec)
+    return f"{format(r[key], spec)} ({format(min(vals), spec)}–{format(max(vals), spec)})"
+
+
+def _abs_tables(res, w):
+    systems = ["collectived"] + [p for p in PEERS if any(r["system"] == p for r in res["rows"])]
+    has_ring = any(r["world"] == w for r in res.get("ring") or [])
+    ring_label = "ring in-process" if w == 2 else f"ring in-process, {w} ring ranks"
+    out = []
+    for title, key, ring_key, spec in (("busbw, GB/s (higher is better)", "busbw_GBps", "busbw_GBps", ".3f"),
+                                       ("median time per allreduce, µs (lower is better)", "median_us", "mean_us", ".1f"),
+                                       ("p99 time per allreduce, µs", "p99_us", None, ".1f")):
+        cols = ["size"] + [LABEL[s] for s in systems] + ([ring_label] if has_ring and ring_key else [])
+        lines = []
+        for size in res["sizes"]:
+            cells = [size_name(size)]
+            for s in systems:
+                r = row(res, s, w, size)
+                cells.append(_spread(r, key, spec))
+            if has_ring and ring_key:
+                rr = ring_row(res, w, size)
+                cells.append(_spread(rr, ring_key, spec) if ring_key == "mean_us" else _fmt(rr and rr[ring_key], spec))
+            lines.append(cells)
+        out += [f"**{title}**", "", _table(cols, lines, md=True), ""]
+    return "\n".join(out)
+
+
+def markdown(res, plot_rel) -> str:
+    m, it = res["meta"], res["iters"]
+    ts = targets(res)
+    L = []
+    L += ["# Benchmarks: collectived vs OpenMPI and Gloo", "",
+          "Generated by `bench/compare` (do not edit by hand; run it again). "
+          "Every number below comes from the one run described here; the raw figures are in "
+          f"[`{plot_rel}/results.json`]({plot_rel}/results.json).", ""]
+    L += ["## Targets (issue 5)", "",
+          "| target | measured | wanted | verdict |", "|---|---:|---:|---|"]
+    for t in ts:
+        L.append(f"| {t['target']} | {_tval(t)} | {_tlimit(t)} | **{t['verdict']}**{' (aim)' if t['aim'] else ''} |")
+    L += ["",
+          "\"Bidirectional TCP loopback\" is iperf3 `--bidir` on 127.0.0.1: one TCP stream each way at the same time, "
+          "which is what a 2-node ring's links carry during an allreduce. Its *per-direction* rate is the reference, "
+          "because in a 2-rank ring allreduce each rank sends the whole buffer once (half in reduce-scatter, half in "
+          "all-gather), so busbw equals the bytes each direction carries per second. "
+          "The sidecar overhead compares `collectived bench`'s median (trainers in their own processes, buffers in "
+          "memfd shared memory, daemons as separate processes) with `BenchmarkAllReduce` in `ring/` (all ranks' "
+          "ring engines in one `go test` process on loopback TCP, mean ns/op); a negative overhead means the "
+          "daemon measured faster than the in-process benchmark in this run.", ""]
+
+    L += ["## Machine and conditions", "",
+          f"- date: {m['date_utc']}, run took {m.get('duration_s', '?')} s",
+          f"- CPU: {m['cpu']}, `nproc` = {m['nproc']}; memory {m['mem_bytes'] / (1 << 30):.1f} GiB",
+          f"- kernel {m['kernel']}, {m['os']}",
+          f"- {m['go']}; OpenMPI: {m['openmpi']}; torch {m['torch']} (Debian python3-torch, Gloo backend); "
+          f"{m['iperf3']}",
+          f"- collectived at commit {m['commit']}{' with uncommitted changes outside bench/ and docs/' if m['dirty'] else ''}",
+          f"- load average (1 min) at start: {m['loadavg_start'].split()[0]}, at end: "
+          f"{m.get('loadavg_end', '? ').split()[0]}",
+          "",
+          f"**This machine has {m['nproc']} cores and other work was running on it at the same time** (other "
+          "developers' builds and tests). Every system ran in the same run, one after the other, with the same sizes "
+          "and iteration counts, so they saw comparable conditions, but absolute figures are noisy and lower than on an "
+          "idle machine, and a world of 4 ranks on 2 cores is oversubscribed for every system alike. The 1-minute load "
+          "average before and after each measurement is in results.json (`load_before`, `load_after`).", ""]
+
+    L += ["## Method", "",
+          "- Operation: allreduce, float32, sum, in place, on every rank at once; all traffic on loopback (127.0.0.1 or "
+          "Unix sockets and shared memory).",
+          "- Worlds: **world 2** = collectived with 2 daemons (ring ranks) x 1 trainer each, against 2 ranks of each "
+          "peer; **world 4** = collectived with 2 daemons x 2 trainers each (local reduction on the node, then the "
+          "2-node ring), against 4 ranks of each peer.",
+          f"- Rounds: the whole set of measurements ran {res.get('rounds', 1)} time(s), the order of the systems "
+          "rotated each round; each figure is the median of the rounds' own figures (median of the per-round medians, "
+          "of the per-round p99s), and the tables show the lowest and highest round in brackets.",
+          f"- Per size and system: one checked call, {it['warmup']} untimed warm-up calls, then "
+          f"{it['small']} timed calls for sizes up to {size_name(it['small_max_bytes'])} and {it['large']} above, "
+          "back to back without barriers; the result is checked exactly after the last call. Times are rank 0's "
+          "per-call wall times; median and p99 are over those calls (p99 = the largest value when there are fewer than "
+          "100 calls).",
+          "- algbw = bytes / median time; busbw = algbw x 2(W-1)/W (the NCCL convention, W = world size).",
+          "- collectived: `collectived bench` (daemons and trainers as separate processes, default config: "
+          "1 TCP stream per link, 1 MiB ring segments; buffers above the inline limit in memfd shared memory).",
+          "- OpenMPI TCP: `--mca pml ob1 --mca btl tcp,self` on `lo` (every rank pair over TCP, as between machines). "
+          "OpenMPI shm: `--mca pml ob1 --mca btl self,vader` (shared memory, what a single machine uses by default). "
+          "Both run `bench/mpi_allreduce.c` (MPI_Allreduce with MPI_IN_PLACE, OpenMPI's default algorithm selection).",
+          "- Gloo: `torch.distributed` with the gloo backend, CPU tensors, `dist.all_reduce`, tcp:// store on "
+          "127.0.0.1, `GLOO_SOCKET_IFNAME=lo` (`bench/gloo_allreduce.py`).",
+          "- In-process ring: `go test -bench BenchmarkAllReduce ./ring/`: every rank's ring engine in one process, "
+          "TCP loopback links, 64 KiB segments (the test config), mean time per call over the `-benchtime` calls.",
+          ""]
+
+    L += ["## collectived ÷ each peer", "",
+          "busbw ratio above 1 and latency ratio below 1 mean collectived is faster. \"ring\" is the in-process ring "
+          "engine (its latency is a mean), \"TCP bidir\" the per-direction loopback limit.", ""]
+    for w in res["worlds"]:
+        L += [f"### {world_title(w)}", "", _ratio_table(res, w, md=True), ""]
+
+    L += ["## Figures", "", f"![busbw against size]({plot_rel}/busbw.png)", "",
+          f"![latency against size]({plot_rel}/latency.png)", ""]
+    for w in res["worlds"]:
+        L += [f"### {world_title(w)}", "", _abs_tables(res, w)]
+
+    tb = res.get("tcp_bidir")
+    L += ["## Loopback TCP limit", ""]
+    if tb:
+        L += [f"Both directions at once on 127.0.0.1 for {tb['seconds']} s, one TCP stream each way, in each of "
+              f"{tb.get('rounds', 1)} round(s) (median of rounds; range of the per-direction rate in brackets):", "",
+              "| tool | one way GB/s | other way GB/s | per direction GB/s |", "|---|---:|---:|---:|"]
+        for k, what in (("iperf3", "iperf3 `--bidir` (one thread per process sends and receives)"),
+                        ("threads", "`bench/tcp_bidir.py` (two processes, a sending and a receiving thread each, "
+                                    "64 MiB `sendall`)")):
+            if k in tb:
+                t = tb[k]
+                rr = t.get("rounds") or []
+                rng = f" ({min(rr):.2f}–{max(rr):.2f})" if len(rr) > 1 else ""
+                L.append(f"| {what} | {t['forward_GBps']:.2f} | {t['reverse_GBps']:.2f} | "
+                         f"{t['per_direction_GBps']:.2f}{rng} |")
+        L += ["", f"The reference for the targets is the higher per-direction figure: **{tb['per_direction_GBps']:.2f} "
+              f"GB/s** ({tb['reference']}).", ""]
+        L += [f"- failed once: {e}" for e in tb.get("errors") or []]
+        if tb.get("errors"):
+            L.append("")
+    else:
+        L += ["not measured in this run", ""]
+
+    rs = res.get("rss")
+    L += ["## Daemon memory", ""]
+    if rs:
+        L += ["Two `collectived run` daemons (ring of 2 on loopback, local_size 1) started by bench/compare; RSS from "
+              "`/proc/PID/status` (and the daemon's own `status --json` `process.rss_bytes`), first with the ring up "
+              f"and no trainer yet, then {rs['settle_s']:g} s after one trainer per node ran 4 B, 1 MiB and 64 MiB "
+              "allreduces through them (64 MiB via shared memory) and detached.", "",
+              "| when | node | VmRSS MiB | anon MiB | file MiB | shmem MiB | status rss MiB | goroutines | memfds |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        mib = lambda v: "-" if v is None else f"{v / (1 << 20):.1f}"
+        for when in ("fresh", "after_work"):
+            for s in rs[when]:
+                L.append(f"| {when.replace('_', ' ')} | {s['node']} | {mib(s['vmrss_bytes'])} | "
+                         f"{mib(s.get('rss_anon_bytes'))} | {mib(s.get('rss_file_bytes'))} | "
+                         f"{mib(s.get('rss_shmem_bytes'))} | {mib(s.get('status_rss_bytes'))} | "
+                         f"{s.get('goroutines', '-')} | {s.get('memfds', '-')} |")
+        L.append("")
+    else:
+        L += ["not measured in this run", ""]
+
+    if res.get("errors"):
+        L += ["## Failures in this run", ""] + [f"- {e}" for e in res["errors"]] + [""]
+
+    L += ["## Reproduce", "",
+          "On Debian 12 as root; it installs the Debian packages it lacks (openmpi-bin, libopenmpi-dev, "
+          "python3-torch, python3-matplotlib, iperf3), builds `collectived` and `bench/mpi_allreduce.c` into "
+          "`bench/.build/`, and runs everything with Debian's `/usr/bin/python3`:", "", "```sh",
+          "bench/compare            # full run, about 10-20 minutes on 2 cores; writes this file",
+          "bench/compare --quick    # sizes 4 B, 64 KiB, 64 MiB, fewer calls",
+          "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --no-doc",
+          "```", "",
+          f"This run: `bench/compare {' '.join(res.get('argv') or [])}`. The commands it executed, in order:", "",
+          "```sh"] + (res.get("commands") or []) + ["```", ""]
+    return "\n".join(L)

@@ -1,0 +1,126 @@
+"""Daemon memory at idle, for bench/compare.
+
+Starts its own two-node world of `collectived run` daemons on loopback
+(the same config `collectived bench` writes), reads each daemon's RSS
+once the ring is up and no trainer has attached, then again a few seconds
+after trainers have run 64 MiB allreduces through it and left. The
+daemons are stopped by the PIDs this module started.
+"""
+
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+from runners import COMMANDS, RunError, free_port, run
+
+
+def _proc_mem(pid: int) -> dict:
+    """VmRSS and its parts (anonymous, file-backed, shared memory) in bytes."""
+    want = {"VmRSS:": "vmrss_bytes", "RssAnon:": "rss_anon_bytes", "RssFile:": "rss_file_bytes",
+            "RssShmem:": "rss_shmem_bytes"}
+    got = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k = line.split(maxsplit=1)[0] if line.strip() else ""
+            if k in want:
+                got[want[k]] = int(line.split()[1]) * 1024
+    if "vmrss_bytes" not in got:
+        raise RunError(f"/proc/{pid}/status has no VmRSS line")
+    return got
+
+
+def _status(binary, sock, job, env) -> dict:
+    return json.loads(run([binary, "status", "--socket", sock, "--job", job, "--json", "--timeout", "5s"],
+                          timeout=15, env=env, log=False))
+
+
+def measure(binary, settle_s=3.0, timeout=60) -> dict:
+    job, nodes = "rss", 2
+    token = secrets.token_hex(24)
+    env = dict(os.environ, COLLECTIVED_RSS_TOKEN=token)
+    with tempfile.TemporaryDirectory(prefix="bench-rss-") as d:
+        peers = "".join(f"  - 127.0.0.1:{free_port()}\n" for _ in range(nodes))
+        cfg = os.path.join(d, "config.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"job:\n  name: {job}\n  token_env: COLLECTIVED_RSS_TOKEN\n  local_size: 1\npeers:\n{peers}rank: 0\n")
+        daemons, socks, logs = [], [], []
+        try:
+            for i in range(nodes):
+                sock = os.path.join(d, f"node{i}.sock")
+                log = open(os.path.join(d, f"node{i}.log"), "w")
+                argv = [binary, "run", "--config", cfg, "--rank", str(i), "--socket", sock]
+                COMMANDS.append("COLLECTIVED_RSS_TOKEN=... " + shlex.join(argv) + " &")
+                daemons.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env, start_new_session=True))
+                socks.append(sock)
+                logs.append(log)
+            deadline = time.monotonic() + timeout
+            for i, sock in enumerate(socks):
+                while True:
+                    try:
+                        if _status(binary, sock, job, env)["ring"]["state"] == "up":
+                            break
+                    except (RunError, json.JSONDecodeError, KeyError):
+                        pass
+                    if time.monotonic() > deadline or daemons[i].poll() is not None:
+                        raise RunError(f"daemon {i} ring not up within {timeout}s; log: {_tail(d, i)}")
+                    time.sleep(0.2)
+            time.sleep(settle_s)
+            fresh = _sample(binary, daemons, socks, job, env)
+
+            trainers = []
+            tr_argv = lambda i: [binary, "bench-trainer", "--socket", socks[i], "--job", job, "--local-rank", "0",
+                                 "--sizes", "4,1048576,67108864", "--iters", "10", "--warmup", "2"]
+            COMMANDS.append(" & ".join(shlex.join(tr_argv(i)) for i in range(nodes)) + "; wait")
+            for i in range(nodes):
+                trainers.append(subprocess.Popen(tr_argv(i), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                 text=True, start_new_session=True))
+            for i, t in enumerate(trainers):
+                try:
+                    _, err = t.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    for u in trainers:
+                        u.kill()
+                        u.wait()
+                    raise RunError(f"bench-trainer {i} still running after {timeout}s")
+                if t.returncode != 0:
+                    raise RunError(f"bench-trainer {i}: exit {t.returncode}: {err[-2000:]}")
+            time.sleep(settle_s)
+            after = _sample(binary, daemons, socks, job, env)
+        finally:
+            for p in daemons:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in daemons:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            for log in logs:
+                log.close()
+    return {"settle_s": settle_s, "fresh": fresh, "after_work": after,
+            "max_rss_bytes": max(s["vmrss_bytes"] for s in fresh + after)}
+
+
+def _sample(binary, daemons, socks, job, env) -> list[dict]:
+    out = []
+    for i, (p, sock) in enumerate(zip(daemons, socks)):
+        st = _status(binary, sock, job, env)
+        proc = st.get("process", {})
+        out.append({"node": i, "pid": p.pid, **_proc_mem(p.pid), "status_rss_bytes": proc.get("rss_bytes"),
+                    "goroutines": proc.get("goroutines"), "memfds": proc.get("memfds")})
+    return out
+
+
+def _tail(d, i) -> str:
+    try:
+        with open(os.path.join(d, f"node{i}.log")) as f:
+            return f.read()[-1500:]
+    except OSError as e:
+        return str(e)

@@ -1,0 +1,289 @@
+"""How bench/compare runs each system and turns its output into rows.
+
+Every runner returns rows shaped like `collectived bench --json` prints
+them: bytes, world, median_us, p99_us, algbw_GBps, busbw_GBps (plus
+system-specific fields). Each subprocess is started in a session of its
+own and, if it overruns its timeout, ended by killing that session's
+process group by the id of the process this module started.
+"""
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+# Every command this run executed, in order, for the report.
+COMMANDS: list[str] = []
+
+
+class RunError(RuntimeError):
+    """A benchmark command failed; the message names it and its output."""
+
+
+def loadavg() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def run(argv, *, timeout, env=None, cwd=None, log=True) -> str:
+    """Runs argv to completion and returns its stdout, or raises RunError."""
+    if log:
+        COMMANDS.append(shlex.join(str(a) for a in argv))
+    p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(p)
+        out, err = p.communicate()
+        raise RunError(f"{shlex.join(map(str, argv))}: still running after {timeout}s, killed; "
+                       f"stderr tail:\n{err[-2000:]}")
+    if p.returncode != 0:
+        raise RunError(f"{shlex.join(map(str, argv))}: exit status {p.returncode}; "
+                       f"stderr tail:\n{err[-3000:]}\nstdout tail:\n{out[-1000:]}")
+    return out
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # the group led by the process we started
+    except ProcessLookupError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stats(bytes_: int, times_ns: list[int], world: int) -> dict:
+    """Median and p99 of per-call times, the same arithmetic as collectived's bench."""
+    ts = sorted(times_ns)
+    n = len(ts)
+    med = ts[n // 2] if n % 2 else (ts[n // 2 - 1] + ts[n // 2]) / 2
+    p99 = ts[min(n - 1, int(n * 0.99))]
+    alg = bytes_ / med  # bytes per ns = GB/s
+    bus = alg * 2 * (world - 1) / world if world > 1 else 0.0
+    return {"bytes": bytes_, "world": world, "iters": n, "median_us": med / 1e3, "p99_us": p99 / 1e3,
+            "algbw_GBps": alg, "busbw_GBps": bus}
+
+
+def _parse_times(out: str, world: int, what: str) -> list[dict]:
+    rows = []
+    for line in out.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RunError(f"{what}: rank 0 printed {line[:200]!r}: {e}") from e
+        rows.append(stats(r["bytes"], r["times_ns"], world))
+    return rows
+
+
+def _expect(rows, sizes, what):
+    got = [r["bytes"] for r in rows]
+    want = [max(4, s // 4 * 4) for s in sizes]
+    if got != want:
+        raise RunError(f"{what}: reported sizes {got}, want {want}")
+
+
+# --- collectived -----------------------------------------------------------
+
+def collectived(binary, nodes, local, sizes, iters, warmup, timeout) -> list[dict]:
+    argv = [binary, "bench", "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
+            "--iters", iters, "--warmup", warmup, "--json"]
+    out = run(argv, timeout=timeout)
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            if not r.get("verified"):
+                raise RunError(f"collectived bench: size {r['bytes']} not verified")
+            r["world"] = nodes * local
+            rows.append(r)
+    _expect(rows, sizes, "collectived bench")
+    return rows
+
+
+# --- OpenMPI ---------------------------------------------------------------
+
+MPI_TRANSPORTS = {
+    # TCP between every pair of ranks, loopback only (OpenMPI leaves lo out
+    # of btl_tcp by default, so it is named explicitly).
+    "mpi-tcp": ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"],
+    # OpenMPI's own shared-memory transport, as a single-machine run uses by default.
+    "mpi-shm": ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
+}
+
+
+def mpi(binary, transport, world, sizes, iters, warmup, timeout) -> list[dict]:
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", world,
+            "--mca", "oob_tcp_if_include", "lo", *MPI_TRANSPORTS[transport],
+            binary, ",".join(map(str, sizes)), iters, warmup]
+    rows = _parse_times(run(argv, timeout=timeout), world, transport)
+    _expect(rows, sizes, transport)
+    return rows
+
+
+# --- torch.distributed Gloo ------------------------------------------------
+
+def gloo(python, script, world, sizes, iters, warmup, timeout) -> list[dict]:
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    procs = []
+    base = [python, script, "--world", world, "--init", init, "--sizes", ",".join(map(str, sizes)),
+            "--iters", iters, "--warmup", warmup]
+    COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
+    with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
+        for r in range(world):
+            out = open(os.path.join(tmp, f"out{r}"), "w+")
+            err = open(os.path.join(tmp, f"err{r}"), "w+")
+            p = subprocess.Popen([str(a) for a in base + ["--rank", r]], stdout=out, stderr=err, env=env,
+                                 start_new_session=True)
+            procs.append((p, out, err))
+        deadline = time.monotonic() + timeout
+        failed = []
+        for r, (p, out, err) in enumerate(procs):
+            try:
+                p.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q, _, _ in procs:
+                    _kill_group(q)
+                    q.wait()
+                failed.append(f"rank {r}: still running after {timeout}s, killed")
+                break
+            if p.returncode != 0:
+                err.seek(0)
+                failed.append(f"rank {r}: exit {p.returncode}: {err.read()[-2000:]}")
+        if failed:
+            for q, _, _ in procs:
+                if q.poll() is None:
+                    _kill_group(q)
+                    q.wait()
+            raise RunError("gloo: " + "\n".join(failed))
+        procs[0][1].seek(0)
+        rows = _parse_times(procs[0][1].read(), world, "gloo")
+        for _, out, err in procs:
+            out.close()
+            err.close()
+    _expect(rows, sizes, "gloo")
+    return rows
+
+
+# --- the ring engine in-process ---------------------------------------------
+
+_BENCH_LINE = re.compile(r"^BenchmarkAllReduce/world(\d+)/(\d+)(B|KiB|MiB)(?:-\d+)?\s+(\d+)\s+([\d.]+) ns/op(.*)$")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
+
+
+def ring_inprocess(repo, pattern, benchtime, timeout) -> list[dict]:
+    argv = ["go", "test", "-run", "^$", "-bench", pattern, "-benchtime", benchtime, "./ring/"]
+    out = run(argv, timeout=timeout, cwd=repo)
+    rows = []
+    for line in out.splitlines():
+        m = _BENCH_LINE.match(line.strip())
+        if not m:
+            continue
+        world, num, unit, n, nsop, rest = m.groups()
+        world, size, nsop = int(world), int(num) * _UNITS[unit], float(nsop)
+        bus = re.search(r"([\d.]+) busbw_GB/s", rest)
+        alg = size / nsop
+        rows.append({"bytes": size, "world": world, "iters": int(n), "mean_us": nsop / 1e3,
+                     "median_us": nsop / 1e3, "algbw_GBps": alg,
+                     "busbw_GBps": float(bus.group(1)) if bus else alg * 2 * (world - 1) / world})
+    if not rows:
+        raise RunError(f"{shlex.join(argv)}: no BenchmarkAllReduce lines in its output:\n{out[-2000:]}")
+    return rows
+
+
+# --- TCP loopback, both directions at once ------------------------------------
+
+def tcp_bidir(seconds, timeout, script) -> dict:
+    """Both loopback measurements; the higher per-direction rate is the
+    reference (the limit a 2-node ring could reach)."""
+    out = {"seconds": seconds}
+    errs = []
+    for name, fn in (("iperf3", lambda: iperf3_bidir(seconds, timeout)),
+                     ("threads", lambda: threaded_bidir(script, seconds, timeout))):
+        try:
+            out[name] = fn()
+        except (RunError, OSError, KeyError, ValueError, json.JSONDecodeError) as e:
+            errs.append(f"{name}: {e}")
+    got = [(out[k]["per_direction_GBps"], k) for k in ("iperf3", "threads") if k in out]
+    if not got:
+        raise RunError("; ".join(errs))
+    out["per_direction_GBps"], out["reference"] = max(got)
+    out["errors"] = errs
+    return out
+
+
+def iperf3_bidir(seconds, timeout, attempts=3) -> dict:
+    """iperf3 --bidir on 127.0.0.1: one stream each way at the same time,
+    which is what a 2-node ring's links carry during an allreduce. A fresh
+    one-off server per attempt, started and stopped by its PID."""
+    errs = []
+    for attempt in range(attempts):
+        port = free_port()
+        srv_argv = ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)]
+        cli_argv = ["iperf3", "-c", "127.0.0.1", "-p", port, "--bidir", "-t", seconds, "-J"]
+        if attempt == 0:
+            COMMANDS.append(shlex.join(srv_argv) + " &")
+        srv = subprocess.Popen(srv_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        try:
+            time.sleep(0.5)  # let it listen; a probe connection would use up its one test
+            try:
+                out = run(cli_argv, timeout=timeout, log=attempt == 0)
+            except RunError as e:
+                errs.append(str(e)[-300:])
+                continue
+        finally:
+            if srv.poll() is None:
+                srv.terminate()  # by the PID we started
+                try:
+                    srv.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    srv.kill()
+                    srv.wait()
+        d = json.loads(out)
+        end = d.get("end", {})
+        if d.get("error") or "sum_received" not in end or "sum_received_bidir_reverse" not in end:
+            errs.append(f"iperf3 -J reported: {d.get('error') or 'no bidirectional sums'}")
+            continue
+        fwd = end["sum_received"]["bits_per_second"] / 8e9
+        rev = end["sum_received_bidir_reverse"]["bits_per_second"] / 8e9
+        return {"forward_GBps": fwd, "reverse_GBps": rev, "per_direction_GBps": (fwd + rev) / 2}
+    raise RunError(f"iperf3 --bidir failed {attempts} times: " + " | ".join(errs))
+
+
+def threaded_bidir(script, seconds, timeout) -> dict:
+    """bench/tcp_bidir.py: two processes, a sending and a receiving thread
+    each, 64 MiB sendall calls both ways at once."""
+    port = free_port()
+    py = "/usr/bin/python3"
+    la = [py, script, "--listen", port, "--seconds", seconds]
+    ca = [py, script, "--connect", port, "--seconds", seconds]
+    COMMANDS.append(f"{shlex.join(map(str, la))} & {shlex.join(map(str, ca))}; wait")
+    lp = subprocess.Popen([str(x) for x in la], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    try:
+        cout = run(ca, timeout=timeout, log=False)
+        lout, lerr = lp.communicate(timeout=timeout)
+    finally:
+        if lp.poll() is None:
+            _kill_group(lp)
+            lp.wait()
+    if lp.returncode != 0:
+        raise RunError(f"{shlex.join(map(str, la))}: exit {lp.returncode}: {lerr[-1000:]}")
+    a, b = json.loads(lout), json.loads(cout)
+    fwd = a["recv_bytes"] / a["recv_s"] / 1e9  # connector -> listener
+    rev = b["recv_bytes"] / b["recv_s"] / 1e9
+    return {"forward_GBps": fwd, "reverse_GBps": rev, "per_direction_GBps": (fwd + rev) / 2}
