@@ -204,3 +204,86 @@ func containsAny(s string, subs []string) bool {
 	}
 	return false
 }
+
+// TestNetnsTrainerKilledHoldingShm: a trainer holding three 1 MiB shared
+// segments (one used in a collective) is killed -9 while the other seven
+// wait for it in the next collective. Its daemon closes the segments
+// (memfds back to baseline) and every other trainer, on every node, gets
+// TRAINER_LOST naming its world rank; a replacement attaches and the
+// world goes on.
+func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
+	c := newNetCluster(t, netNodes, netLocal)
+	c.startAll()
+	bs := c.baselines()
+	const node, segs = 1, 3
+	loopArgs := []string{"-mode", "loop", "-count", "1024", "-until-ok", "2", "-need-fail", "-max-fails", "3"}
+	var trs []*ftProc
+	for n := 0; n < netNodes; n++ {
+		locals := netLocal
+		if n == node {
+			locals-- // the holder takes the other local rank
+		}
+		for l := 0; l < locals; l++ {
+			trs = append(trs, c.startFT(n, loopArgs...))
+		}
+	}
+	holder := c.startFT(node, "-mode", "hold", "-segments", fmt.Sprint(segs), "-segment-bytes", fmt.Sprint(1<<20), "-count", "1024", "-hold-calls", "1")
+	var held ftEvent
+	waitFor(t, 60*time.Second, "the holder to hold its segments", func() bool {
+		for _, e := range holder.events() {
+			if e.Held > 0 {
+				held = e
+				return true
+			}
+		}
+		return false
+	})
+	st, err := c.status(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := bs[node].ps.Memfds + segs; st.Process.Memfds != want {
+		t.Fatalf("daemon %d holds %d memfds while the holder has %d segments, want %d", node, st.Process.Memfds, segs, want)
+	}
+	killedAt := time.Now()
+	holder.cmd.Process.Kill()
+	victim := fmt.Sprintf("world rank %d", held.Rank)
+	var maxD time.Duration
+	for i, p := range trs {
+		var fe ftEvent
+		waitFor(t, 30*time.Second, fmt.Sprintf("trainer %d on node %d to learn of the loss", i, p.node), func() bool {
+			var ok bool
+			fe, ok = firstFailure(p.events())
+			return ok
+		})
+		if fe.Code != "TRAINER_LOST" || !strings.Contains(fe.Message, victim) {
+			t.Errorf("trainer %d on node %d: %s %q; want TRAINER_LOST naming %s", i, p.node, fe.Code, fe.Message, victim)
+		}
+		maxD = max(maxD, fe.end().Sub(killedAt))
+	}
+	t.Logf("all 7 trainers told of %s's death within %v", victim, maxD.Round(time.Millisecond))
+	waitFor(t, 10*time.Second, fmt.Sprintf("daemon %d to close the dead trainer's segments and free its rank", node), func() bool {
+		st, err := c.status(node)
+		if err != nil || st.Process.Memfds != bs[node].ps.Memfds {
+			return false
+		}
+		attached := 0
+		for _, tr := range st.Trainers {
+			if tr.Attached {
+				attached++
+			}
+		}
+		return attached == netLocal-1
+	})
+	trs = append(trs, c.startFT(node, "-mode", "loop", "-count", "1024", "-until-ok", "2", "-max-fails", "2"))
+	for i, p := range trs {
+		evs, err := p.wait(60 * time.Second)
+		if err != nil {
+			t.Fatalf("trainer %d on node %d: %v", i, p.node, err)
+		}
+		if len(evs) < 2 || !evs[len(evs)-1].OK || !evs[len(evs)-2].OK {
+			t.Fatalf("trainer %d on node %d did not recover: %+v", i, p.node, evs)
+		}
+	}
+	c.checkBaselines(bs, 20*time.Second)
+}
