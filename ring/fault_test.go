@@ -167,20 +167,30 @@ func TestFaultPeerHungIdle(t *testing.T) {
 	fake.closeAll()
 }
 
-// A rank that calls late (its owner is slow) is not hung: the others wait
-// with full socket buffers well past the heartbeat timeout and succeed.
+// A rank that calls late (its owner is slow) is not hung: the root of a
+// broadcast fills the late rank's receive buffers and socket, so neither
+// data nor heartbeats move from it for well past the heartbeat timeout,
+// and still every rank succeeds.
 func TestSlowCallerIsNotHung(t *testing.T) {
 	rings := newWorld(t, worldOpts{n: 3, tweak: func(c *Config) {
 		c.HeartbeatInterval = 50 * time.Millisecond
 		c.HeartbeatTimeout = 500 * time.Millisecond
 		c.SegmentBytes = 1 << 20
 	}})
-	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 4 << 20}
+	const size = 32 << 20
+	d := collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: size}
+	ad := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 4 << 20}
 	errs := onAll(t, rings, func(i int, r *Ring) error {
 		if i == 1 {
 			time.Sleep(2 * time.Second)
 		}
-		return r.AllReduce(d, make([]byte, d.Bytes()))
+		if err := r.Broadcast(d, make([]byte, size)); err != nil {
+			return err
+		}
+		if i == 2 {
+			time.Sleep(2 * time.Second)
+		}
+		return r.AllReduce(ad, make([]byte, ad.Bytes()))
 	})
 	noErrors(t, "slow caller", errs)
 }
