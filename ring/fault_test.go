@@ -277,40 +277,57 @@ func TestFaultMismatch(t *testing.T) {
 // cause by abort.
 func TestFaultGarbage(t *testing.T) {
 	for _, g := range []struct {
-		name  string
-		bytes func() []byte
-		word  string
+		name     string
+		bytes    func() []byte
+		word     string
+		backward bool // sent to rank 0, against the data direction
 	}{
-		{"http", func() []byte { return []byte(strings.Repeat("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 4)) }, "bad magic"},
+		{"http", func() []byte { return []byte(strings.Repeat("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 4)) }, "bad magic", false},
 		{"oversized", func() []byte {
 			h := header{Kind: kindData, Sender: 1, Length: 1 << 31}
 			b := make([]byte, headerLen)
 			h.encode(b)
 			return b
-		}, "exceeds the limit"},
+		}, "exceeds the limit", false},
 		{"kind", func() []byte {
 			h := header{Kind: 9, Sender: 1}
 			b := make([]byte, headerLen)
 			h.encode(b)
 			return b
-		}, "unknown frame kind 9"},
+		}, "unknown frame kind 9", false},
 		{"sender", func() []byte {
 			h := header{Kind: kindHeartbeat, Sender: 0}
 			b := make([]byte, headerLen)
 			h.encode(b)
 			return b
-		}, "claims sender rank 0"},
+		}, "claims sender rank 0", false},
+		{"backward data", func() []byte {
+			h := header{Kind: kindData, Sender: 1}
+			b := make([]byte, headerLen)
+			h.encode(b)
+			return b
+		}, "data frame on the backward direction", true},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			rings, links := faultWorld(t, 3, map[int]bool{1: true}, nil)
 			fake := newFakeRank(links[1], 1, 3)
 			go fake.start(12)
 			startAll(t, rings)
-			time.AfterFunc(100*time.Millisecond, func() { fake.writeNext(g.bytes()) })
+			time.AfterFunc(100*time.Millisecond, func() {
+				if g.backward {
+					fake.writePrev(g.bytes())
+				} else {
+					fake.writeNext(g.bytes())
+				}
+			})
 			errs := opOnReal(t, rings, 15*time.Second, allReduceOn)
 			expectAll(t, rings, errs, ErrBadFrame, g.word, "rank 1")
-			if !errors.Is(errs[0], ErrAborted) || !strings.Contains(errs[0].Error(), "origin rank 2") {
-				t.Errorf("rank 0: %v, want an abort from origin rank 2", errs[0])
+			detector, other := 2, 0
+			if g.backward {
+				detector, other = 0, 2
+			}
+			if !errors.Is(errs[other], ErrAborted) || !strings.Contains(errs[other].Error(), fmt.Sprintf("origin rank %d", detector)) {
+				t.Errorf("rank %d: %v, want an abort from origin rank %d", other, errs[other], detector)
 			}
 			fake.closeAll()
 		})
@@ -461,6 +478,14 @@ func (f *fakeRank) writeNext(b []byte) {
 	}
 }
 
+func (f *fakeRank) writePrev(b []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.links.Prev {
+		c.Write(b)
+	}
+}
+
 func (f *fakeRank) silent() {
 	f.mu.Lock()
 	f.quiet = true
@@ -496,5 +521,56 @@ func TestFaultMismatchWithoutData(t *testing.T) {
 	expectAll(t, rings, errs, ErrMismatch, "root=0", "root=1")
 	if d := time.Since(t0); d > 15*time.Second {
 		t.Errorf("mismatch found after %v, the op timeout is 30s", d)
+	}
+}
+
+// Frames that are well formed but do not fit the op under way: each is
+// refused with ErrBadFrame naming what was wrong.
+func TestFaultBadDataFrames(t *testing.T) {
+	frame := func(h header, payload int) []byte {
+		h.Sender, h.Generation, h.Length = 1, 11, uint32(payload)
+		b := make([]byte, headerLen+payload)
+		h.encode(b)
+		return b
+	}
+	withDesc := func(d collective.Desc, h header) header {
+		h.Kind = kindData
+		h.setDesc(&d, d.Fingerprint())
+		return h
+	}
+	small := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
+	gather := collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes}
+	cases := []struct {
+		name   string
+		frames [][]byte
+		call   func(r *Ring) error
+		word   string
+	}{
+		{"step", [][]byte{frame(withDesc(barrierDesc, header{Step: 5}), 0)},
+			func(r *Ring) error { return r.Barrier(barrierDesc) }, "frame for step 5, want step 0"},
+		{"length", [][]byte{frame(withDesc(small, header{}), 8)},
+			func(r *Ring) error { return r.AllReduce(small, make([]byte, 12)) }, "segment of 8 bytes at step 0, want 12"},
+		{"start during op", [][]byte{frame(header{Kind: kindStart}, 0)},
+			func(r *Ring) error { return r.Barrier(barrierDesc) }, "start frame where a data frame was due"},
+		{"gather block too large", [][]byte{frame(withDesc(gather, header{Aux: 1 << 40}), 0)},
+			func(r *Ring) error { _, err := r.AllGather(gather, nil, nil); return err }, "allgather block of 1099511627776 bytes announced"},
+		{"gather block changes", [][]byte{frame(withDesc(gather, header{Aux: 100000}), 64<<10), frame(withDesc(gather, header{Aux: 7}), 0)},
+			func(r *Ring) error { _, err := r.AllGather(gather, nil, nil); return err }, "block length changed from 100000 to 7"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rings, links := faultWorld(t, 2, map[int]bool{1: true}, nil)
+			fake := newFakeRank(links[1], 1, 2)
+			go fake.start(11)
+			startAll(t, rings)
+			go func() {
+				for _, f := range c.frames {
+					fake.writeNext(f)
+				}
+			}()
+			errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error { return c.call(r) })
+			expectAll(t, rings, errs, ErrBadFrame, c.word, "from rank 1")
+			fake.closeAll()
+		})
 	}
 }

@@ -192,11 +192,11 @@ func (r *Ring) timeout(what string) error {
 
 func (r *Ring) checkFrame(s *stream, kind frameKind, h *header) error {
 	if h.Kind != kind {
-		return r.failLocal(s, wrapBad(fmt.Errorf("%s frame where a %s frame was due (seq %d, peer at seq %d)", h.Kind, kind, r.seq, h.Seq)))
+		return r.failLocal(s, badFrame("%s frame where a %s frame was due (seq %d, peer at seq %d)", h.Kind, kind, r.seq, h.Seq))
 	}
 	if kind == kindStart {
 		if h.Step != uint32(r.step) {
-			return r.failLocal(s, wrapBad(fmt.Errorf("start frame for step %d, want step %d", h.Step, r.step)))
+			return r.failLocal(s, badFrame("start frame for step %d, want step %d", h.Step, r.step))
 		}
 		return nil
 	}
@@ -207,7 +207,7 @@ func (r *Ring) checkFrame(s *stream, kind frameKind, h *header) error {
 		return r.mismatch(s, h, "")
 	}
 	if h.Step != uint32(r.step) {
-		return r.failLocal(s, wrapBad(fmt.Errorf("frame for step %d, want step %d", h.Step, r.step)))
+		return r.failLocal(s, badFrame("frame for step %d, want step %d", h.Step, r.step))
 	}
 	return nil
 }
@@ -220,7 +220,7 @@ func (r *Ring) expectLen(b *rxBuf, n int) error {
 	}
 	r.release(b)
 	s := r.prev[(r.recvCount-1)%uint64(len(r.prev))]
-	return r.failLocal(s, wrapBad(fmt.Errorf("segment of %d bytes at step %d, want %d", len(b.data), r.step, n)))
+	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d", len(b.data), r.step, n))
 }
 
 // waitSent waits until the g-th frame queued in this op has been written,

@@ -2,10 +2,10 @@ package ring
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -126,11 +126,10 @@ func (s *stream) readLoop() {
 		s.lastRead.Store(time.Now().UnixNano())
 		h, err := decodeHeader(hb[:], s.r.maxPayload)
 		if err == nil && h.Sender != uint32(s.peerRank) {
-			err = errors.New("frame claims sender rank " + strconv.Itoa(int(h.Sender)) + ", want " + strconv.Itoa(s.peerRank))
-			err = wrapBad(err)
+			err = badFrame("frame claims sender rank %d, want %d", h.Sender, s.peerRank)
 		}
 		if err == nil && s.dir == toNext && (h.Kind == kindData || h.Kind == kindStart) {
-			err = wrapBad(errors.New(h.Kind.String() + " frame on the backward direction"))
+			err = badFrame("%s frame on the backward direction", h.Kind)
 		}
 		if err != nil {
 			s.r.failFrom(s, err)
@@ -228,7 +227,9 @@ type wrapped struct {
 func (w *wrapped) Error() string   { return w.sentinel.Error() + " (" + w.err.Error() + ")" }
 func (w *wrapped) Unwrap() []error { return []error{w.sentinel, w.err} }
 
-func wrapBad(err error) error { return &wrapped{sentinel: ErrBadFrame, err: err} }
+func badFrame(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadFrame}, args...)...)
+}
 
 // writeLoop owns the write side of a stream: data frames (toNext only)
 // and heartbeats. It reports every data request on r.done, also after a
