@@ -28,12 +28,13 @@
 // attached throughout and their next call joins the new generation.
 //
 // Every trainer fails exactly its call of the failed collective k: calls
-// already made fail at once; a trainer that had not yet made its k-th call
-// (or a slot no trainer has held yet) owes one failure, which its next call
-// receives instead of joining the new generation. Without this a late call
-// of collective k would meet other trainers' calls of k+1 in the new
-// generation — a mismatch at best, silently wrong training at worst. A
-// trainer that replaces one that left starts afresh.
+// already made fail at once; a slot whose trainer had not yet made its
+// k-th call (attached or not: trainers may attach late) owes one failure,
+// which its next call receives instead of joining the new generation.
+// Without this a late call of collective k would meet other trainers'
+// calls of k+1 in the new generation — a mismatch at best, silently wrong
+// training at worst. The one exception is a slot whose trainer left
+// mid-collective, causing the failure: its replacement starts afresh.
 //
 // # Failure messages across nodes
 //

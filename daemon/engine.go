@@ -293,10 +293,11 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 	e := d.callError(seq, gen, cause, closed)
 	for l := range d.slots {
 		sl := &d.slots[l]
-		if !called[l] && len(sl.queue) == 0 && (sl.session != nil || !sl.attached) {
+		if !called[l] && len(sl.queue) == 0 && !sl.lostMid {
 			sl.owed = ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
 				d.worldRank(l), seq, gen, e.Message)
 		}
+		sl.lostMid = false
 	}
 	scratch = d.drainLocked(scratch[:0])
 	d.mu.Unlock()

@@ -58,10 +58,6 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 	}
 	sl := &d.slots[l]
 	sl.session, sl.pid, sl.label = s, int32(hello.PID), hello.Label
-	if sl.attached {
-		sl.owed = nil // a replacement trainer starts afresh
-	}
-	sl.attached = true
 	s.SetValue(l)
 	ok.LocalRank = uint32(l)
 	ok.WorldRank = uint32(d.worldRank(l))
@@ -137,6 +133,7 @@ func (h handler) Disconnected(s *ipc.Session, cause error) {
 		if d.lost == nil {
 			d.lost = lost
 		}
+		sl.lostMid, sl.owed = true, nil
 	}
 	sl.session = nil
 	r := d.ring

@@ -24,16 +24,15 @@ type slot struct {
 	calls   uint64          // calls made since the daemon started
 	last    collective.Desc // the last call made
 	queue   []call          // pending, head first
-	// owed is set when a generation failed before this trainer made its
-	// call of the failed collective: that call, when it comes, gets this
-	// error instead of joining the next generation, so that every trainer
-	// fails the same (k-th) call and the next calls line up again.
+	// owed is set when a generation failed before this slot's trainer
+	// (attached or still to come) made its call of the failed collective:
+	// that call gets this error instead of joining the next generation, so
+	// that every trainer fails the same (k-th) call and the next calls line
+	// up again.
 	owed *ipc.Error
-	// attached is set once a trainer has ever held the slot. A slot never
-	// held cannot have let any collective complete, so its first trainer's
-	// first call is the call of whatever collective failed meanwhile; a
-	// trainer that replaces one that left starts afresh.
-	attached bool
+	// lostMid is set when the slot's trainer left mid-collective, so
+	// causing the failure: its replacement starts afresh and owes nothing.
+	lostMid bool
 }
 
 // missing describes the local ranks without a call at their head, as world
