@@ -1,0 +1,1545 @@
+/*
+ * collectived.c - C client of collectived, protocol version 1.
+ * See collectived.h for the API and docs/PROTOCOL.md for the wire format.
+ */
+#define _GNU_SOURCE /* memfd_create, MSG_CMSG_CLOEXEC, F_ADD_SEALS */
+#include "collectived.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_FDS 32
+#define SCRATCH_MIN ((size_t)1 << 20)
+#define FALLBACK_TIMEOUT_MS 600000
+#define DEFAULT_CONNECT_TIMEOUT_MS 10000
+
+/* ------------------------------------------------------------------ errors */
+
+static void set_err(cvd_error *err, int code, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err)
+		return;
+	err->code = code;
+	err->fatal = 0;
+	err->check[0] = '\0';
+	va_start(ap, fmt);
+	vsnprintf(err->message, sizeof err->message, fmt, ap);
+	va_end(ap);
+}
+
+/* A codec error: message "check: detail", err->check = check. */
+static int frame_err(cvd_error *err, const char *check, const char *fmt, ...)
+{
+	va_list ap;
+	size_t n;
+	if (!err)
+		return CVD_E_PROTOCOL;
+	err->code = CVD_E_PROTOCOL;
+	err->fatal = 0;
+	snprintf(err->check, sizeof err->check, "%s", check);
+	n = (size_t)snprintf(err->message, sizeof err->message, "%s: ", check);
+	va_start(ap, fmt);
+	vsnprintf(err->message + n, sizeof err->message - n, fmt, ap);
+	va_end(ap);
+	return CVD_E_PROTOCOL;
+}
+
+/* Put pre in front of msg, truncating the end of msg to fit. */
+static void prefix_msg(char *msg, size_t cap, const char *pre)
+{
+	size_t p = strlen(pre), m = strlen(msg);
+	if (p >= cap)
+		return;
+	if (p + m >= cap)
+		m = cap - 1 - p;
+	memmove(msg + p, msg, m);
+	memcpy(msg, pre, p);
+	msg[p + m] = '\0';
+}
+
+static void copy_err(cvd_error *dst, const cvd_error *src)
+{
+	if (dst && src && dst != src)
+		memcpy(dst, src, sizeof *dst);
+}
+
+static const char *const code_names[] = {
+	"OK", "BAD_FRAME", "VERSION", "JOB", "RANK_TAKEN", "RANK_RANGE", "FULL",
+	"PERMISSION", "QUOTA", "BAD_SEGMENT", "BUSY", "BAD_FD", "BAD_REQUEST",
+	"TOO_LARGE", "TOO_MANY", "MISMATCH", "TIMEOUT", "PEER_LOST", "TRAINER_LOST",
+	"ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL"};
+static const char *const client_code_names[] = {
+	"OK", "CONNECT", "CLOSED", "WAIT_TIMEOUT", "PROTOCOL", "INVALID", "NOMEM", "SYSTEM"};
+
+const char *cvd_strerror(int code)
+{
+	if (code >= 0 && code <= CVD_E_INTERNAL)
+		return code_names[code];
+	if (code < 0 && code >= CVD_E_SYSTEM)
+		return client_code_names[-code];
+	return "UNKNOWN";
+}
+
+/* ------------------------------------------------------------------ codec */
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { put16(p, (uint16_t)v); put16(p + 2, (uint16_t)(v >> 16)); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get32(const uint8_t *p) { return (uint32_t)get16(p) | ((uint32_t)get16(p + 2) << 16); }
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
+
+const char *cvd_frame_type_name(uint8_t type)
+{
+	switch (type) {
+	case CVD_T_HELLO: return "HELLO";
+	case CVD_T_HELLO_OK: return "HELLO_OK";
+	case CVD_T_ALLOC: return "ALLOC";
+	case CVD_T_ALLOC_OK: return "ALLOC_OK";
+	case CVD_T_FREE: return "FREE";
+	case CVD_T_FREE_OK: return "FREE_OK";
+	case CVD_T_REGISTER: return "REGISTER";
+	case CVD_T_REGISTER_OK: return "REGISTER_OK";
+	case CVD_T_CALL: return "CALL";
+	case CVD_T_CALL_OK: return "CALL_OK";
+	case CVD_T_STATUS: return "STATUS";
+	case CVD_T_STATUS_OK: return "STATUS_OK";
+	case CVD_T_ERROR: return "ERROR";
+	}
+	return NULL;
+}
+
+size_t cvd_dtype_size(int dtype)
+{
+	static const size_t sizes[] = {0, 4, 8, 4, 8, 1};
+	return (dtype >= 0 && dtype <= CVD_BYTES) ? sizes[dtype] : 0;
+}
+
+int cvd_frame_header(const uint8_t *hdr, uint32_t max_len, cvd_frame *f, uint32_t *length,
+		     cvd_error *err)
+{
+	uint32_t len = get32(hdr);
+	uint8_t type = hdr[4], flags = hdr[5];
+	uint16_t reserved = get16(hdr + 6);
+	const char *name = cvd_frame_type_name(type);
+	/* The bound comes first: nothing is read or allocated for a hostile length. */
+	if (len > max_len)
+		return frame_err(err, "frame_too_long", "frame length %lu over the bound of %lu bytes",
+				 (unsigned long)len, (unsigned long)max_len);
+	if (!name)
+		return frame_err(err, "unknown_type", "unknown frame type 0x%02x", type);
+	if (reserved)
+		return frame_err(err, "reserved_nonzero", "%s header reserved field is %u, must be 0",
+				 name, reserved);
+	if (flags & ~(type == CVD_T_ERROR ? CVD_FLAG_FATAL : 0))
+		return frame_err(err, "bad_flags", "%s header flags 0x%02x not defined", name, flags);
+	memset(f, 0, sizeof *f);
+	f->type = type;
+	f->frame_flags = flags;
+	f->id = get64(hdr + 8);
+	if (length)
+		*length = len;
+	return 0;
+}
+
+#define NEED(n, what) do { if (len < (size_t)(n)) return frame_err(err, "payload_length", \
+	"%s payload is %lu bytes, too short for %s", name, (unsigned long)len, what); } while (0)
+#define EXACT(n) do { if (len != (size_t)(n)) return frame_err(err, "payload_length", \
+	"%s payload is %lu bytes, must be %lu", name, (unsigned long)len, (unsigned long)(n)); } while (0)
+#define ZERO(v, what) do { if (v) return frame_err(err, "reserved_nonzero", \
+	"%s %s is %lu, must be 0", name, what, (unsigned long)(v)); } while (0)
+
+int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err)
+{
+	const char *name = cvd_frame_type_name(f->type);
+	size_t off, esize;
+	switch (f->type) {
+	case CVD_T_HELLO:
+		NEED(17, "the fixed fields and job length");
+		memcpy(f->magic, p, 4);
+		if (memcmp(p, "CLVD", 4) != 0)
+			return frame_err(err, "bad_magic", "HELLO magic is %02x%02x%02x%02x, must be \"CLVD\"",
+					 p[0], p[1], p[2], p[3]);
+		f->version = get16(p + 4);
+		f->flags = get16(p + 6);
+		if (f->flags & ~CVD_HELLO_OBSERVER)
+			return frame_err(err, "bad_flags", "HELLO flags 0x%04x not defined", f->flags);
+		f->local_rank = (int32_t)get32(p + 8);
+		f->pid = get32(p + 12);
+		f->job_len = p[16];
+		NEED(17 + f->job_len + 1, "the job name and label length");
+		f->job = p + 17;
+		off = 17 + f->job_len;
+		f->label_len = p[off];
+		EXACT(off + 1 + f->label_len);
+		f->label = p + off + 1;
+		return 0;
+	case CVD_T_HELLO_OK:
+		EXACT(60);
+		f->version = get16(p);
+		ZERO(get16(p + 2), "reserved field");
+		f->info.version = f->version;
+		f->info.world_rank = get32(p + 4);
+		f->info.world_size = get32(p + 8);
+		f->info.node_rank = get32(p + 12);
+		f->info.node_count = get32(p + 16);
+		f->info.local_rank = get32(p + 20);
+		f->info.local_size = get32(p + 24);
+		f->info.inline_limit = get32(p + 28);
+		f->info.max_frame = get32(p + 32);
+		f->info.max_in_flight = get32(p + 36);
+		f->info.generation = get32(p + 40);
+		f->info.shm_quota = get64(p + 44);
+		f->info.timeout_ms = get64(p + 52);
+		return 0;
+	case CVD_T_ALLOC:
+	case CVD_T_REGISTER:
+		EXACT(8);
+		f->size = get64(p);
+		return 0;
+	case CVD_T_ALLOC_OK:
+	case CVD_T_REGISTER_OK:
+		EXACT(16);
+		f->segment = get32(p);
+		ZERO(get32(p + 4), "reserved field");
+		f->size = get64(p + 8);
+		return 0;
+	case CVD_T_FREE:
+		EXACT(8);
+		f->segment = get32(p);
+		ZERO(get32(p + 4), "reserved field");
+		return 0;
+	case CVD_T_FREE_OK:
+	case CVD_T_STATUS:
+		EXACT(0);
+		return 0;
+	case CVD_T_CALL:
+		NEED(17, "the description");
+		f->op = p[0];
+		f->dtype = p[1];
+		f->reduce = p[2];
+		f->flags = p[3];
+		if (f->flags & ~CVD_CALL_SHM)
+			return frame_err(err, "bad_flags", "CALL flags 0x%02x not defined", f->flags);
+		f->root = get32(p + 4);
+		f->count = get64(p + 8);
+		f->name_len = p[16];
+		NEED(17 + f->name_len, "the name");
+		f->name = p + 17;
+		off = 17 + f->name_len;
+		if (f->flags & CVD_CALL_SHM) {
+			EXACT(off + 16);
+			f->segment = get32(p + off);
+			ZERO(get32(p + off + 4), "segment reserved field");
+			f->offset = get64(p + off + 8);
+			return 0;
+		}
+		esize = cvd_dtype_size(f->dtype);
+		if (f->dtype > CVD_BYTES)
+			return frame_err(err, "inline_data_length",
+					 "CALL dtype code %u unknown: inline data length cannot be checked", f->dtype);
+		f->data = p + off;
+		f->data_len = len - off;
+		/* count * esize without overflow: compare by division. */
+		if ((esize == 0 && f->data_len != 0) ||
+		    (esize != 0 && (f->data_len % esize != 0 || f->data_len / esize != f->count)))
+			return frame_err(err, "inline_data_length",
+					 "CALL inline data is %lu bytes, count %llu x element size %lu",
+					 (unsigned long)f->data_len, (unsigned long long)f->count,
+					 (unsigned long)esize);
+		return 0;
+	case CVD_T_CALL_OK:
+		NEED(16, "generation, reserved and seq");
+		f->generation = get32(p);
+		ZERO(get32(p + 4), "reserved field");
+		f->seq = get64(p + 8);
+		f->data = p + 16;
+		f->data_len = len - 16;
+		return 0;
+	case CVD_T_STATUS_OK:
+		f->data = p;
+		f->data_len = len;
+		return 0;
+	case CVD_T_ERROR:
+		NEED(4, "code and reserved");
+		f->code = get16(p);
+		ZERO(get16(p + 2), "reserved field");
+		f->data = p + 4;
+		f->data_len = len - 4;
+		return 0;
+	}
+	return frame_err(err, "unknown_type", "unknown frame type 0x%02x", f->type);
+}
+
+int cvd_frame_decode(const uint8_t *buf, size_t len, uint32_t max_len, cvd_frame *f,
+		     cvd_error *err)
+{
+	uint32_t plen;
+	int rc;
+	if (len < CVD_HEADER_SIZE)
+		return frame_err(err, "payload_length", "frame is %lu bytes, shorter than a header",
+				 (unsigned long)len);
+	if ((rc = cvd_frame_header(buf, max_len, f, &plen, err)) != 0)
+		return rc;
+	if (len - CVD_HEADER_SIZE != plen)
+		return frame_err(err, "payload_length", "header says %lu payload bytes, frame has %lu",
+				 (unsigned long)plen, (unsigned long)(len - CVD_HEADER_SIZE));
+	return cvd_frame_payload(f, buf + CVD_HEADER_SIZE, plen, err);
+}
+
+/* Payload length of *f, or (size_t)-1 if it cannot be encoded. */
+static size_t payload_len(const cvd_frame *f)
+{
+	switch (f->type) {
+	case CVD_T_HELLO:
+		if (f->job_len > 255 || f->label_len > 255)
+			return (size_t)-1;
+		return 18 + f->job_len + f->label_len;
+	case CVD_T_HELLO_OK: return 60;
+	case CVD_T_ALLOC: case CVD_T_REGISTER: case CVD_T_FREE: return 8;
+	case CVD_T_ALLOC_OK: case CVD_T_REGISTER_OK: return 16;
+	case CVD_T_FREE_OK: case CVD_T_STATUS: return 0;
+	case CVD_T_CALL:
+		if (f->name_len > 255)
+			return (size_t)-1;
+		return 17 + f->name_len + ((f->flags & CVD_CALL_SHM) ? 16 : f->data_len);
+	case CVD_T_CALL_OK: return 16 + f->data_len;
+	case CVD_T_STATUS_OK: return f->data_len;
+	case CVD_T_ERROR: return 4 + f->data_len;
+	}
+	return (size_t)-1;
+}
+
+/* Header and payload up to (not including) the CALL inline data. */
+static size_t encode_prefix(const cvd_frame *f, uint8_t *o, size_t plen)
+{
+	size_t off;
+	put32(o, (uint32_t)plen);
+	o[4] = f->type;
+	o[5] = f->frame_flags;
+	put16(o + 6, 0);
+	put64(o + 8, f->id);
+	o += CVD_HEADER_SIZE;
+	switch (f->type) {
+	case CVD_T_HELLO:
+		memcpy(o, f->magic, 4);
+		put16(o + 4, f->version);
+		put16(o + 6, f->flags);
+		put32(o + 8, (uint32_t)f->local_rank);
+		put32(o + 12, f->pid);
+		o[16] = (uint8_t)f->job_len;
+		if (f->job_len)
+			memcpy(o + 17, f->job, f->job_len);
+		off = 17 + f->job_len;
+		o[off] = (uint8_t)f->label_len;
+		if (f->label_len)
+			memcpy(o + off + 1, f->label, f->label_len);
+		return CVD_HEADER_SIZE + plen;
+	case CVD_T_HELLO_OK:
+		put16(o, f->version);
+		put16(o + 2, 0);
+		put32(o + 4, f->info.world_rank);
+		put32(o + 8, f->info.world_size);
+		put32(o + 12, f->info.node_rank);
+		put32(o + 16, f->info.node_count);
+		put32(o + 20, f->info.local_rank);
+		put32(o + 24, f->info.local_size);
+		put32(o + 28, f->info.inline_limit);
+		put32(o + 32, f->info.max_frame);
+		put32(o + 36, f->info.max_in_flight);
+		put32(o + 40, f->info.generation);
+		put64(o + 44, f->info.shm_quota);
+		put64(o + 52, f->info.timeout_ms);
+		return CVD_HEADER_SIZE + plen;
+	case CVD_T_ALLOC: case CVD_T_REGISTER:
+		put64(o, f->size);
+		return CVD_HEADER_SIZE + plen;
+	case CVD_T_ALLOC_OK: case CVD_T_REGISTER_OK:
+		put32(o, f->segment);
+		put32(o + 4, 0);
+		put64(o + 8, f->size);
+		return CVD_HEADER_SIZE + plen;
+	case CVD_T_FREE:
+		put32(o, f->segment);
+		put32(o + 4, 0);
+		return CVD_HEADER_SIZE + plen;
+	case CVD_T_CALL:
+		o[0] = f->op;
+		o[1] = f->dtype;
+		o[2] = f->reduce;
+		o[3] = (uint8_t)f->flags;
+		put32(o + 4, f->root);
+		put64(o + 8, f->count);
+		o[16] = (uint8_t)f->name_len;
+		if (f->name_len)
+			memcpy(o + 17, f->name, f->name_len);
+		off = 17 + f->name_len;
+		if (f->flags & CVD_CALL_SHM) {
+			put32(o + off, f->segment);
+			put32(o + off + 4, 0);
+			put64(o + off + 8, f->offset);
+			return CVD_HEADER_SIZE + plen;
+		}
+		return CVD_HEADER_SIZE + off;
+	case CVD_T_CALL_OK:
+		put32(o, f->generation);
+		put32(o + 4, 0);
+		put64(o + 8, f->seq);
+		return CVD_HEADER_SIZE + 16;
+	case CVD_T_ERROR:
+		put16(o, f->code);
+		put16(o + 2, 0);
+		return CVD_HEADER_SIZE + 4;
+	}
+	return CVD_HEADER_SIZE; /* FREE_OK, STATUS, STATUS_OK: data follows */
+}
+
+size_t cvd_frame_encode(const cvd_frame *f, uint8_t *out, size_t cap)
+{
+	size_t plen = payload_len(f), pre;
+	if (plen == (size_t)-1 || plen > 0xffffffffu)
+		return 0;
+	if (cap < CVD_HEADER_SIZE + plen)
+		return CVD_HEADER_SIZE + plen;
+	pre = encode_prefix(f, out, plen);
+	if (pre < CVD_HEADER_SIZE + plen && f->data_len)
+		memcpy(out + pre, f->data, f->data_len);
+	return CVD_HEADER_SIZE + plen;
+}
+
+/* ------------------------------------------------------------------ client */
+
+typedef struct seg {
+	uint32_t id;
+	uint8_t *base;
+	size_t size;
+	int scratch; /* library-owned, for copying large plain buffers */
+	int busy;    /* scratch in use by a call */
+	struct seg *next;
+} seg;
+
+struct cvd_request {
+	cvd_client *c;
+	uint64_t id;
+	uint8_t reply_type;
+	int done;
+	int user;      /* returned to the caller (else internal) */
+	int orphan;    /* nobody waits any more: freed when the reply arrives */
+	cvd_error err; /* err.code != 0: failed */
+	uint8_t *copy_back;  /* inline call: result lands here */
+	size_t nbytes;
+	seg *scratch;        /* scratch call: copy back from it, then release */
+	uint32_t generation;
+	uint64_t seq;
+	uint32_t segment;    /* ALLOC_OK/REGISTER_OK */
+	uint64_t size;
+	void *map;           /* ALLOC_OK mapping */
+	char *json;          /* STATUS_OK */
+	size_t json_len;
+	cvd_request *next;
+};
+
+struct cvd_client {
+	int fd;
+	cvd_info info;
+	int observer;
+	int64_t timeout_ms;
+	uint64_t next_id;
+	uint64_t bytes_sent;
+	uint8_t *rbuf;
+	size_t rcap, rstart, rend;
+	int fds[MAX_FDS];
+	size_t nfds;
+	cvd_request *pending;
+	size_t in_flight;
+	seg *segs;
+	int broken;
+	cvd_error broken_err;
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void cvd_options_init(cvd_options *opt)
+{
+	memset(opt, 0, sizeof *opt);
+	opt->local_rank = -1;
+}
+
+const cvd_info *cvd_get_info(const cvd_client *c) { return &c->info; }
+int cvd_rank(const cvd_client *c) { return c->observer ? -1 : (int)c->info.world_rank; }
+int cvd_size(const cvd_client *c) { return (int)c->info.world_size; }
+int cvd_local_rank(const cvd_client *c) { return c->observer ? -1 : (int)c->info.local_rank; }
+int cvd_local_size(const cvd_client *c) { return (int)c->info.local_size; }
+int cvd_node_rank(const cvd_client *c) { return (int)c->info.node_rank; }
+int cvd_node_count(const cvd_client *c) { return (int)c->info.node_count; }
+uint32_t cvd_generation(const cvd_client *c) { return c->info.generation; }
+int64_t cvd_default_timeout_ms(const cvd_client *c) { return c->timeout_ms; }
+uint64_t cvd_bytes_sent(const cvd_client *c) { return c->bytes_sent; }
+
+/* Write every byte of the iovecs (blocking, bounded by SO_SNDTIMEO). The
+ * optional fd rides with the first byte. */
+static int send_all(cvd_client *c, struct iovec *iov, int n, int fd, cvd_error *err)
+{
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	struct msghdr mh;
+	size_t total = 0;
+	int i;
+	for (i = 0; i < n; i++)
+		total += iov[i].iov_len;
+	c->bytes_sent += total;
+	while (n > 0) {
+		ssize_t w;
+		memset(&mh, 0, sizeof mh);
+		mh.msg_iov = iov;
+		mh.msg_iovlen = (size_t)n;
+		if (fd >= 0) {
+			struct cmsghdr *cm;
+			memset(&u, 0, sizeof u);
+			mh.msg_control = u.buf;
+			mh.msg_controllen = sizeof u.buf;
+			cm = CMSG_FIRSTHDR(&mh);
+			cm->cmsg_level = SOL_SOCKET;
+			cm->cmsg_type = SCM_RIGHTS;
+			cm->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+		}
+		w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			set_err(err, CVD_E_CLOSED, "sending to the daemon: %s", strerror(errno));
+			return CVD_E_CLOSED;
+		}
+		fd = -1;
+		while (n > 0 && (size_t)w >= iov->iov_len) {
+			w -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n > 0) {
+			iov->iov_base = (char *)iov->iov_base + w;
+			iov->iov_len -= (size_t)w;
+		}
+	}
+	return 0;
+}
+
+static void free_req(cvd_request *r);
+
+static void req_fail(cvd_request *r, const cvd_error *e)
+{
+	copy_err(&r->err, e);
+	if (r->err.code == 0)
+		r->err.code = CVD_E_CLOSED;
+	if (r->scratch) {
+		r->scratch->busy = 0;
+		r->scratch = NULL;
+	}
+	r->done = 1;
+}
+
+static void unlink_req(cvd_client *c, cvd_request *r)
+{
+	cvd_request **pp;
+	for (pp = &c->pending; *pp; pp = &(*pp)->next) {
+		if (*pp == r) {
+			*pp = r->next;
+			r->next = NULL;
+			if (c->in_flight)
+				c->in_flight--;
+			return;
+		}
+	}
+}
+
+/* The connection is unusable from now on: every request in flight fails. */
+static void break_conn(cvd_client *c, const cvd_error *e)
+{
+	cvd_request *r, *next;
+	if (!c->broken) {
+		c->broken = 1;
+		copy_err(&c->broken_err, e);
+	}
+	for (r = c->pending; r; r = next) {
+		next = r->next;
+		r->next = NULL;
+		req_fail(r, e);
+		if (r->orphan)
+			free_req(r);
+	}
+	c->pending = NULL;
+	c->in_flight = 0;
+	while (c->nfds)
+		close(c->fds[--c->nfds]);
+}
+
+static cvd_request *find_req(cvd_client *c, uint64_t id)
+{
+	cvd_request *r;
+	for (r = c->pending; r; r = r->next)
+		if (r->id == id)
+			return r;
+	return NULL;
+}
+
+static int pop_fd(cvd_client *c)
+{
+	int fd;
+	if (!c->nfds)
+		return -1;
+	fd = c->fds[0];
+	memmove(c->fds, c->fds + 1, (c->nfds - 1) * sizeof(int));
+	c->nfds--;
+	return fd;
+}
+
+/* Handle one decoded frame from the daemon. Nonzero: the connection broke. */
+static int dispatch(cvd_client *c, const cvd_frame *f)
+{
+	cvd_error e;
+	cvd_request *r = find_req(c, f->id);
+	memset(&e, 0, sizeof e);
+	if (f->type == CVD_T_ERROR) {
+		e.code = f->code;
+		e.fatal = (f->frame_flags & CVD_FLAG_FATAL) != 0;
+		snprintf(e.message, sizeof e.message, "%s: %.*s", cvd_strerror(f->code),
+			 (int)f->data_len, (const char *)f->data);
+		if (r) {
+			unlink_req(c, r);
+			req_fail(r, &e);
+			if (r->orphan)
+				free_req(r);
+		}
+		if (e.fatal || f->id == 0) {
+			break_conn(c, &e);
+			return -1;
+		}
+		if (!r)
+			goto unmatched;
+		return 0;
+	}
+	if (!r)
+		goto unmatched;
+	if (f->type != r->reply_type) {
+		set_err(&e, CVD_E_PROTOCOL, "daemon answered request %llu with %s, expected %s",
+			(unsigned long long)f->id, cvd_frame_type_name(f->type),
+			cvd_frame_type_name(r->reply_type));
+		break_conn(c, &e);
+		return -1;
+	}
+	unlink_req(c, r);
+	switch (f->type) {
+	case CVD_T_ALLOC_OK: {
+		int fd = pop_fd(c);
+		void *m;
+		if (fd < 0) {
+			set_err(&e, CVD_E_PROTOCOL, "ALLOC_OK (id %llu) arrived without an fd",
+				(unsigned long long)f->id);
+			req_fail(r, &e);
+			break_conn(c, &e);
+			return -1;
+		}
+		m = mmap(NULL, (size_t)f->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		close(fd);
+		if (m == MAP_FAILED) {
+			set_err(&e, CVD_E_SYSTEM, "mmap of segment %lu (%llu bytes): %s",
+				(unsigned long)f->segment, (unsigned long long)f->size, strerror(errno));
+			req_fail(r, &e);
+			goto out;
+		}
+		r->map = m;
+		r->segment = f->segment;
+		r->size = f->size;
+		break;
+	}
+	case CVD_T_REGISTER_OK:
+		r->segment = f->segment;
+		r->size = f->size;
+		break;
+	case CVD_T_CALL_OK:
+		c->info.generation = f->generation;
+		r->generation = f->generation;
+		r->seq = f->seq;
+		if (r->scratch) { /* the result is in the scratch segment: copy it out */
+			if (f->data_len) {
+				set_err(&e, CVD_E_PROTOCOL, "CALL_OK for a shared-memory call carries %lu bytes",
+					(unsigned long)f->data_len);
+				req_fail(r, &e);
+				goto out;
+			}
+			memcpy(r->copy_back, r->scratch->base, r->nbytes);
+			r->scratch->busy = 0;
+			r->scratch = NULL;
+		} else if (r->copy_back) {
+			if (f->data_len != r->nbytes) {
+				set_err(&e, CVD_E_PROTOCOL, "CALL_OK result is %lu bytes, the call sent %lu",
+					(unsigned long)f->data_len, (unsigned long)r->nbytes);
+				req_fail(r, &e);
+				goto out;
+			}
+			if (r->nbytes)
+				memcpy(r->copy_back, f->data, r->nbytes);
+		} else if (f->data_len) {
+			set_err(&e, CVD_E_PROTOCOL, "CALL_OK for a shared-memory call carries %lu bytes",
+				(unsigned long)f->data_len);
+			req_fail(r, &e);
+			goto out;
+		}
+		break;
+	case CVD_T_STATUS_OK:
+		r->json = (char *)malloc(f->data_len + 1);
+		if (!r->json) {
+			set_err(&e, CVD_E_NOMEM, "no memory for a %lu-byte status", (unsigned long)f->data_len);
+			req_fail(r, &e);
+			goto out;
+		}
+		memcpy(r->json, f->data, f->data_len);
+		r->json[f->data_len] = '\0';
+		r->json_len = f->data_len;
+		break;
+	default:
+		break;
+	}
+	r->done = 1;
+out:
+	if (r->orphan)
+		free_req(r);
+	return 0;
+unmatched:
+	set_err(&e, CVD_E_PROTOCOL, "%s carries id %llu, which matches no request in flight",
+		cvd_frame_type_name(f->type), (unsigned long long)f->id);
+	break_conn(c, &e);
+	return -1;
+}
+
+/* Read what is there (waiting until deadline_ms) and dispatch whole frames.
+ * Returns 0 after progress, CVD_E_WAIT_TIMEOUT, or the broken connection's code. */
+static int progress(cvd_client *c, int64_t deadline_ms, cvd_error *err)
+{
+	union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } u;
+	struct pollfd pfd;
+	struct msghdr mh;
+	struct iovec iov;
+	struct cmsghdr *cm;
+	cvd_error e;
+	ssize_t n;
+	int left;
+	if (c->broken) {
+		copy_err(err, &c->broken_err);
+		return c->broken_err.code ? c->broken_err.code : CVD_E_CLOSED;
+	}
+	for (;;) {
+		int64_t rem = deadline_ms - now_ms();
+		left = rem < 0 ? 0 : (rem > 1000000000 ? 1000000000 : (int)rem);
+		pfd.fd = c->fd;
+		pfd.events = POLLIN;
+		pfd.revents = 0;
+		n = poll(&pfd, 1, left);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			set_err(&e, CVD_E_SYSTEM, "poll: %s", strerror(errno));
+			break_conn(c, &e);
+			copy_err(err, &e);
+			return e.code;
+		}
+		if (n == 0) {
+			set_err(err, CVD_E_WAIT_TIMEOUT, "no reply from the daemon in time");
+			return CVD_E_WAIT_TIMEOUT;
+		}
+		break;
+	}
+	if (c->rend == c->rcap) { /* keep the partial frame, move it to the front */
+		memmove(c->rbuf, c->rbuf + c->rstart, c->rend - c->rstart);
+		c->rend -= c->rstart;
+		c->rstart = 0;
+	}
+	memset(&mh, 0, sizeof mh);
+	iov.iov_base = c->rbuf + c->rend;
+	iov.iov_len = c->rcap - c->rend;
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	mh.msg_control = u.buf;
+	mh.msg_controllen = sizeof u.buf;
+	do
+		n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	for (cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+			size_t k, nf = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (k = 0; k < nf; k++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(cm) + k * sizeof(int), sizeof fd);
+				if (c->nfds < MAX_FDS)
+					c->fds[c->nfds++] = fd;
+				else
+					close(fd);
+			}
+		}
+	}
+	if (n < 0) {
+		set_err(&e, CVD_E_CLOSED, "reading from the daemon: %s", strerror(errno));
+	} else if (n == 0) {
+		set_err(&e, CVD_E_CLOSED, "the daemon closed the connection");
+	} else if (mh.msg_flags & MSG_CTRUNC) {
+		set_err(&e, CVD_E_PROTOCOL, "control message truncated (MSG_CTRUNC): surplus fds");
+	} else {
+		c->rend += (size_t)n;
+		while (c->rend - c->rstart >= CVD_HEADER_SIZE) {
+			cvd_frame f;
+			uint32_t plen;
+			if (cvd_frame_header(c->rbuf + c->rstart, c->info.max_frame, &f, &plen, &e) != 0)
+				goto bad;
+			if (c->rend - c->rstart < CVD_HEADER_SIZE + (size_t)plen)
+				break;
+			if (cvd_frame_payload(&f, c->rbuf + c->rstart + CVD_HEADER_SIZE, plen, &e) != 0)
+				goto bad;
+			c->rstart += CVD_HEADER_SIZE + plen;
+			if (dispatch(c, &f) != 0) {
+				copy_err(err, &c->broken_err);
+				return c->broken_err.code;
+			}
+		}
+		if (c->rstart == c->rend)
+			c->rstart = c->rend = 0;
+		return 0;
+	}
+bad:
+	if (e.code == CVD_E_PROTOCOL && e.check[0])
+		prefix_msg(e.message, sizeof e.message, "frame from the daemon: ");
+	break_conn(c, &e);
+	copy_err(err, &e);
+	return e.code;
+}
+
+static cvd_request *new_req(cvd_client *c, uint8_t reply_type, cvd_error *err)
+{
+	cvd_request *r;
+	if (c->broken) {
+		copy_err(err, &c->broken_err);
+		if (err)
+			prefix_msg(err->message, sizeof err->message, "connection unusable: ");
+		return NULL;
+	}
+	r = (cvd_request *)calloc(1, sizeof *r);
+	if (!r) {
+		set_err(err, CVD_E_NOMEM, "no memory for a request");
+		return NULL;
+	}
+	r->c = c;
+	r->reply_type = reply_type;
+	r->id = c->next_id++;
+	return r;
+}
+
+/* Wait for a free in-flight slot, then send; the request joins pending. */
+static int submit(cvd_client *c, cvd_request *r, struct iovec *iov, int n, int fd, cvd_error *err)
+{
+	int rc;
+	if (c->info.max_in_flight) {
+		int64_t deadline = now_ms() + c->timeout_ms;
+		while (c->in_flight >= c->info.max_in_flight) {
+			rc = progress(c, deadline, err);
+			if (rc == CVD_E_WAIT_TIMEOUT)
+				set_err(err, rc, "%lu requests already in flight for %lld ms",
+					(unsigned long)c->in_flight, (long long)c->timeout_ms);
+			if (rc)
+				return rc;
+		}
+	}
+	r->next = c->pending;
+	c->pending = r;
+	c->in_flight++;
+	rc = send_all(c, iov, n, fd, err);
+	if (rc) {
+		cvd_error e;
+		copy_err(&e, err);
+		break_conn(c, &e);
+		return rc;
+	}
+	return 0;
+}
+
+static int wait_req(cvd_request *r, int64_t timeout_ms, cvd_error *err)
+{
+	cvd_client *c = r->c;
+	int64_t deadline;
+	if (c == NULL || r->done)
+		goto done;
+	deadline = now_ms() + (timeout_ms < 0 ? c->timeout_ms : timeout_ms);
+	while (!r->done) {
+		int rc = progress(c, deadline, err);
+		if (rc != 0 && rc != CVD_E_WAIT_TIMEOUT && !r->done) {
+			cvd_error e;
+			copy_err(&e, err);
+			unlink_req(c, r);
+			req_fail(r, &e);
+			break;
+		}
+		if (rc == CVD_E_WAIT_TIMEOUT && !r->done) {
+			set_err(err, CVD_E_WAIT_TIMEOUT,
+				"no reply from the daemon within %lld ms; request %llu is still in flight "
+				"and its buffer must not be touched",
+				(long long)(timeout_ms < 0 ? c->timeout_ms : timeout_ms),
+				(unsigned long long)r->id);
+			return CVD_E_WAIT_TIMEOUT;
+		}
+	}
+done:
+	if (r->err.code) {
+		copy_err(err, &r->err);
+		return r->err.code;
+	}
+	if (err)
+		err->code = 0;
+	return 0;
+}
+
+static void free_req(cvd_request *r)
+{
+	if (!r)
+		return;
+	if (r->c && !r->done)
+		unlink_req(r->c, r);
+	if (r->map && r->map != MAP_FAILED)
+		munmap(r->map, (size_t)r->size);
+	free(r->json);
+	free(r);
+}
+
+static int64_t default_timeout(uint64_t daemon_ms)
+{
+	uint64_t margin;
+	if (daemon_ms == 0)
+		return FALLBACK_TIMEOUT_MS;
+	if (daemon_ms > (uint64_t)INT64_MAX / 2)
+		return INT64_MAX / 2;
+	margin = daemon_ms / 10 > 5000 ? daemon_ms / 10 : 5000;
+	return (int64_t)(daemon_ms + margin);
+}
+
+/* Read exactly n bytes before the deadline (HELLO exchange only). */
+static int read_full(int fd, uint8_t *buf, size_t n, int64_t deadline, cvd_error *err)
+{
+	size_t got = 0;
+	while (got < n) {
+		struct pollfd pfd;
+		int64_t rem = deadline - now_ms();
+		ssize_t k;
+		pfd.fd = fd;
+		pfd.events = POLLIN;
+		if (rem <= 0 || poll(&pfd, 1, (int)(rem > 1000000000 ? 1000000000 : rem)) == 0) {
+			set_err(err, CVD_E_WAIT_TIMEOUT, "no reply to HELLO in time");
+			return CVD_E_WAIT_TIMEOUT;
+		}
+		k = read(fd, buf + got, n - got);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			set_err(err, CVD_E_CLOSED, "daemon closed the connection during HELLO%s%s",
+				k < 0 ? ": " : "", k < 0 ? strerror(errno) : "");
+			return CVD_E_CLOSED;
+		}
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_error *err)
+{
+	uint8_t buf[16 + CVD_PRE_HELLO_MAX_FRAME];
+	struct iovec iov;
+	cvd_frame f;
+	uint32_t plen;
+	const char *job = o->job ? o->job : getenv("COLLECTIVED_JOB");
+	const char *label = o->label ? o->label : "";
+	size_t n;
+	int rc;
+	if (!job || !*job)
+		job = CVD_DEFAULT_JOB;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_HELLO;
+	f.id = 1;
+	memcpy(f.magic, "CLVD", 4);
+	f.version = CVD_PROTOCOL_VERSION;
+	f.flags = o->observer ? CVD_HELLO_OBSERVER : 0;
+	f.local_rank = o->observer ? -1 : o->local_rank;
+	f.pid = (uint32_t)getpid();
+	f.job = (const uint8_t *)job;
+	f.job_len = strlen(job);
+	f.label = (const uint8_t *)label;
+	f.label_len = strlen(label);
+	if (f.job_len > 255 || f.label_len > 255) {
+		set_err(err, CVD_E_INVALID, "job name (%lu bytes) and label (%lu bytes) are limited to 255",
+			(unsigned long)f.job_len, (unsigned long)f.label_len);
+		return CVD_E_INVALID;
+	}
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	iov.iov_base = buf;
+	iov.iov_len = n;
+	if ((rc = send_all(c, &iov, 1, -1, err)) != 0)
+		return rc;
+	if ((rc = read_full(c->fd, buf, CVD_HEADER_SIZE, deadline, err)) != 0)
+		return rc;
+	if (cvd_frame_header(buf, CVD_PRE_HELLO_MAX_FRAME, &f, &plen, err) != 0 ||
+	    read_full(c->fd, buf + CVD_HEADER_SIZE, plen, deadline, err) != 0 ||
+	    cvd_frame_payload(&f, buf + CVD_HEADER_SIZE, plen, err) != 0)
+		return err ? err->code : CVD_E_PROTOCOL;
+	if (f.type == CVD_T_ERROR) {
+		set_err(err, f.code, "HELLO: %s: %.*s", cvd_strerror(f.code), (int)f.data_len,
+			(const char *)f.data);
+		if (err)
+			err->fatal = (f.frame_flags & CVD_FLAG_FATAL) != 0;
+		return f.code;
+	}
+	if (f.type != CVD_T_HELLO_OK || f.id != 1) {
+		set_err(err, CVD_E_PROTOCOL, "daemon answered HELLO with %s id %llu",
+			cvd_frame_type_name(f.type), (unsigned long long)f.id);
+		return CVD_E_PROTOCOL;
+	}
+	if (f.version != CVD_PROTOCOL_VERSION) {
+		set_err(err, CVD_E_PROTOCOL, "daemon speaks protocol version %u, this client %u",
+			f.version, CVD_PROTOCOL_VERSION);
+		return CVD_E_PROTOCOL;
+	}
+	c->info = f.info;
+	return 0;
+}
+
+cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_error *err)
+{
+	cvd_options defaults;
+	struct sockaddr_un sa;
+	cvd_client *c;
+	int64_t deadline, cto;
+	struct timeval tv;
+	int rc;
+	if (!opt) {
+		cvd_options_init(&defaults);
+		opt = &defaults;
+	}
+	if (!socket_path || !*socket_path)
+		socket_path = getenv("COLLECTIVED_SOCKET");
+	if (!socket_path || !*socket_path)
+		socket_path = CVD_DEFAULT_SOCKET;
+	if (strlen(socket_path) >= sizeof sa.sun_path) {
+		set_err(err, CVD_E_INVALID, "socket path %s is longer than %lu bytes", socket_path,
+			(unsigned long)sizeof sa.sun_path - 1);
+		return NULL;
+	}
+	c = (cvd_client *)calloc(1, sizeof *c);
+	if (!c) {
+		set_err(err, CVD_E_NOMEM, "no memory for a client");
+		return NULL;
+	}
+	c->next_id = 2;
+	c->observer = opt->observer != 0;
+	cto = opt->connect_timeout_ms > 0 ? opt->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
+	deadline = now_ms() + cto;
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0) {
+		set_err(err, CVD_E_SYSTEM, "socket: %s", strerror(errno));
+		free(c);
+		return NULL;
+	}
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	memcpy(sa.sun_path, socket_path, strlen(socket_path));
+	/* connect() on a Unix socket does not block for long; the HELLO reply
+	 * is bounded by the deadline below. */
+	if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		set_err(err, CVD_E_CONNECT, "cannot connect to collectived at %s: %s", socket_path,
+			strerror(errno));
+		close(c->fd);
+		free(c);
+		return NULL;
+	}
+	/* Sends give up after the connect timeout until HELLO_OK tells the real one. */
+	tv.tv_sec = (time_t)(cto / 1000);
+	tv.tv_usec = (long)(cto % 1000) * 1000;
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	rc = hello(c, opt, deadline, err);
+	if (rc != 0) {
+		close(c->fd);
+		free(c);
+		return NULL;
+	}
+	c->timeout_ms = opt->timeout_ms > 0 ? opt->timeout_ms : default_timeout(c->info.timeout_ms);
+	tv.tv_sec = (time_t)(c->timeout_ms / 1000);
+	tv.tv_usec = (long)(c->timeout_ms % 1000) * 1000;
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	c->rcap = 2 * ((size_t)c->info.max_frame + CVD_HEADER_SIZE);
+	if (c->rcap < 65536)
+		c->rcap = 65536;
+	c->rbuf = (uint8_t *)malloc(c->rcap);
+	if (!c->rbuf) {
+		set_err(err, CVD_E_NOMEM, "no memory for a %lu-byte read buffer", (unsigned long)c->rcap);
+		close(c->fd);
+		free(c);
+		return NULL;
+	}
+	if (err)
+		err->code = 0;
+	return c;
+}
+
+void cvd_close(cvd_client *c)
+{
+	cvd_error e;
+	cvd_request *r;
+	seg *s, *next;
+	if (!c)
+		return;
+	set_err(&e, CVD_E_CLOSED, "client closed");
+	/* The caller still owns its requests: fail and detach them. Orphans go. */
+	while ((r = c->pending) != NULL) {
+		c->pending = r->next;
+		r->next = NULL;
+		req_fail(r, &e);
+		r->c = NULL;
+		if (r->orphan)
+			free_req(r);
+	}
+	close(c->fd);
+	while (c->nfds)
+		close(c->fds[--c->nfds]);
+	for (s = c->segs; s; s = next) {
+		next = s->next;
+		munmap(s->base, s->size);
+		free(s);
+	}
+	free(c->rbuf);
+	free(c);
+}
+
+/* ------------------------------------------------------------------ segments */
+
+static int request_sync(cvd_client *c, cvd_request *r, struct iovec *iov, int n, int fd,
+			cvd_error *err)
+{
+	int rc = submit(c, r, iov, n, fd, err);
+	if (rc == 0)
+		rc = wait_req(r, -1, err);
+	if (rc == CVD_E_WAIT_TIMEOUT && !r->done)
+		r->orphan = 1; /* the caller returns now; the reply frees it */
+	return rc;
+}
+
+static seg *add_seg(cvd_client *c, uint32_t id, void *base, size_t size, int scratch, cvd_error *err)
+{
+	seg *s = (seg *)calloc(1, sizeof *s);
+	if (!s) {
+		set_err(err, CVD_E_NOMEM, "no memory for a segment record");
+		return NULL;
+	}
+	s->id = id;
+	s->base = (uint8_t *)base;
+	s->size = size;
+	s->scratch = scratch;
+	s->next = c->segs;
+	c->segs = s;
+	return s;
+}
+
+static seg *alloc_seg(cvd_client *c, size_t size, int scratch, cvd_error *err)
+{
+	uint8_t buf[CVD_HEADER_SIZE + 8];
+	struct iovec iov;
+	cvd_frame f;
+	cvd_request *r;
+	seg *s;
+	if (size == 0) {
+		set_err(err, CVD_E_INVALID, "cvd_alloc: size 0");
+		return NULL;
+	}
+	if (!(r = new_req(c, CVD_T_ALLOC_OK, err)))
+		return NULL;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_ALLOC;
+	f.id = r->id;
+	f.size = size;
+	iov.iov_base = buf;
+	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
+	if (request_sync(c, r, &iov, 1, -1, err) != 0) {
+		if (!r->orphan)
+			free_req(r);
+		return NULL;
+	}
+	s = add_seg(c, r->segment, r->map, (size_t)r->size, scratch, err);
+	if (s)
+		r->map = NULL; /* now owned by the segment list */
+	free_req(r);
+	return s;
+}
+
+void *cvd_alloc(cvd_client *c, size_t size, cvd_error *err)
+{
+	seg *s = alloc_seg(c, size, 0, err);
+	return s ? s->base : NULL;
+}
+
+void *cvd_register(cvd_client *c, size_t size, cvd_error *err)
+{
+	uint8_t buf[CVD_HEADER_SIZE + 8];
+	struct iovec iov;
+	cvd_frame f;
+	cvd_request *r;
+	void *m;
+	int fd;
+	if (size == 0) {
+		set_err(err, CVD_E_INVALID, "cvd_register: size 0");
+		return NULL;
+	}
+	fd = memfd_create("collectived", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		set_err(err, CVD_E_SYSTEM, "memfd_create: %s", strerror(errno));
+		return NULL;
+	}
+	if (ftruncate(fd, (off_t)size) != 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+		set_err(err, CVD_E_SYSTEM, "sizing and sealing a %lu-byte memfd: %s",
+			(unsigned long)size, strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		set_err(err, CVD_E_SYSTEM, "mmap of a %lu-byte memfd: %s", (unsigned long)size,
+			strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	if (!(r = new_req(c, CVD_T_REGISTER_OK, err))) {
+		munmap(m, size);
+		close(fd);
+		return NULL;
+	}
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_REGISTER;
+	f.id = r->id;
+	f.size = size;
+	iov.iov_base = buf;
+	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
+	if (request_sync(c, r, &iov, 1, fd, err) != 0) {
+		close(fd);
+		munmap(m, size);
+		if (!r->orphan)
+			free_req(r);
+		return NULL;
+	}
+	close(fd);
+	if (!add_seg(c, r->segment, m, size, 0, err)) {
+		munmap(m, size);
+		m = NULL;
+	}
+	free_req(r);
+	return m;
+}
+
+static int free_seg(cvd_client *c, seg *s, cvd_error *err)
+{
+	uint8_t buf[CVD_HEADER_SIZE + 8];
+	struct iovec iov;
+	cvd_frame f;
+	cvd_request *r;
+	seg **pp;
+	int rc;
+	if (!(r = new_req(c, CVD_T_FREE_OK, err)))
+		return err ? err->code : CVD_E_CLOSED;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_FREE;
+	f.id = r->id;
+	f.segment = s->id;
+	iov.iov_base = buf;
+	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
+	rc = request_sync(c, r, &iov, 1, -1, err);
+	if (r->orphan)
+		return rc;
+	free_req(r);
+	if (rc == 0 || rc == CVD_E_BAD_SEGMENT) {
+		for (pp = &c->segs; *pp; pp = &(*pp)->next) {
+			if (*pp == s) {
+				*pp = s->next;
+				break;
+			}
+		}
+		munmap(s->base, s->size);
+		free(s);
+	}
+	return rc;
+}
+
+int cvd_free(cvd_client *c, void *ptr, cvd_error *err)
+{
+	seg *s;
+	for (s = c->segs; s; s = s->next)
+		if (!s->scratch && s->base == (uint8_t *)ptr)
+			return free_seg(c, s, err);
+	set_err(err, CVD_E_INVALID, "cvd_free: %p is not the start of a segment of this client", ptr);
+	return CVD_E_INVALID;
+}
+
+static seg *find_seg(cvd_client *c, const uint8_t *p, size_t n, size_t esize)
+{
+	seg *s;
+	for (s = c->segs; s; s = s->next) {
+		if (s->scratch || p < s->base || p > s->base + s->size || n > (size_t)(s->base + s->size - p))
+			continue;
+		if (esize && (size_t)(p - s->base) % esize)
+			return NULL; /* misaligned for the protocol: take the copy path */
+		return s;
+	}
+	return NULL;
+}
+
+static seg *take_scratch(cvd_client *c, size_t n, cvd_error *err)
+{
+	seg *s, *best = NULL;
+	size_t size;
+	for (s = c->segs; s; s = s->next)
+		if (s->scratch && !s->busy && s->size >= n && (!best || s->size < best->size))
+			best = s;
+	if (!best) {
+		for (size = SCRATCH_MIN; size < n; size *= 2)
+			;
+		best = alloc_seg(c, size, 1, err);
+		if (!best && err && err->code == CVD_E_QUOTA) {
+			/* drop idle scratch and try the exact size */
+			seg *next;
+			for (s = c->segs; s; s = next) {
+				next = s->next;
+				if (s->scratch && !s->busy)
+					free_seg(c, s, NULL);
+			}
+			best = alloc_seg(c, n, 1, err);
+		}
+	}
+	if (best)
+		best->busy = 1;
+	return best;
+}
+
+/* ------------------------------------------------------------------ calls */
+
+cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
+{
+	uint8_t pre[CVD_HEADER_SIZE + 17 + 255 + 16];
+	struct iovec iov[2];
+	cvd_frame f;
+	cvd_request *r;
+	size_t esize, nbytes, name_len = call->name ? strlen(call->name) : 0;
+	seg *s = NULL;
+	int niov = 1;
+	if (call->op != CVD_ALLREDUCE && call->op != CVD_BROADCAST && call->op != CVD_BARRIER &&
+	    call->op != CVD_ALLGATHER) {
+		set_err(err, CVD_E_INVALID, "unknown collective code %d", (int)call->op);
+		return NULL;
+	}
+	esize = cvd_dtype_size(call->dtype);
+	if (call->op != CVD_BARRIER && esize == 0) {
+		set_err(err, CVD_E_INVALID, "unknown dtype code %d", (int)call->dtype);
+		return NULL;
+	}
+	if (name_len > 255) {
+		set_err(err, CVD_E_INVALID, "call name is %lu bytes, limit 255", (unsigned long)name_len);
+		return NULL;
+	}
+	if (call->op == CVD_BARRIER ? call->count != 0 : (call->count && !call->buf)) {
+		set_err(err, CVD_E_INVALID, "%s", call->op == CVD_BARRIER ? "a barrier takes no buffer"
+								: "NULL buffer with a nonzero count");
+		return NULL;
+	}
+	if (esize && call->count > (size_t)-1 / esize) {
+		set_err(err, CVD_E_INVALID, "count %lu overflows", (unsigned long)call->count);
+		return NULL;
+	}
+	nbytes = call->count * esize;
+	if (!(r = new_req(c, CVD_T_CALL_OK, err)))
+		return NULL;
+	r->user = 1;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_CALL;
+	f.id = r->id;
+	f.op = (uint8_t)call->op;
+	f.dtype = (uint8_t)(call->op == CVD_BARRIER ? 0 : call->dtype);
+	f.reduce = (uint8_t)(call->op == CVD_ALLREDUCE ? call->reduce : 0);
+	f.root = call->op == CVD_BROADCAST ? call->root : 0;
+	f.count = call->count;
+	f.name = (const uint8_t *)call->name;
+	f.name_len = name_len;
+	if (nbytes)
+		s = find_seg(c, (const uint8_t *)call->buf, nbytes, esize);
+	if (s) {
+		f.flags = CVD_CALL_SHM;
+		f.segment = s->id;
+		f.offset = (uint64_t)((const uint8_t *)call->buf - s->base);
+	} else if (nbytes <= c->info.inline_limit) {
+		f.data = (const uint8_t *)call->buf;
+		f.data_len = nbytes;
+		r->copy_back = (uint8_t *)call->buf;
+		r->nbytes = nbytes;
+	} else {
+		s = take_scratch(c, nbytes, err);
+		if (!s) {
+			free_req(r);
+			return NULL;
+		}
+		memcpy(s->base, call->buf, nbytes);
+		f.flags = CVD_CALL_SHM;
+		f.segment = s->id;
+		f.offset = 0;
+		r->scratch = s;
+		r->copy_back = (uint8_t *)call->buf;
+		r->nbytes = nbytes;
+	}
+	iov[0].iov_base = pre;
+	iov[0].iov_len = encode_prefix(&f, pre, payload_len(&f));
+	if (!(f.flags & CVD_CALL_SHM) && nbytes) {
+		iov[1].iov_base = call->buf;
+		iov[1].iov_len = nbytes;
+		niov = 2;
+	}
+	if (submit(c, r, iov, niov, -1, err) != 0) {
+		unlink_req(c, r);
+		if (r->scratch)
+			r->scratch->busy = 0;
+		free(r);
+		return NULL;
+	}
+	return r;
+}
+
+cvd_request *cvd_allreduce_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype,
+				 cvd_op op, cvd_error *err)
+{
+	cvd_call call;
+	memset(&call, 0, sizeof call);
+	call.op = CVD_ALLREDUCE;
+	call.dtype = dtype;
+	call.reduce = op;
+	call.buf = buf;
+	call.count = count;
+	if (op < CVD_SUM || op > CVD_MIN || dtype == CVD_BYTES) {
+		set_err(err, CVD_E_INVALID, "allreduce needs a numeric dtype and sum, prod, max or min");
+		return NULL;
+	}
+	return cvd_call_async(c, &call, err);
+}
+
+int cvd_wait(cvd_request *req, int64_t timeout_ms, cvd_error *err)
+{
+	int rc;
+	if (!req) {
+		set_err(err, CVD_E_INVALID, "cvd_wait: NULL request");
+		return CVD_E_INVALID;
+	}
+	rc = wait_req(req, timeout_ms, err);
+	if (rc == CVD_E_WAIT_TIMEOUT && !req->done)
+		return rc;
+	free_req(req);
+	return rc;
+}
+
+int cvd_test(cvd_request *req)
+{
+	if (!req->done && req->c && !req->c->broken)
+		progress(req->c, now_ms(), NULL);
+	return req->done;
+}
+
+uint32_t cvd_request_generation(const cvd_request *req) { return req->generation; }
+uint64_t cvd_request_seq(const cvd_request *req) { return req->seq; }
+
+void cvd_request_free(cvd_request *req)
+{
+	if (req && req->c && !req->done) {
+		req->orphan = 1; /* the reply is still due: it frees the request */
+		req->user = 0;
+		return;
+	}
+	free_req(req);
+}
+
+int cvd_call_sync(cvd_client *c, const cvd_call *call, cvd_error *err)
+{
+	cvd_request *r = cvd_call_async(c, call, err);
+	if (!r)
+		return err ? err->code : CVD_E_INVALID;
+	return cvd_wait(r, -1, err);
+}
+
+int cvd_allreduce(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
+		  cvd_error *err)
+{
+	cvd_request *r = cvd_allreduce_async(c, buf, count, dtype, op, err);
+	if (!r)
+		return err ? err->code : CVD_E_INVALID;
+	return cvd_wait(r, -1, err);
+}
+
+int cvd_broadcast(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, uint32_t root,
+		  cvd_error *err)
+{
+	cvd_call call;
+	memset(&call, 0, sizeof call);
+	call.op = CVD_BROADCAST;
+	call.dtype = dtype;
+	call.root = root;
+	call.buf = buf;
+	call.count = count;
+	return cvd_call_sync(c, &call, err);
+}
+
+int cvd_barrier(cvd_client *c, cvd_error *err)
+{
+	cvd_call call;
+	memset(&call, 0, sizeof call);
+	call.op = CVD_BARRIER;
+	return cvd_call_sync(c, &call, err);
+}
+
+char *cvd_status(cvd_client *c, size_t *len, cvd_error *err)
+{
+	uint8_t buf[CVD_HEADER_SIZE];
+	struct iovec iov;
+	cvd_frame f;
+	cvd_request *r;
+	char *json;
+	if (!(r = new_req(c, CVD_T_STATUS_OK, err)))
+		return NULL;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_STATUS;
+	f.id = r->id;
+	iov.iov_base = buf;
+	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
+	if (request_sync(c, r, &iov, 1, -1, err) != 0) {
+		if (!r->orphan)
+			free_req(r);
+		return NULL;
+	}
+	json = r->json;
+	if (len)
+		*len = r->json_len;
+	r->json = NULL;
+	free_req(r);
+	return json;
+}

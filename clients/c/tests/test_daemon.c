@@ -1,0 +1,483 @@
+/* The C client against real collectived daemons started here (by PID:
+ * SIGTERM, then SIGKILL), in 1x1 and 2x2 worlds on loopback. */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../collectived.h"
+#include "check.h"
+
+#define JOB "ctest-job"
+#define TOKEN_ENV "COLLECTIVED_TEST_TOKEN"
+#define MAX_NODES 4
+
+typedef struct world {
+	int nodes, local, size;
+	char dir[64];
+	char cfg[128];
+	char sock[MAX_NODES][128];
+	char log[MAX_NODES][128];
+	pid_t pid[MAX_NODES];
+} world;
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts;
+	ts.tv_sec = ms / 1000;
+	ts.tv_nsec = (ms % 1000) * 1000000L;
+	nanosleep(&ts, NULL);
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int free_port(void)
+{
+	struct sockaddr_in a;
+	socklen_t n = sizeof a;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+	memset(&a, 0, sizeof a);
+	a.sin_family = AF_INET;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &n) == 0)
+		port = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+static void print_log(const world *w, int r)
+{
+	char buf[4096];
+	size_t n;
+	FILE *f = fopen(w->log[r], "r");
+	if (!f)
+		return;
+	if (fseek(f, -(long)sizeof buf + 1, SEEK_END) != 0)
+		rewind(f);
+	n = fread(buf, 1, sizeof buf - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	fprintf(stderr, "--- daemon %d log (tail) ---\n%s\n", r, buf);
+}
+
+static void world_stop(world *w)
+{
+	int r, i, st;
+	for (r = 0; r < w->nodes; r++)
+		if (w->pid[r] > 0)
+			kill(w->pid[r], SIGTERM);
+	for (r = 0; r < w->nodes; r++) {
+		if (w->pid[r] <= 0)
+			continue;
+		for (i = 0; i < 100 && waitpid(w->pid[r], &st, WNOHANG) == 0; i++)
+			sleep_ms(100);
+		if (i == 100) {
+			kill(w->pid[r], SIGKILL);
+			waitpid(w->pid[r], &st, 0);
+		}
+		w->pid[r] = 0;
+		unlink(w->sock[r]);
+		unlink(w->log[r]);
+	}
+	unlink(w->cfg);
+	rmdir(w->dir);
+}
+
+static int world_start(world *w, const char *bin, int nodes, int local)
+{
+	FILE *f;
+	int r;
+	int64_t deadline;
+	memset(w, 0, sizeof *w);
+	w->nodes = nodes;
+	w->local = local;
+	w->size = nodes * local;
+	strcpy(w->dir, "/tmp/cvdc-XXXXXX");
+	if (!mkdtemp(w->dir)) {
+		CHECK(0, "mkdtemp: %s", strerror(errno));
+		return -1;
+	}
+	snprintf(w->cfg, sizeof w->cfg, "%s/config.yaml", w->dir);
+	f = fopen(w->cfg, "w");
+	if (!f) {
+		CHECK(0, "cannot write %s", w->cfg);
+		return -1;
+	}
+	fprintf(f, "job:\n  name: %s\n  token_env: %s\n  local_size: %d\npeers:\n", JOB, TOKEN_ENV, local);
+	for (r = 0; r < nodes; r++)
+		fprintf(f, "  - 127.0.0.1:%d\n", free_port());
+	for (r = 0; r < nodes; r++) {
+		snprintf(w->sock[r], sizeof w->sock[r], "%s/n%d.sock", w->dir, r);
+		snprintf(w->log[r], sizeof w->log[r], "%s/n%d.log", w->dir, r);
+	}
+	fprintf(f, "socket:\n  path: %s\ntimeouts:\n  connect: 30s\n  collective: 20s\n"
+		   "  first_call: 60s\n  stall_warning: 5s\nlimits:\n  inline_bytes: 64KiB\n", w->sock[0]);
+	fclose(f);
+	setenv(TOKEN_ENV, "ctest-token-0123456789abcdef", 1);
+	for (r = 0; r < nodes; r++) {
+		pid_t p = fork();
+		if (p == 0) {
+			char rank[16];
+			int fd = open(w->log[r], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+			if (fd >= 0) {
+				dup2(fd, 1);
+				dup2(fd, 2);
+			}
+			setpgid(0, 0);
+			snprintf(rank, sizeof rank, "%d", r);
+			execl(bin, bin, "run", "--config", w->cfg, "--rank", rank, "--socket", w->sock[r],
+			      (char *)NULL);
+			_exit(127);
+		}
+		w->pid[r] = p;
+	}
+	deadline = mono_ms() + 60000;
+	for (r = 0; r < nodes; r++) {
+		cvd_options o;
+		cvd_error err;
+		int st;
+		cvd_options_init(&o);
+		o.job = JOB;
+		o.observer = 1;
+		o.connect_timeout_ms = 2000;
+		for (;;) {
+			cvd_client *c;
+			if (waitpid(w->pid[r], &st, WNOHANG) == w->pid[r]) {
+				w->pid[r] = 0;
+				CHECK(0, "daemon %d exited (status %d) before accepting HELLO", r, st);
+				print_log(w, r);
+				world_stop(w);
+				return -1;
+			}
+			c = cvd_connect(w->sock[r], &o, &err);
+			if (c) {
+				CHECK(cvd_rank(c) == -1, "observer has rank %d", cvd_rank(c));
+				cvd_close(c);
+				break;
+			}
+			if (mono_ms() > deadline) {
+				CHECK(0, "daemon %d not accepting HELLO on %s: %s", r, w->sock[r], err.message);
+				print_log(w, r);
+				world_stop(w);
+				return -1;
+			}
+			sleep_ms(100);
+		}
+	}
+	return 0;
+}
+
+typedef void (*trainer_fn)(cvd_client *c, const world *w);
+
+/* Fork one trainer per world rank; each runs fn and reports its counters. */
+static void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s)
+{
+	pid_t pids[16];
+	int pipes[16];
+	int i, got[16];
+	int64_t deadline = mono_ms() + (int64_t)timeout_s * 1000;
+	fflush(stdout);
+	fflush(stderr);
+	for (i = 0; i < w->size; i++) {
+		int fds[2];
+		if (pipe(fds) != 0) {
+			CHECK(0, "pipe: %s", strerror(errno));
+			return;
+		}
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			cvd_options o;
+			cvd_error err;
+			cvd_client *c = NULL;
+			int counts[2], k;
+			close(fds[0]);
+			checks_passed = checks_failed = 0;
+			cvd_options_init(&o);
+			o.job = JOB;
+			o.local_rank = i % w->local;
+			o.label = "ctest trainer";
+			/* The daemon frees a local rank when it notices the previous
+			 * holder's disconnect, which can lag its exit: retry briefly. */
+			for (k = 0; k < 50; k++) {
+				c = cvd_connect(w->sock[i / w->local], &o, &err);
+				if (c || err.code != CVD_E_RANK_TAKEN)
+					break;
+				sleep_ms(100);
+			}
+			CHECK(c != NULL, "%s: trainer %d cannot connect: %s", what, i, err.message);
+			if (c) {
+				fn(c, w);
+				cvd_close(c);
+			}
+			counts[0] = checks_passed;
+			counts[1] = checks_failed;
+			if (write(fds[1], counts, sizeof counts) != (ssize_t)sizeof counts)
+				_exit(3);
+			fflush(stderr);
+			_exit(0);
+		}
+		close(fds[1]);
+		pipes[i] = fds[0];
+		got[i] = 0;
+	}
+	for (i = 0; i < w->size; i++) {
+		int counts[2], st;
+		struct pollfd p;
+		int64_t left = deadline - mono_ms();
+		p.fd = pipes[i];
+		p.events = POLLIN;
+		if (left > 0 && poll(&p, 1, (int)left) == 1 &&
+		    read(pipes[i], counts, sizeof counts) == (ssize_t)sizeof counts) {
+			checks_passed += counts[0];
+			checks_failed += counts[1];
+			got[i] = 1;
+		} else {
+			CHECK(0, "%s: trainer %d did not report within %d s", what, i, timeout_s);
+			kill(pids[i], SIGKILL);
+		}
+		waitpid(pids[i], &st, 0);
+		close(pipes[i]);
+	}
+	for (i = 0; i < w->size; i++)
+		if (!got[i]) {
+			int r;
+			for (r = 0; r < w->nodes; r++)
+				print_log(w, r);
+			break;
+		}
+}
+
+/* ---------------------------------------------------------------- trainers */
+
+static const cvd_dtype dtypes[] = {CVD_FLOAT32, CVD_FLOAT64, CVD_INT32, CVD_INT64};
+static const cvd_op ops[] = {CVD_SUM, CVD_PROD, CVD_MAX, CVD_MIN};
+
+/* Small integers: exact in every dtype, so results compare exactly. */
+static double input(int rank, size_t i, cvd_op op)
+{
+	if (op == CVD_PROD) {
+		int k = (int)((rank + i) % 3);
+		return k == 0 ? 2.0 : (k == 1 ? -1.0 : 1.0);
+	}
+	return (double)((rank * 7 + (int)(i % 13) * 3) % 11) - 5.0;
+}
+
+static double expected(int size, size_t i, cvd_op op)
+{
+	double acc = input(0, i, op);
+	int r;
+	for (r = 1; r < size; r++) {
+		double v = input(r, i, op);
+		switch (op) {
+		case CVD_SUM: acc += v; break;
+		case CVD_PROD: acc *= v; break;
+		case CVD_MAX: acc = v > acc ? v : acc; break;
+		default: acc = v < acc ? v : acc; break;
+		}
+	}
+	return acc;
+}
+
+static void set_val(void *buf, cvd_dtype t, size_t i, double v)
+{
+	switch (t) {
+	case CVD_FLOAT32: ((float *)buf)[i] = (float)v; break;
+	case CVD_FLOAT64: ((double *)buf)[i] = v; break;
+	case CVD_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+	default: ((int64_t *)buf)[i] = (int64_t)v; break;
+	}
+}
+
+static double get_val(const void *buf, cvd_dtype t, size_t i)
+{
+	switch (t) {
+	case CVD_FLOAT32: return ((const float *)buf)[i];
+	case CVD_FLOAT64: return ((const double *)buf)[i];
+	case CVD_INT32: return ((const int32_t *)buf)[i];
+	default: return (double)((const int64_t *)buf)[i];
+	}
+}
+
+enum { PATH_INLINE, PATH_SEGMENT, PATH_SCRATCH, PATH_REGISTER, NPATHS };
+static const char *const path_names[] = {"inline", "segment", "scratch", "register"};
+
+static void every_dtype_op(cvd_client *c, const world *w)
+{
+	int p, d, o, rank = cvd_rank(c);
+	cvd_error err;
+	(void)w;
+	for (p = 0; p < NPATHS; p++) {
+		for (d = 0; d < 4; d++) {
+			for (o = 0; o < 4; o++) {
+				size_t es = cvd_dtype_size(dtypes[d]), i, n = 100, bad = 0;
+				void *buf;
+				uint64_t before;
+				int rc;
+				if (p == PATH_SCRATCH)
+					n = cvd_get_info(c)->inline_limit / es + 100;
+				if (p == PATH_SEGMENT)
+					buf = cvd_alloc(c, n * es, &err);
+				else if (p == PATH_REGISTER)
+					buf = cvd_register(c, n * es, &err);
+				else
+					buf = malloc(n * es);
+				CHECK(buf != NULL, "%s: no buffer: %s", path_names[p], err.message);
+				if (!buf)
+					continue;
+				for (i = 0; i < n; i++)
+					set_val(buf, dtypes[d], i, input(rank, i, ops[o]));
+				before = cvd_bytes_sent(c);
+				rc = cvd_allreduce(c, buf, n, dtypes[d], ops[o], &err);
+				CHECK(rc == 0, "%s dtype %d op %d: %s", path_names[p], dtypes[d], ops[o], err.message);
+				for (i = 0; rc == 0 && i < n; i++)
+					if (get_val(buf, dtypes[d], i) != expected(cvd_size(c), i, ops[o]))
+						bad++;
+				CHECK(bad == 0, "%s dtype %d op %d: %lu of %lu elements wrong (e.g. [0] = %g, want %g)",
+				      path_names[p], dtypes[d], ops[o], (unsigned long)bad, (unsigned long)n,
+				      get_val(buf, dtypes[d], 0), expected(cvd_size(c), 0, ops[o]));
+				if (p == PATH_SEGMENT || p == PATH_REGISTER) {
+					CHECK(cvd_bytes_sent(c) - before < 128,
+					      "%s: %llu bytes sent for a shared-memory call", path_names[p],
+					      (unsigned long long)(cvd_bytes_sent(c) - before));
+					CHECK(cvd_free(c, buf, &err) == 0, "cvd_free: %s", err.message);
+				} else
+					free(buf);
+			}
+		}
+	}
+}
+
+static void info_and_async(cvd_client *c, const world *w)
+{
+	enum { K = 6, N = 20000 };
+	cvd_request *reqs[K];
+	int64_t *bufs[K];
+	cvd_error err;
+	int k, rank = cvd_rank(c);
+	size_t i;
+	CHECK(cvd_size(c) == w->size, "size %d, want %d", cvd_size(c), w->size);
+	CHECK(cvd_local_size(c) == w->local && cvd_node_count(c) == w->nodes, "local %d nodes %d",
+	      cvd_local_size(c), cvd_node_count(c));
+	CHECK(rank == cvd_node_rank(c) * w->local + cvd_local_rank(c), "rank %d node %d local %d", rank,
+	      cvd_node_rank(c), cvd_local_rank(c));
+	CHECK(cvd_default_timeout_ms(c) >= 20000 + 5000, "default timeout %lld ms",
+	      (long long)cvd_default_timeout_ms(c));
+	for (k = 0; k < K; k++) {
+		bufs[k] = k == 2 ? (int64_t *)cvd_alloc(c, N * sizeof(int64_t), &err)
+				 : (int64_t *)malloc(N * sizeof(int64_t));
+		for (i = 0; bufs[k] && i < N; i++)
+			bufs[k][i] = rank + k;
+		reqs[k] = bufs[k] ? cvd_allreduce_async(c, bufs[k], N, CVD_INT64, CVD_SUM, &err) : NULL;
+		CHECK(reqs[k] != NULL, "async %d: %s", k, err.message);
+	}
+	for (k = K - 1; k >= 0; k--) {
+		int64_t want = 0;
+		size_t bad = 0;
+		int r;
+		if (!reqs[k])
+			continue;
+		CHECK(cvd_wait(reqs[k], -1, &err) == 0, "wait %d: %s", k, err.message);
+		for (r = 0; r < w->size; r++)
+			want += r + k;
+		for (i = 0; i < N; i++)
+			bad += bufs[k][i] != want;
+		CHECK(bad == 0, "async %d: %lu wrong elements", k, (unsigned long)bad);
+		if (k != 2)
+			free(bufs[k]);
+	}
+}
+
+static void broadcast_barrier_mismatch(cvd_client *c, const world *w)
+{
+	double x[5];
+	float g[4] = {1, 1, 1, 1};
+	cvd_error err;
+	int i, rc, rank = cvd_rank(c);
+	cvd_call call;
+	for (i = 0; i < 5; i++)
+		x[i] = rank;
+	CHECK(cvd_broadcast(c, x, 5, CVD_FLOAT64, (uint32_t)(w->size - 1), &err) == 0, "broadcast: %s",
+	      err.message);
+	CHECK(x[0] == w->size - 1 && x[4] == w->size - 1, "broadcast got %g", x[0]);
+	CHECK(cvd_barrier(c, &err) == 0, "barrier: %s", err.message);
+	memset(&call, 0, sizeof call);
+	call.op = CVD_BARRIER;
+	call.name = "named-barrier";
+	CHECK(cvd_call_sync(c, &call, &err) == 0, "named barrier: %s", err.message);
+	if (w->size > 1) {
+		rc = cvd_allreduce(c, g, rank == 0 ? 3 : 4, CVD_FLOAT32, CVD_SUM, &err);
+		CHECK(rc == CVD_E_MISMATCH && err.code == CVD_E_MISMATCH, "mismatch gave %d %s: %s", rc,
+		      cvd_strerror(rc), err.message);
+		CHECK(strstr(err.message, "MISMATCH") != NULL, "message %s", err.message);
+	}
+	g[0] = 1;
+	CHECK(cvd_allreduce(c, g, 1, CVD_FLOAT32, CVD_SUM, &err) == 0, "after mismatch: %s", err.message);
+	CHECK(g[0] == (float)w->size, "after mismatch: %g", g[0]);
+}
+
+static void parent_checks(const world *w)
+{
+	cvd_options o;
+	cvd_error err;
+	cvd_client *c;
+	char *js;
+	size_t n = 0;
+	cvd_options_init(&o);
+	o.job = "not-" JOB;
+	c = cvd_connect(w->sock[0], &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_JOB && err.fatal, "wrong job: code %d (%s) %s", err.code,
+	      cvd_strerror(err.code), err.message);
+	cvd_close(c);
+	o.job = JOB;
+	o.observer = 1;
+	c = cvd_connect(w->sock[0], &o, &err);
+	CHECK(c != NULL, "observer: %s", err.message);
+	if (!c)
+		return;
+	js = cvd_status(c, &n, &err);
+	CHECK(js != NULL && n > 1 && js[0] == '{', "status: %s", js ? js : err.message);
+	free(js);
+	cvd_close(c);
+	o.observer = 0;
+	o.local_rank = w->local;
+	c = cvd_connect(w->sock[0], &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_RANK_RANGE, "rank range: %d %s", err.code, err.message);
+	cvd_close(c);
+}
+
+int run_daemon_tests(const char *bin)
+{
+	static const int shapes[][2] = {{1, 1}, {2, 2}};
+	size_t s;
+	for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		world w;
+		if (world_start(&w, bin, shapes[s][0], shapes[s][1]) != 0)
+			continue;
+		printf("world %dx%d up\n", w.nodes, w.local);
+		parent_checks(&w);
+		run_trainers(&w, info_and_async, "info_and_async", 120);
+		run_trainers(&w, every_dtype_op, "every_dtype_op", 180);
+		run_trainers(&w, broadcast_barrier_mismatch, "broadcast_barrier_mismatch", 120);
+		world_stop(&w);
+	}
+	return 0;
+}
