@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,8 @@ type cluster struct {
 	listen       []string // per node --listen, "" for none
 	sockets      []string
 	logs         []string
+
+	started bool // config written, stop arranged
 
 	mu      sync.Mutex
 	daemons []*exec.Cmd
@@ -204,16 +207,34 @@ func (c *cluster) command(i int, bin string, args ...string) *exec.Cmd {
 // the ring is up.
 func (c *cluster) startAll() {
 	c.t.Helper()
-	if c.cfgPath == "" {
-		c.writeConfig(fastTimeouts)
-	}
-	c.t.Cleanup(c.stop)
 	for i := 0; i < c.nodes; i++ {
-		c.startDaemon(i)
+		c.startOnly(i)
 	}
 	for i := 0; i < c.nodes; i++ {
 		c.waitUp(i, 0, 30*time.Second)
 	}
+}
+
+// startOnly starts daemon i, the first time with the config written and
+// stopping arranged, and waits until its socket answers (its ring may
+// still be forming).
+func (c *cluster) startOnly(i int) {
+	c.t.Helper()
+	if !c.started {
+		c.started = true
+		if c.cfgPath == "" {
+			c.writeConfig(fastTimeouts)
+		}
+		c.t.Cleanup(c.stop)
+	}
+	c.startDaemon(i)
+	waitFor(c.t, 20*time.Second, fmt.Sprintf("daemon %d's socket", i), func() bool {
+		conn, err := net.Dial("unix", c.sockets[i])
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
 }
 
 func (c *cluster) startDaemon(i int) {
