@@ -43,7 +43,9 @@ func (r *Ring) end(err error) error {
 		err = r.healthy()
 	}
 	if err != nil {
-		err = r.opError()
+		if e := r.opError(); e != nil {
+			err = e
+		}
 	}
 	r.setCurrent(false)
 	r.curOp.Store(uint32(collective.OpInvalid))
@@ -103,6 +105,11 @@ func (r *Ring) pending() int {
 		n += o
 	}
 	return n
+}
+
+// canSend reports whether send would queue without waiting.
+func (r *Ring) canSend() bool {
+	return r.outstanding[r.sendCount%uint64(len(r.next))] < txDepth
 }
 
 // send queues one frame for the next rank; the payload is read by the

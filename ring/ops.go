@@ -302,14 +302,17 @@ func (r *Ring) allGather(out [][]byte) error {
 		nsend := max(1, (len(send)+seg-1)/seg)
 		nrecv, total := -1, 0
 		for j, k := 0, 0; j < nsend || nrecv < 0 || k < nrecv; {
-			if j < nsend {
+			// Blocks differ in length, so sends and receives of a step
+			// do not pair up: send while the writer has room, and when it
+			// has none receive first, so that a rank pushing a long block
+			// never stops draining the one coming in.
+			recvDue := nrecv < 0 || k < nrecv
+			if j < nsend && (!recvDue || r.canSend()) {
 				lo, hi := min(j*seg, len(send)), min((j+1)*seg, len(send))
 				if err := r.send(kindData, send[lo:hi], uint64(len(send))); err != nil {
 					return err
 				}
 				j++
-			}
-			if nrecv >= 0 && k >= nrecv {
 				continue
 			}
 			b, err := r.recv(kindData)

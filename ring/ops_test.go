@@ -205,3 +205,31 @@ var (
 func bcastDesc(n int) collective.Desc {
 	return collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: uint64(n)}
 }
+
+// TestAllGatherImbalanced: blocks of very different lengths in tiny
+// segments, so that ranks push far more frames than they receive in a
+// step; nothing may deadlock.
+func TestAllGatherImbalanced(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		rings := newWorld(t, worldOpts{n: n, streams: 2, tweak: func(c *Config) { c.SegmentBytes = 64 }})
+		for _, p := range [][]int{{100000, 0}, {0, 100000, 100000}, {100000, 1, 100000, 0}} {
+			ins := make([][]byte, n)
+			for i := range ins {
+				ins[i] = randBytes(uint64(i), p[i%len(p)])
+			}
+			outs := make([][][]byte, n)
+			d := collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes}
+			noErrors(t, fmt.Sprintf("n=%d %v", n, p), onAll(t, rings, func(i int, r *Ring) (err error) {
+				outs[i], err = r.AllGather(d, ins[i], nil)
+				return err
+			}))
+			for i := range outs {
+				for j := range ins {
+					if !bytes.Equal(outs[i][j], ins[j]) {
+						t.Fatalf("n=%d %v: rank %d block %d wrong", n, p, i, j)
+					}
+				}
+			}
+		}
+	}
+}
