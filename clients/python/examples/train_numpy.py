@@ -96,7 +96,7 @@ def main() -> int:
 
     x, y = make_data(args.seed, args.examples, args.features)
     with collectived.Client(args.socket, job=args.job, local_rank=args.local_rank,
-                            label="train_numpy.py") as c:
+                            label="train_numpy.py", rank_retry=10.0) as c:
         w, loss = train_parallel(c, x, y, args)
         # every trainer must hold the very same weights: compare max and min
         hi, lo = w.copy(), w.copy()

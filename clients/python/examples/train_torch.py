@@ -69,7 +69,7 @@ def main() -> int:
     x, y = make_data(args.seed, 2048, d)
 
     with collectived.Client(args.socket, job=args.job, local_rank=args.local_rank,
-                            label="train_torch.py") as c:
+                            label="train_torch.py", rank_retry=10.0) as c:
         model = make_model(args.seed, d)
         params = list(model.parameters())
         flat = ct.zeros(c, sum(p.numel() for p in params), torch.float64)

@@ -42,6 +42,7 @@ class ScriptedDaemon:
         self.frees: list[int] = []
         self.registered: list[int] = []
         self.bytes_received = 0
+        self.rank_taken_times = 0  # answer this many HELLOs with RANK_TAKEN
         self._segs: dict[int, mmap.mmap] = {}
         self._next_seg = 1
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -99,6 +100,11 @@ class ScriptedDaemon:
             if msg.job != self.job:
                 conn.sendall(P.encode(P.Error(msg.id, 3, f'HELLO names job "{msg.job}", '
                                               f'daemon serves job "{self.job}"', P.FLAG_FATAL)))
+                return
+            if self.rank_taken_times > 0:
+                self.rank_taken_times -= 1
+                conn.sendall(P.encode(P.Error(msg.id, 4, "local rank 0 of node 0 is held by pid 1",
+                                              P.FLAG_FATAL)))
                 return
             lr = 0 if msg.local_rank < 0 else msg.local_rank
             conn.sendall(P.encode(P.HelloOk(

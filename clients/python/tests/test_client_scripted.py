@@ -51,6 +51,16 @@ def test_env_defaults(fake: ScriptedDaemon, monkeypatch: pytest.MonkeyPatch) -> 
     assert '"default"' in ei.value.message and '"demo"' in ei.value.message
 
 
+def test_rank_retry(fake: ScriptedDaemon) -> None:
+    fake.rank_taken_times = 1
+    with pytest.raises(collectived.RankTakenError, match="held by pid 1"):
+        collectived.Client(fake.path, job="demo", local_rank=0)
+    fake.rank_taken_times = 3
+    with collectived.Client(fake.path, job="demo", local_rank=0, rank_retry=5.0) as c:
+        assert c.rank == 0
+    assert fake.rank_taken_times == 0
+
+
 def test_connect_failure_names_path(tmp_path) -> None:
     with pytest.raises(collectived.ConnectionLostError, match="nope.sock"):
         collectived.Client(str(tmp_path / "nope.sock"), job="x")

@@ -192,7 +192,13 @@ log:
             return out
 
 
+def connect_trainer(sock: str, local_rank: int, label: str = "pytest trainer") -> collectived.Client:
+    """Connect as ``local_rank``, retrying RANK_TAKEN for a few seconds: the
+    previous test's trainer may have exited before its daemon noticed."""
+    return collectived.Client(sock, job=JOB, local_rank=local_rank, label=label, rank_retry=5.0)
+
+
 def _trainer(where: tuple[str, int], fn: Callable[..., Any], args: tuple) -> Any:
     sock, local_rank = where
-    with collectived.Client(sock, job=JOB, local_rank=local_rank, label="pytest trainer") as c:
+    with connect_trainer(sock, local_rank) as c:
         return fn(c, *args)

@@ -22,8 +22,10 @@ from ._buffers import Buffer, address_of, as_buffer
 from .errors import (
     CollectivedError,
     ConnectionLostError,
+    FullError,
     ProtocolError,
     QuotaError,
+    RankTakenError,
     WaitTimeoutError,
     error_for,
 )
@@ -134,6 +136,10 @@ class Client:
             collective timeout (from HELLO_OK) plus 10% (at least 5 s).
         connect_timeout: seconds for connect and the HELLO exchange.
         observer: attach without a rank (only :meth:`status` is allowed).
+        rank_retry: seconds to keep retrying while the daemon answers
+            RANK_TAKEN or FULL (default 0: fail at once). A trainer restarted
+            right after its predecessor exited may need this: the daemon frees
+            a rank only once it notices the old connection closed.
 
     Calls are matched across the world by order, so issue collectives on one
     client from one thread (or serialize them); waiting on handles from
@@ -142,7 +148,8 @@ class Client:
 
     def __init__(self, socket: Optional[str] = None, *, local_rank: int = -1,
                  job: Optional[str] = None, label: str = "", timeout: Optional[float] = None,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, observer: bool = False) -> None:
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, observer: bool = False,
+                 rank_retry: float = 0.0) -> None:
         self.path = socket or os.environ.get("COLLECTIVED_SOCKET") or DEFAULT_SOCKET
         self.job = job if job is not None else os.environ.get("COLLECTIVED_JOB", DEFAULT_JOB)
         self._lock = threading.Lock()        # pending, segments, scratch, state
@@ -157,20 +164,17 @@ class Client:
         self._reader: Optional[threading.Thread] = None
         #: bytes written to the socket so far (frames and inline data).
         self.bytes_sent = 0
-        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            self._sock.settimeout(connect_timeout)
+        hello = P.Hello(1, local_rank=-1 if observer else local_rank, pid=os.getpid(),
+                        job=self.job, label=label, flags=P.HELLO_OBSERVER if observer else 0)
+        retry_until = time.monotonic() + rank_retry
+        while True:
             try:
-                self._sock.connect(self.path)
-            except OSError as e:
-                raise ConnectionLostError(f"cannot connect to collectived at {self.path}: {e}") from e
-            hello = P.Hello(1, local_rank=-1 if observer else local_rank, pid=os.getpid(),
-                            job=self.job, label=label, flags=P.HELLO_OBSERVER if observer else 0)
-            self._send(P.encode(hello))
-            ok = self._read_hello_reply(connect_timeout)
-        except BaseException:
-            self._sock.close()
-            raise
+                ok = self._handshake(hello, connect_timeout)
+                break
+            except (RankTakenError, FullError):
+                if time.monotonic() >= retry_until:
+                    raise
+                time.sleep(0.1)
         self.info = ok
         self._generation = ok.generation
         self._observer = observer
@@ -185,6 +189,20 @@ class Client:
         self._reader = threading.Thread(target=self._read_loop, name="collectived-reader",
                                         daemon=True)
         self._reader.start()
+
+    def _handshake(self, hello: P.Hello, connect_timeout: float) -> P.HelloOk:
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(connect_timeout)
+            try:
+                self._sock.connect(self.path)
+            except OSError as e:
+                raise ConnectionLostError(f"cannot connect to collectived at {self.path}: {e}") from e
+            self._send(P.encode(hello))
+            return self._read_hello_reply(connect_timeout)
+        except BaseException:
+            self._sock.close()
+            raise
 
     # ------------------------------------------------------------ properties
 
