@@ -1025,7 +1025,27 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 	return 0;
 }
 
+static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, cvd_error *err);
+
 cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_error *err)
+{
+	cvd_error local;
+	int64_t until;
+	if (!err)
+		err = &local;
+	until = now_ms() + (opt && opt->rank_retry_ms > 0 ? opt->rank_retry_ms : 0);
+	for (;;) {
+		cvd_client *c = connect_once(socket_path, opt, err);
+		struct timespec ts;
+		if (c || (err->code != CVD_E_RANK_TAKEN && err->code != CVD_E_FULL) || now_ms() >= until)
+			return c;
+		ts.tv_sec = 0;
+		ts.tv_nsec = 100000000L;
+		nanosleep(&ts, NULL);
+	}
+}
+
+static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, cvd_error *err)
 {
 	cvd_options defaults;
 	struct sockaddr_un sa;

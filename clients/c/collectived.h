@@ -131,6 +131,9 @@ typedef struct cvd_options {
 	int observer;               /* nonzero: no rank, STATUS only */
 	int64_t timeout_ms;         /* default wait; <= 0: daemon's timeout + margin */
 	int64_t connect_timeout_ms; /* connect + HELLO; <= 0: 10000 */
+	int64_t rank_retry_ms;      /* keep retrying while the daemon answers RANK_TAKEN or
+				     * FULL (a restarted trainer whose predecessor's exit the
+				     * daemon has not noticed yet); <= 0: fail at once */
 } cvd_options;
 
 /* Fill *opt with the defaults (local_rank -1, everything else 0/NULL). */

@@ -208,7 +208,7 @@ static void run_trainers(const world *w, trainer_fn fn, const char *what, int ti
 			cvd_options o;
 			cvd_error err;
 			cvd_client *c = NULL;
-			int counts[2], k;
+			int counts[2];
 			close(fds[0]);
 			checks_passed = checks_failed = 0;
 			cvd_options_init(&o);
@@ -217,12 +217,8 @@ static void run_trainers(const world *w, trainer_fn fn, const char *what, int ti
 			o.label = "ctest trainer";
 			/* The daemon frees a local rank when it notices the previous
 			 * holder's disconnect, which can lag its exit: retry briefly. */
-			for (k = 0; k < 50; k++) {
-				c = cvd_connect(w->sock[i / w->local], &o, &err);
-				if (c || err.code != CVD_E_RANK_TAKEN)
-					break;
-				sleep_ms(100);
-			}
+			o.rank_retry_ms = 5000;
+			c = cvd_connect(w->sock[i / w->local], &o, &err);
 			CHECK(c != NULL, "%s: trainer %d cannot connect: %s", what, i, err.message);
 			if (c) {
 				fn(c, w);
@@ -462,6 +458,21 @@ static void parent_checks(const world *w)
 	c = cvd_connect(w->sock[0], &o, &err);
 	CHECK(c == NULL && err.code == CVD_E_RANK_RANGE, "rank range: %d %s", err.code, err.message);
 	cvd_close(c);
+	o.local_rank = 0;
+	c = cvd_connect(w->sock[0], &o, &err);
+	CHECK(c != NULL && cvd_local_rank(c) == 0, "local rank 0: %s", err.message);
+	if (c) {
+		int64_t t0 = mono_ms();
+		cvd_client *d;
+		o.rank_retry_ms = 300;
+		d = cvd_connect(w->sock[0], &o, &err);
+		CHECK(d == NULL && err.code == CVD_E_RANK_TAKEN && err.fatal, "rank taken: %d %s",
+		      err.code, err.message);
+		CHECK(mono_ms() - t0 >= 300, "gave up after %lld ms, before rank_retry_ms",
+		      (long long)(mono_ms() - t0));
+		cvd_close(d);
+		cvd_close(c);
+	}
 }
 
 int run_daemon_tests(const char *bin)
