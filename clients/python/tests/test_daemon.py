@@ -76,6 +76,15 @@ def test_async_2x2(world_2x2: World) -> None:
     assert len({tuple(r[-1]) for r in results}) == 1  # same (generation, seq) everywhere
 
 
+def test_more_calls_than_max_in_flight_2x2(world_2x2: World) -> None:
+    # 100 calls with max_in_flight 64: the client waits for a free slot
+    # instead of earning TOO_MANY.
+    results = world_2x2.run(T.many_async, (100, 10))
+    for res in results:
+        for i, a in enumerate(res[:-1]):
+            assert (a == sum(r + i for r in range(4))).all()
+
+
 def test_mismatch_2x2(world_2x2: World) -> None:
     results = world_2x2.run(T.mismatch)
     for res in results:
@@ -164,3 +173,15 @@ def test_peer_lost(fresh_world_2x1: World) -> None:
             h.wait(60)
         assert isinstance(ei.value, (collectived.PeerLostError, collectived.AbortedError,
                                      collectived.CollectiveTimeoutError)), ei.value
+
+
+def test_own_daemon_lost(fresh_world_2x1: World) -> None:
+    w = fresh_world_2x1
+    sock, lr = w.trainer_args(0)
+    with collectived.Client(sock, job=JOB, local_rank=lr) as c:
+        h = c.allreduce_async(np.ones(4, np.float32))  # rank 1 never calls
+        w.kill_node(0)
+        with pytest.raises(collectived.ConnectionLostError, match="closed the connection"):
+            h.wait(30)
+        with pytest.raises(collectived.ConnectionLostError, match="unusable"):
+            c.barrier()

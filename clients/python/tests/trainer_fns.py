@@ -58,6 +58,7 @@ def every_dtype_op(c: collectived.Client) -> dict:
 
 
 def many_async(c: collectived.Client, k: int, n: int) -> list:
+    assert k <= 64 or c.info.max_in_flight < k, "raise k above max_in_flight"
     xs = [np.full(n, c.rank + i, dtype=np.int64) for i in range(k)]
     xs[k // 2] = c.zeros(n, "int64")
     xs[k // 2][:] = c.rank + k // 2

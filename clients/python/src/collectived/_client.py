@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from . import _protocol as P
@@ -120,7 +120,6 @@ class _Scratch:
     mm: mmap.mmap
     view: memoryview
     busy: bool = False
-    finalizers: list = field(default_factory=list)
 
 
 class Client:
@@ -292,7 +291,7 @@ class Client:
         empty = Buffer(memoryview(bytearray(0)), 0, 0, 0, None)
         return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, empty, None)
 
-    def status(self, timeout: Optional[float] = None) -> dict:
+    def status(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """The daemon's status document (STATUS), as a dict."""
         h = self._request(P.Status(0), P.STATUS_OK, lambda m: json.loads(m.json), "STATUS")
         return h.wait(timeout)  # type: ignore[no-any-return]

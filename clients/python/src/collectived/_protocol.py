@@ -349,7 +349,8 @@ def decode_payload(ftype: int, flags: int, fid: int,
         _exact(p, _HELLO_OK.size, tname)
         f = _HELLO_OK.unpack_from(p, 0)
         _zero(f[1], tname, "reserved field")
-        return HelloOk(fid, f[0], *f[2:], frame_flags=flags)
+        return HelloOk(fid, f[0], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11],
+                       f[12], f[13], frame_flags=flags)
     if ftype in (ALLOC, REGISTER):
         _exact(p, 8, tname)
         (size,) = _U64.unpack_from(p, 0)

@@ -9,7 +9,7 @@ same base class with ``code`` set to ``None`` (or ``BAD_FRAME`` for frames).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 CODE_NAMES = {
     1: "BAD_FRAME", 2: "VERSION", 3: "JOB", 4: "RANK_TAKEN", 5: "RANK_RANGE", 6: "FULL",
@@ -43,7 +43,7 @@ class CollectivedError(Exception):
             text = f"{request}: {text}"
         super().__init__(text)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         # Keep code, fatal and request across pickling (multiprocessing).
         return (_rebuild, (type(self), self.message, self.code, self.fatal, self.request))
 

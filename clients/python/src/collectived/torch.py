@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
+import torch  # type: ignore[import-not-found,unused-ignore]
 
 from ._client import Client
 
