@@ -12,9 +12,14 @@ int main(int argc, char **argv)
 {
 	size_t n = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 1u << 20, i, bad = 0;
 	cvd_error err;
-	cvd_client *c = cvd_connect(NULL, NULL, &err);
+	cvd_options o;
+	cvd_client *c;
 	float *x;
 	int rank, size;
+	cvd_options_init(&o); /* job from $COLLECTIVED_JOB, any free local rank */
+	o.label = "examples/allreduce";
+	o.rank_retry_ms = 10000; /* a just-exited predecessor may still hold our rank */
+	c = cvd_connect(NULL, &o, &err); /* socket from $COLLECTIVED_SOCKET */
 	if (!c) {
 		fprintf(stderr, "allreduce: %s\n", err.message);
 		return 1;

@@ -475,6 +475,40 @@ static void parent_checks(const world *w)
 	}
 }
 
+/* The example program, one process per world rank, configured by the environment. */
+static void run_example(const world *w, const char *example)
+{
+	pid_t pids[16];
+	int i, st;
+	if (access(example, X_OK) != 0) {
+		CHECK(0, "example %s not built", example);
+		return;
+	}
+	fflush(stdout);
+	for (i = 0; i < w->size; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			int fd = open("/dev/null", O_WRONLY);
+			if (fd >= 0)
+				dup2(fd, 1);
+			setenv("COLLECTIVED_SOCKET", w->sock[i / w->local], 1);
+			setenv("COLLECTIVED_JOB", JOB, 1);
+			execl(example, example, "100000", (char *)NULL);
+			_exit(127);
+		}
+	}
+	for (i = 0; i < w->size; i++) {
+		int k;
+		for (k = 0; k < 1200 && waitpid(pids[i], &st, WNOHANG) == 0; k++)
+			sleep_ms(100);
+		if (k == 1200) {
+			kill(pids[i], SIGKILL);
+			waitpid(pids[i], &st, 0);
+		}
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "example rank process %d: status %d", i, st);
+	}
+}
+
 int run_daemon_tests(const char *bin)
 {
 	static const int shapes[][2] = {{1, 1}, {2, 2}};
@@ -488,6 +522,8 @@ int run_daemon_tests(const char *bin)
 		run_trainers(&w, info_and_async, "info_and_async", 120);
 		run_trainers(&w, every_dtype_op, "every_dtype_op", 180);
 		run_trainers(&w, broadcast_barrier_mismatch, "broadcast_barrier_mismatch", 120);
+		if (w.size > 1)
+			run_example(&w, "build/allreduce");
 		world_stop(&w);
 	}
 	return 0;
