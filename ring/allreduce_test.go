@@ -262,19 +262,23 @@ func TestAllReduce64MiB(t *testing.T) {
 			bufs[i] = make([]byte, count*c.dt.Size())
 		}
 		// Rank i holds i+1 in every element, so the sum is n(n+1)/2
-		// exactly; element e of rank 0 also holds e, to catch misplaced
-		// chunks.
+		// exactly; rank 0 adds e%1000 to element e, to catch misplaced
+		// chunks. The patterns are tiled with copy, which the race
+		// detector checks per range rather than per element.
 		want := make([]byte, len(bufs[0]))
 		tot := c.n * (c.n + 1) / 2
-		for e := 0; e < count; e++ {
+		for e := 0; e < 1000; e++ {
 			for i := range bufs {
 				v := i + 1
 				if i == 0 {
-					v += e % 1000
+					v += e
 				}
 				put(c.dt, bufs[i], e, v)
 			}
-			put(c.dt, want, e, tot+e%1000)
+			put(c.dt, want, e, tot+e)
+		}
+		for _, b := range append(bufs, want) {
+			tile(b, 1000*c.dt.Size())
 		}
 		d := collective.Desc{Op: collective.OpAllReduce, DType: c.dt, Reduce: collective.Sum, Count: uint64(count)}
 		noErrors(t, "64MiB", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduce(d, bufs[i]) }))
@@ -283,6 +287,13 @@ func TestAllReduce64MiB(t *testing.T) {
 				t.Fatalf("n=%d %s: rank %d's 64 MiB result is wrong", c.n, c.dt, i)
 			}
 		}
+	}
+}
+
+// tile repeats b[:period] over all of b.
+func tile(b []byte, period int) {
+	for n := period; n < len(b); n *= 2 {
+		copy(b[n:], b[:n])
 	}
 }
 
