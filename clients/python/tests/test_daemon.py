@@ -181,7 +181,7 @@ def test_own_daemon_lost(fresh_world_2x1: World) -> None:
     with collectived.Client(sock, job=JOB, local_rank=lr) as c:
         h = c.allreduce_async(np.ones(4, np.float32))  # rank 1 never calls
         w.kill_node(0)
-        with pytest.raises(collectived.ConnectionLostError, match="closed the connection"):
+        with pytest.raises(collectived.ConnectionLostError, match="daemon at .*n0.sock"):
             h.wait(30)
         with pytest.raises(collectived.ConnectionLostError, match="unusable"):
             c.barrier()
