@@ -14,7 +14,8 @@
 //	r.Close()
 //
 // Ops are called by one goroutine at a time; a concurrent call returns
-// ErrBusy. Every rank must call the same ops in the same order with equal
+// ErrBusy. Abort, Err, Status, Generation and Close may be called from
+// any goroutine. Every rank must call the same ops in the same order with equal
 // descriptions (collective.Desc); the k-th op after Start is collective
 // seq k. After the first failure the ring is dead: every later call
 // returns that failure, wrapped with the call's own op and seq. The owner
@@ -109,7 +110,8 @@
 // AllGather: N-1 steps; in step s rank r sends block r-s and receives
 // block r-s-1, segment by segment; each frame carries the block length, so
 // blocks may differ in length (zero included) and grow only as bytes
-// arrive, up to MaxGatherBytes.
+// arrive, up to MaxGatherBytes. As sends and receives of a step need not
+// pair up, a rank sends while its writer has room and otherwise receives.
 //
 // Barrier: N-1 steps of an empty data frame each way round; after them
 // every rank has heard, indirectly, from every other.

@@ -51,6 +51,7 @@ func (r *Ring) end(err error) error {
 	r.curOp.Store(uint32(collective.OpInvalid))
 	r.curStep.Store(-1)
 	r.seq++
+	r.nextSeq.Store(r.seq)
 	r.busy.Store(false)
 	return err
 }

@@ -233,3 +233,38 @@ func TestAllGatherImbalanced(t *testing.T) {
 		}
 	}
 }
+
+func TestStatus(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 2})
+	st := rings[0].Status()
+	if st.Rank != 0 || st.Size != 2 || !st.Started || st.Generation != 11 || st.Seq != 0 || st.Op != collective.OpInvalid || st.Err != nil {
+		t.Fatalf("fresh status: %+v", st)
+	}
+	if st.NextAddr == "" || st.PrevAddr == "" {
+		t.Errorf("status names no peers: %+v", st)
+	}
+	noErrors(t, "barrier", onAll(t, rings, func(i int, r *Ring) error { return r.Barrier(barrierDesc) }))
+	if st := rings[1].Status(); st.Seq != 1 || time.Since(st.LastFromPrev) > time.Minute || time.Since(st.LastFromNext) > time.Minute {
+		t.Errorf("after one op: %+v", st)
+	}
+	// While rank 0 waits inside a barrier, its status shows it.
+	done := make(chan error, 1)
+	go func() { done <- rings[0].Barrier(barrierDesc) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for rings[0].Status().Op != collective.OpBarrier && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := rings[0].Status(); st.Op != collective.OpBarrier || st.Seq != 1 || st.Step != 0 {
+		t.Errorf("waiting in barrier: %+v", st)
+	}
+	if err := rings[1].Barrier(barrierDesc); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	rings[0].Abort(errors.New("test over"))
+	if st := rings[0].Status(); !errors.Is(st.Err, ErrAborted) {
+		t.Errorf("after abort: %+v", st)
+	}
+}

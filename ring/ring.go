@@ -68,6 +68,7 @@ type Ring struct {
 	curOp   atomic.Uint32
 	curSeq  atomic.Uint64
 	curStep atomic.Int64
+	nextSeq atomic.Uint64 // the seq the next op will take, for Status
 
 	mu      sync.Mutex
 	err     *Error

@@ -1,0 +1,50 @@
+package ring
+
+import (
+	"time"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// Status is a snapshot of a ring for `collectived status`: where it is
+// and when each neighbour was last heard from.
+type Status struct {
+	Rank, Size int
+	Generation uint32
+	Started    bool
+	// Op is the collective under way (OpInvalid when idle); Seq is its
+	// seq, or the next seq when idle; Step is its step (-1 when none).
+	Op                 collective.Op
+	Seq                uint64
+	Step               int
+	NextAddr, PrevAddr string
+	// LastFromNext and LastFromPrev are when a frame last arrived from
+	// each neighbour (zero in a world of one).
+	LastFromNext, LastFromPrev time.Time
+	Err                        error // the first failure, nil while healthy
+}
+
+// Status may be called from any goroutine.
+func (r *Ring) Status() Status {
+	st := Status{
+		Rank: r.rank, Size: r.size, Generation: r.gen.Load(), Started: r.started.Load(),
+		Op: collective.Op(r.curOp.Load()), Seq: r.nextSeq.Load(), Step: -1, Err: r.Err(),
+	}
+	if st.Op != collective.OpInvalid {
+		st.Seq = r.curSeq.Load()
+		st.Step = int(r.curStep.Load())
+	}
+	if len(r.next) > 0 {
+		st.NextAddr, st.PrevAddr = r.next[0].peerAddr, r.prev[0].peerAddr
+		st.LastFromNext, st.LastFromPrev = lastHeard(r.next), lastHeard(r.prev)
+	}
+	return st
+}
+
+func lastHeard(ss []*stream) time.Time {
+	var last int64
+	for _, s := range ss {
+		last = max(last, s.lastRead.Load())
+	}
+	return time.Unix(0, last)
+}
