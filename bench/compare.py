@@ -85,7 +85,7 @@ def machine() -> dict:
         "openmpi": out(["sh", "-c", "mpirun --allow-run-as-root --version | head -1"]),
         "torch": torch_v, "iperf3": out(["sh", "-c", "iperf3 --version | head -1"]),
         "commit": out(["git", "rev-parse", "--short", "HEAD"]),
-        "dirty": out(["git", "status", "--porcelain", "--", ".", ":!bench", ":!docs"]) != "",
+        "dirty_paths": out(["git", "status", "--porcelain", "--", ".", ":!bench", ":!docs"]).splitlines(),
         "loadavg_start": open("/proc/loadavg").read().strip(),
     }
 
@@ -125,13 +125,15 @@ def main() -> int:
     ap.add_argument("--worlds", default="2,4", help="2 (2 nodes x 1 trainer vs 2 ranks), 4 (2 x 2 vs 4 ranks)")
     ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 200 up to 1 MiB, 30 above; quick 50/10)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per size (default 5)")
-    ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 3; quick 1)")
+    ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
     ap.add_argument("--no-extras", action="store_true", help="skip the in-process ring, TCP and RSS measurements")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
     ap.add_argument("--no-doc", action="store_true", help="print only; write no report or plots")
     ap.add_argument("--report-only", metavar="RESULTS_JSON", help="rewrite report and plots from a saved run")
     ap.add_argument("--timeout", type=int, default=600, help="seconds any one benchmark command may take")
+    ap.add_argument("--from-head", action="store_true",
+                    help="measure the committed HEAD (built by the wrapper in bench/.build/src), not the work tree")
     ap.add_argument("--collectived", default=os.path.join(HERE, ".build", "collectived"))
     ap.add_argument("--mpi-binary", default=os.path.join(HERE, ".build", "mpi_allreduce"))
     a = ap.parse_args()
@@ -149,17 +151,20 @@ def main() -> int:
             raise SystemExit(f"compare: --systems: {s!r} is not one of {','.join(SYSTEMS)}")
     if "collectived" not in systems:
         raise SystemExit("compare: --systems must include collectived: every ratio is collectived's")
-    it_small, it_large = (a.iters, a.iters) if a.iters else ((50, 10) if a.quick else (200, 30))
+    it_small, it_large = (a.iters, a.iters) if a.iters is not None else ((50, 10) if a.quick else (200, 30))
     if it_small < 1 or a.warmup < 0:
         raise SystemExit(f"compare: --iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
     if a.rounds is None:
-        a.rounds = 1 if a.quick else 3
+        a.rounds = 1 if a.quick else 5
     if a.rounds < 1:
         raise SystemExit(f"compare: --rounds {a.rounds}: want at least 1")
     sg = groups(sizes, it_small, it_large)
     bins = {"collectived": a.collectived, "mpi": a.mpi_binary}
 
     started = time.monotonic()
+    src = os.path.join(HERE, ".build", "src") if a.from_head else REPO
+    if a.from_head and not os.path.isdir(os.path.join(src, "ring")):
+        raise SystemExit(f"compare: --from-head: {src} holds no source tree; run through bench/compare")
     res = {"meta": machine(), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds, "rounds": a.rounds,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL, "warmup": a.warmup},
            "rows": [], "ring": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
@@ -191,7 +196,7 @@ def main() -> int:
                 if item == "ring":
                     pat = "BenchmarkAllReduce/world2/" if a.quick else "BenchmarkAllReduce"
                     got["ring"] = step(name, lambda: runners.ring_inprocess(
-                        REPO, pat, "5x" if a.quick else "20x", a.timeout)) or []
+                        src, pat, "5x" if a.quick else "20x", a.timeout)) or []
                 elif item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
                         3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py")))
@@ -201,9 +206,18 @@ def main() -> int:
     aggregate(res)
     if not a.no_extras:
         res["rss"] = step("daemon RSS at idle", lambda: rss.measure(a.collectived))
+    res["meta"]["from_head"] = a.from_head
+    if a.from_head:
+        res["meta"]["dirty_paths"] = []
     res["meta"]["loadavg_end"] = open("/proc/loadavg").read().strip()
     res["meta"]["duration_s"] = round(time.monotonic() - started)
     res["commands"] = [c.replace(REPO + "/", "") for c in runners.COMMANDS]
+    if a.from_head:
+        res["commands"][:0] = ["git archive HEAD | tar -x -C bench/.build/src",
+                               "(cd bench/.build/src && go build -o ../collectived ./cmd/collectived)"]
+    else:
+        res["commands"][:0] = ["go build -o bench/.build/collectived ./cmd/collectived"]
+    res["commands"].insert(1 if not a.from_head else 2, "mpicc -O2 -Wall -o bench/.build/mpi_allreduce bench/mpi_allreduce.c")
 
     os.makedirs(os.path.join(HERE, ".results"), exist_ok=True)
     with open(os.path.join(HERE, ".results", "latest.json"), "w") as f:

@@ -12,6 +12,7 @@ Needs Debian's python3-torch, so run it with /usr/bin/python3.
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ def main() -> int:
     ap.add_argument("--sizes", required=True, help="comma-separated byte counts")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=120, help="seconds Gloo may wait for the other ranks")
     a = ap.parse_args()
     if a.iters < 1 or a.warmup < 0:
         ap.error(f"--iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
@@ -41,7 +43,8 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world)
+    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=a.timeout))
     tri = a.world * (a.world + 1) // 2
     for size in sizes:
         n = max(1, size // 4)

@@ -74,7 +74,7 @@ def _ratio_table(res, w, md):
     bcols = ["size", "cvd busbw GB/s"] + [f"÷ {LABEL[p]}" for p in peers] + (["÷ TCP bidir"] if w == 2 else [])
     blines = []
     for r in rows:
-        cells = [size_name(r["size"]), _fmt(r["busbw"], ".3f")] + [_fmt(r["bus"][p]) for p in peers]
+        cells = [size_name(r["size"]), _fmt(r["busbw"], ".3g")] + [_fmt(r["bus"][p]) for p in peers]
         if w == 2:
             cells.append(_fmt(r["bus"]["tcp"]) if r["size"] >= 1 << 20 else "-")
         blines.append(cells)
@@ -241,7 +241,7 @@ def _abs_tables(res, w):
     has_ring = any(r["world"] == w for r in res.get("ring") or [])
     ring_label = "ring in-process" if w == 2 else f"ring in-process, {w} ring ranks"
     out = []
-    for title, key, ring_key, spec in (("busbw, GB/s (higher is better)", "busbw_GBps", "busbw_GBps", ".3f"),
+    for title, key, ring_key, spec in (("busbw, GB/s (higher is better)", "busbw_GBps", "busbw_GBps", ".3g"),
                                        ("median time per allreduce, µs (lower is better)", "median_us", "mean_us", ".1f"),
                                        ("p99 time per allreduce, µs", "p99_us", None, ".1f")):
         cols = ["size"] + [LABEL[s] for s in systems] + ([ring_label] if has_ring and ring_key else [])
@@ -259,6 +259,20 @@ def _abs_tables(res, w):
     return "\n".join(out)
 
 
+def _load_range(res) -> str:
+    loads = [r[k] for rnd in res.get("per_round") or [] for r in rnd["rows"] for k in ("load_before", "load_after")
+             if r.get(k) is not None]
+    return f", between {min(loads):.2f} and {max(loads):.2f} around the measurements" if loads else ""
+
+
+def _dirty(m) -> str:
+    d = m.get("dirty_paths") or []
+    if not d:
+        return " (work tree clean)"
+    shown = ", ".join(f"`{x[3:]}`" for x in d[:8]) + (f" and {len(d) - 8} more" if len(d) > 8 else "")
+    return f", built from the work tree with uncommitted changes in {shown}"
+
+
 def markdown(res, plot_rel) -> str:
     m, it = res["meta"], res["iters"]
     ts = targets(res)
@@ -272,14 +286,16 @@ def markdown(res, plot_rel) -> str:
     for t in ts:
         L.append(f"| {t['target']} | {_tval(t)} | {_tlimit(t)} | **{t['verdict']}**{' (aim)' if t['aim'] else ''} |")
     L += ["",
-          "\"Bidirectional TCP loopback\" is iperf3 `--bidir` on 127.0.0.1: one TCP stream each way at the same time, "
-          "which is what a 2-node ring's links carry during an allreduce. Its *per-direction* rate is the reference, "
+          "\"Bidirectional TCP loopback\" is one TCP stream each way at the same time on 127.0.0.1, which is what a "
+          "2-node ring's links carry during an allreduce, measured with iperf3 `--bidir` and with `bench/tcp_bidir.py` "
+          "(the higher of the two is used; see below). Its *per-direction* rate is the reference, "
           "because in a 2-rank ring allreduce each rank sends the whole buffer once (half in reduce-scatter, half in "
           "all-gather), so busbw equals the bytes each direction carries per second. "
           "The sidecar overhead compares `collectived bench`'s median (trainers in their own processes, buffers in "
           "memfd shared memory, daemons as separate processes) with `BenchmarkAllReduce` in `ring/` (all ranks' "
-          "ring engines in one `go test` process on loopback TCP, mean ns/op); a negative overhead means the "
-          "daemon measured faster than the in-process benchmark in this run.", ""]
+          "ring engines in one `go test` process on loopback TCP, 64 KiB segments where the daemon uses 1 MiB, mean "
+          "ns/op); a negative overhead means the daemon measured faster than the in-process benchmark in this run. "
+          "Verdicts on a loaded 2-core machine move between runs: read them with the ranges in the tables below.", ""]
 
     L += ["## Machine and conditions", "",
           f"- date: {m['date_utc']}, run took {m.get('duration_s', '?')} s",
@@ -287,9 +303,10 @@ def markdown(res, plot_rel) -> str:
           f"- kernel {m['kernel']}, {m['os']}",
           f"- {m['go']}; OpenMPI: {m['openmpi']}; torch {m['torch']} (Debian python3-torch, Gloo backend); "
           f"{m['iperf3']}",
-          f"- collectived at commit {m['commit']}{' with uncommitted changes outside bench/ and docs/' if m['dirty'] else ''}",
+          f"- collectived at commit {m['commit']}" + (" (built from the committed tree, `--from-head`)" if m.get("from_head")
+                                                      else _dirty(m)),
           f"- load average (1 min) at start: {m['loadavg_start'].split()[0]}, at end: "
-          f"{m.get('loadavg_end', '? ').split()[0]}",
+          f"{m.get('loadavg_end', '? ').split()[0]}{_load_range(res)}",
           "",
           f"**This machine has {m['nproc']} cores and other work was running on it at the same time** (other "
           "developers' builds and tests). Every system ran in the same run, one after the other, with the same sizes "
@@ -384,9 +401,10 @@ def markdown(res, plot_rel) -> str:
           "On Debian 12 as root; it installs the Debian packages it lacks (openmpi-bin, libopenmpi-dev, "
           "python3-torch, python3-matplotlib, iperf3), builds `collectived` and `bench/mpi_allreduce.c` into "
           "`bench/.build/`, and runs everything with Debian's `/usr/bin/python3`:", "", "```sh",
-          "bench/compare            # full run, about 10-20 minutes on 2 cores; writes this file",
-          "bench/compare --quick    # sizes 4 B, 64 KiB, 64 MiB, fewer calls",
-          "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --no-doc",
+          "bench/compare               # full run: 5 rounds, about 8-10 minutes on 2 cores; writes this file",
+          "bench/compare --from-head   # the same, measuring the committed HEAD rather than the work tree",
+          "bench/compare --quick       # sizes 4 B, 64 KiB, 64 MiB, fewer calls, 1 round: about 1 minute",
+          "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",
           "```", "",
           f"This run: `bench/compare {' '.join(res.get('argv') or [])}`. The commands it executed, in order:", "",
           "```sh"] + (res.get("commands") or []) + ["```", ""]

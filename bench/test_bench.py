@@ -1,0 +1,235 @@
+"""Tests for bench/compare's own logic: argument checks, the statistics
+every system shares, output parsing, aggregation over rounds, target
+verdicts and the report; plus the MPI and Gloo programs' input checks and
+the loopback probe, run for real where their tools are installed.
+
+  /usr/bin/python3 -m unittest bench/test_bench.py     (or pytest)
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import compare  # noqa: E402
+import report  # noqa: E402
+import runners  # noqa: E402
+
+MIB64 = 64 << 20
+
+
+class ArgsTest(unittest.TestCase):
+    def test_sizes_with_units(self):
+        self.assertEqual(compare.parse_sizes("4, 4KiB,1MiB,64M"), [4, 4096, 1 << 20, MIB64])
+
+    def test_bad_sizes_name_the_field(self):
+        for bad, want in (("4,abc", "'abc' is not a size"), ("0", "0 is out of range"), ("2GiB", "out of range")):
+            with self.assertRaises(SystemExit) as cm:
+                compare.parse_sizes(bad)
+            self.assertIn("--sizes", str(cm.exception))
+            self.assertIn(want, str(cm.exception))
+
+    def test_worlds(self):
+        self.assertEqual(compare.parse_worlds("2,4"), [2, 4])
+        with self.assertRaises(SystemExit) as cm:
+            compare.parse_worlds("2,3")
+        self.assertIn("--worlds: '3'", str(cm.exception))
+
+    def test_groups_split_small_and_large(self):
+        self.assertEqual(compare.groups([4, 1 << 20, 16 << 20], 200, 30), [([4, 1 << 20], 200), ([16 << 20], 30)])
+        self.assertEqual(compare.groups([MIB64], 200, 30), [([MIB64], 30)])
+
+
+class StatsTest(unittest.TestCase):
+    def test_median_p99_busbw_like_collectived(self):
+        # Even count: the mean of the two middle values, as collectived's summarize does.
+        s = runners.stats(1000, [4000, 1000, 3000, 2000], 4)
+        self.assertEqual(s["median_us"], 2.5)
+        self.assertEqual(s["p99_us"], 4.0)  # index min(n-1, int(n*0.99)) = 3
+        self.assertAlmostEqual(s["algbw_GBps"], 1000 / 2500)
+        self.assertAlmostEqual(s["busbw_GBps"], 1000 / 2500 * 2 * 3 / 4)
+
+    def test_p99_of_200_calls_is_second_largest(self):
+        s = runners.stats(4, list(range(1, 201)), 2)
+        self.assertEqual(s["p99_us"], 199 / 1e3)
+        self.assertEqual(s["busbw_GBps"], s["algbw_GBps"])  # 2(W-1)/W = 1 for W = 2
+
+    def test_rank0_output_parsing(self):
+        rows = runners._parse_times('noise\n{"bytes": 8, "times_ns": [10, 30, 20]}\n', 2, "x")
+        self.assertEqual([(r["bytes"], r["median_us"]) for r in rows], [(8, 0.02)])
+        with self.assertRaises(runners.RunError) as cm:
+            runners._parse_times('{"bytes": 8, "times_ns": [1,', 2, "mpi-tcp")
+        self.assertIn("mpi-tcp: rank 0 printed", str(cm.exception))
+
+    def test_missing_sizes_are_an_error(self):
+        runners._expect([{"bytes": 4}, {"bytes": 4096}], [1, 4096], "gloo")  # 1 B is sent as one float
+        with self.assertRaises(runners.RunError) as cm:
+            runners._expect([{"bytes": 4}], [4, 4096], "gloo")
+        self.assertIn("gloo: reported sizes [4], want [4, 4096]", str(cm.exception))
+
+    def test_go_bench_lines(self):
+        out = ("goos: linux\n"
+               "BenchmarkAllReduce/world2/4B-2         \t      20\t     24019 ns/op\t   0.00 MB/s\t 0.0001665 busbw_GB/s\t"
+               "       0 B/op\t       0 allocs/op\n"
+               "BenchmarkAllReduce/world4/64MiB-2 \t 20\t 249320158 ns/op\t 269.17 MB/s\t 0.4038 busbw_GB/s\n"
+               "BenchmarkKernel/float32/sum-2 \t 100\t 1000 ns/op\nPASS\n")
+        rows = runners.parse_go_bench(out)
+        self.assertEqual([(r["world"], r["bytes"], r["iters"]) for r in rows], [(2, 4, 20), (4, MIB64, 20)])
+        self.assertAlmostEqual(rows[1]["mean_us"], 249320.158)
+        self.assertEqual(rows[1]["busbw_GBps"], 0.4038)
+
+
+def fake_res(cvd2=1.0, gloo2=0.5, mpi2=0.5, tcp=1.0, ring_us=None, cvd4=1.0, peer4=0.4, lat4b=(30.0, 200.0, 20.0),
+             rss_mib=12.0):
+    """A results dict as compare.py builds it, from busbw figures at 64 MiB
+    (GB/s) and 4 B latencies (collectived, Gloo, OpenMPI TCP, in µs)."""
+    def r(system, w, size, busbw=None, median_us=None):
+        if median_us is None:
+            median_us = size / (busbw / (2 * (w - 1) / w)) / 1e3
+        alg = size / (median_us * 1e3)
+        return {"system": system, "world": w, "bytes": size, "median_us": median_us, "p99_us": median_us * 2,
+                "algbw_GBps": alg, "busbw_GBps": alg * 2 * (w - 1) / w, "iters": 30}
+    rows = [r("collectived", 2, MIB64, cvd2), r("gloo", 2, MIB64, gloo2), r("mpi-tcp", 2, MIB64, mpi2),
+            r("collectived", 4, MIB64, cvd4), r("gloo", 4, MIB64, peer4), r("mpi-tcp", 4, MIB64, peer4),
+            r("collectived", 2, 4, median_us=lat4b[0]), r("gloo", 2, 4, median_us=lat4b[1]),
+            r("mpi-tcp", 2, 4, median_us=lat4b[2])]
+    c2 = rows[0]["median_us"]
+    ring = [{"world": 2, "bytes": MIB64, "mean_us": ring_us or c2, "busbw_GBps": MIB64 / ((ring_us or c2) * 1e3),
+             "iters": 20}]
+    return {"sizes": [4, MIB64], "worlds": [2, 4], "rows": rows, "ring": ring, "rounds": 1,
+            "tcp_bidir": {"per_direction_GBps": tcp, "seconds": 5, "reference": "threads",
+                          "threads": {"forward_GBps": tcp, "reverse_GBps": tcp, "per_direction_GBps": tcp}},
+            "rss": {"max_rss_bytes": int(rss_mib * (1 << 20)), "settle_s": 3, "fresh": [], "after_work": []},
+            "iters": {"small": 200, "large": 30, "small_max_bytes": 1 << 20, "warmup": 5},
+            "meta": {"date_utc": "2026-01-01 00:00:00 UTC", "nproc": 2, "cpu": "x", "mem_bytes": 1 << 30,
+                     "kernel": "k", "os": "o", "go": "g", "openmpi": "m", "torch": "t", "iperf3": "i",
+                     "commit": "abc", "dirty_paths": [], "loadavg_start": "1 1 1 1/1 1"},
+            "errors": [], "per_round": [], "commands": ["bench/compare"]}
+
+
+def verdicts(res):
+    return {t["target"]: t["verdict"] for t in report.targets(res)}
+
+
+class TargetsTest(unittest.TestCase):
+    def test_all_pass(self):
+        v = verdicts(fake_res(cvd2=1.0, gloo2=0.6, mpi2=0.5, tcp=1.1, cvd4=1.0, peer4=0.49, lat4b=(30, 200, 21)))
+        self.assertEqual(set(v.values()), {"PASS"}, v)
+
+    def test_each_threshold_fails_on_its_own_side(self):
+        v = verdicts(fake_res(cvd2=1.0, gloo2=0.7, mpi2=0.56, tcp=1.2, cvd4=1.0, peer4=0.51, lat4b=(41, 200, 27),
+                              ring_us=MIB64 / 1e3 / 1.1, rss_mib=31))
+        self.assertEqual(set(v.values()), {"FAIL"}, v)
+
+    def test_sidecar_overhead_is_percent_over_the_ring(self):
+        res = fake_res(cvd2=1.0)
+        c2 = res["rows"][0]["median_us"]
+        res["ring"][0]["mean_us"] = c2 / 1.04  # daemon 4% slower: within 5%
+        t = [t for t in report.targets(res) if "sidecar" in t["target"]][0]
+        self.assertAlmostEqual(t["value"], 4.0, places=6)
+        self.assertEqual(t["verdict"], "PASS")
+
+    def test_unmeasured_is_not_a_pass(self):
+        res = fake_res()
+        res["rows"] = [r for r in res["rows"] if r["system"] != "gloo"]
+        res["tcp_bidir"] = res["rss"] = None
+        res["ring"] = []
+        v = verdicts(res)
+        self.assertEqual(v["64 MiB, world 2: busbw ÷ Gloo"], "n/a")
+        self.assertEqual(v["daemon RSS at idle (largest daemon, fresh and after work)"], "n/a")
+        self.assertEqual(v["64 MiB, world 2: busbw ÷ OpenMPI TCP"], "PASS")
+
+    def test_text_and_markdown_render(self):
+        res = fake_res()
+        self.assertIn("busbw ratio", report.ratio_text(res))
+        md = report.markdown(res, "bench")
+        for want in ("## Targets (issue 5)", "## Machine and conditions", "![busbw against size](bench/busbw.png)",
+                     "other work was running", "## Reproduce"):
+            self.assertIn(want, md)
+
+
+class AggregateTest(unittest.TestCase):
+    def test_median_of_round_medians(self):
+        def row(med, p99):
+            return {"system": "gloo", "world": 2, "bytes": 1000, "iters": 5, "median_us": med, "p99_us": p99}
+        res = {"rows": [], "ring": [], "tcp_bidir": None, "per_round": [
+            {"rows": [row(10.0, 50.0)], "ring": [{"world": 2, "bytes": 1000, "iters": 20, "mean_us": 3.0}],
+             "tcp_bidir": None},
+            {"rows": [row(30.0, 40.0)], "ring": [{"world": 2, "bytes": 1000, "iters": 20, "mean_us": 5.0}],
+             "tcp_bidir": None},
+            {"rows": [row(20.0, 90.0)], "ring": [], "tcp_bidir": None}]}
+        compare.aggregate(res)
+        (r,) = res["rows"]
+        self.assertEqual((r["median_us"], r["p99_us"]), (20.0, 50.0))
+        self.assertAlmostEqual(r["busbw_GBps"], 1000 / 20e3)
+        self.assertEqual([x["median_us"] for x in r["rounds"]], [10.0, 30.0, 20.0])
+        self.assertEqual(res["ring"][0]["mean_us"], 4.0)
+
+
+@unittest.skipUnless(shutil.which("mpirun") and shutil.which("mpicc"), "OpenMPI not installed")
+class MPIProgramTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.bin = os.path.join(HERE, ".build", "mpi_allreduce_test")
+        os.makedirs(os.path.dirname(cls.bin), exist_ok=True)
+        subprocess.run(["mpicc", "-O2", "-Wall", "-o", cls.bin, os.path.join(HERE, "mpi_allreduce.c")], check=True)
+
+    def test_real_run_is_checked_and_parsed(self):
+        rows = runners.mpi(self.bin, "mpi-shm", 2, [4, 4096], 5, 1, 120)
+        self.assertEqual([r["bytes"] for r in rows], [4, 4096])
+        self.assertTrue(all(r["iters"] == 5 and r["median_us"] > 0 for r in rows))
+
+    def test_bad_size_is_refused(self):
+        with self.assertRaises(runners.RunError) as cm:
+            runners.mpi(self.bin, "mpi-tcp", 2, ["12x"], 5, 1, 120)
+        self.assertIn('size "12x" is not a byte count', str(cm.exception))
+
+
+class WorkerArgsTest(unittest.TestCase):
+    def test_gloo_worker_refuses_bad_iters(self):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
+                            "--init", "tcp://127.0.0.1:1", "--sizes", "4", "--iters", "0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--iters 0 must be >= 1", p.stderr)
+
+    def test_gloo_worker_refuses_bad_size(self):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
+                            "--init", "tcp://127.0.0.1:1", "--sizes", "4,big"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--sizes: 'big' is not a byte count", p.stderr)
+
+    def test_tcp_bidir_moves_bytes_both_ways(self):
+        port = runners.free_port()
+        script = os.path.join(HERE, "tcp_bidir.py")
+        lp = subprocess.Popen([sys.executable, script, "--listen", str(port), "--seconds", "0.3"],
+                              stdout=subprocess.PIPE, text=True)
+        try:
+            c = subprocess.run([sys.executable, script, "--connect", str(port), "--seconds", "0.3"],
+                               capture_output=True, text=True, timeout=60)
+            lout, _ = lp.communicate(timeout=60)
+        finally:
+            if lp.poll() is None:
+                lp.kill()
+                lp.wait()
+        self.assertEqual(c.returncode, 0, c.stderr)
+        a, b = json.loads(lout), json.loads(c.stdout)
+        self.assertEqual(a["recv_bytes"], b["sent_bytes"])
+        self.assertEqual(b["recv_bytes"], a["sent_bytes"])
+        self.assertGreater(a["recv_bytes"], 0)
+
+    def test_tcp_bidir_refuses_nonpositive_seconds(self):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "tcp_bidir.py"), "--connect", "1", "--seconds", "0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--seconds 0.0: want more than 0", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
