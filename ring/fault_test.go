@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -18,8 +19,17 @@ var arDesc = collective.Desc{Op: collective.OpAllReduce, DType: collective.Float
 // faultWorld starts the ranks not in skip over real TCP and returns the
 // rings (nil at skipped ranks) and the raw links (for the fake ranks).
 func faultWorld(t *testing.T, n int, skip map[int]bool, tweak func(*Config)) ([]*Ring, []Links) {
+	return faultWorldOver(t, n, false, skip, tweak)
+}
+
+func faultWorldOver(t *testing.T, n int, pipe bool, skip map[int]bool, tweak func(*Config)) ([]*Ring, []Links) {
 	t.Helper()
-	links := tcpLinks(t, n, 1)
+	var links []Links
+	if pipe {
+		links = pipeLinks(n, 2)
+	} else {
+		links = tcpLinks(t, n, 1)
+	}
 	rings := make([]*Ring, n)
 	for i := range rings {
 		if skip[i] {
@@ -248,7 +258,7 @@ func TestFaultMismatch(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rings, _ := faultWorld(t, 3, nil, nil)
+			rings, _ := faultWorldOver(t, 3, c.name == "op", nil, nil)
 			startAll(t, rings)
 			errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
 				if i == 1 {
@@ -356,7 +366,13 @@ func TestFaultGeneration(t *testing.T) {
 // Abort from outside (the daemon found a local mismatch): every rank
 // fails with the origin and reason text.
 func TestAbortTravels(t *testing.T) {
-	rings, _ := faultWorld(t, 4, nil, nil)
+	for _, pipe := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipe=%v", pipe), func(t *testing.T) { testAbortTravels(t, pipe) })
+	}
+}
+
+func testAbortTravels(t *testing.T, pipe bool) {
+	rings, _ := faultWorldOver(t, 4, pipe, nil, nil)
 	startAll(t, rings)
 	reason := errors.New("trainer 3 called allreduce(float32) while trainer 0 called broadcast")
 	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
@@ -376,7 +392,13 @@ func TestAbortTravels(t *testing.T) {
 // Close while an op waits: the op fails with ErrClosed at once, the
 // neighbours learn the rank closed.
 func TestCloseDuringOp(t *testing.T) {
-	rings, _ := faultWorld(t, 3, nil, nil)
+	for _, pipe := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipe=%v", pipe), func(t *testing.T) { testCloseDuringOp(t, pipe) })
+	}
+}
+
+func testCloseDuringOp(t *testing.T, pipe bool) {
+	rings, _ := faultWorldOver(t, 3, pipe, nil, nil)
 	startAll(t, rings)
 	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
 		if i == 1 {
@@ -572,5 +594,31 @@ func TestFaultBadDataFrames(t *testing.T) {
 			expectAll(t, rings, errs, ErrBadFrame, c.word, "from rank 1")
 			fake.closeAll()
 		})
+	}
+}
+
+// Close ends every goroutine a ring started, healthy or failed.
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	base := runtime.NumGoroutine()
+	for _, abort := range []bool{false, true} {
+		rings := newWorld(t, worldOpts{n: 3, streams: 2})
+		noErrors(t, "op", onAll(t, rings, func(i int, r *Ring) error { return allReduceOn(i, r) }))
+		if abort {
+			rings[1].Abort(errors.New("leak test"))
+		}
+		var wg sync.WaitGroup
+		for _, r := range rings {
+			wg.Add(1)
+			go func() { defer wg.Done(); r.Close() }()
+		}
+		waitBounded(t, &wg, 20*time.Second)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > base {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, base, buf[:runtime.Stack(buf, true)])
 	}
 }
