@@ -332,7 +332,9 @@ def markdown(res, plot_rel) -> str:
           "- collectived: `collectived bench` (daemons and trainers as separate processes, default config: "
           "1 TCP stream per link, 1 MiB ring segments; buffers above the inline limit in memfd shared memory).",
           "- OpenMPI TCP: `--mca pml ob1 --mca btl tcp,self` on `lo` (every rank pair over TCP, as between machines). "
-          "OpenMPI shm: `--mca pml ob1 --mca btl self,vader` (shared memory, what a single machine uses by default). "
+          "OpenMPI shm: `--mca pml ob1 --mca btl self,vader` (OpenMPI's shared-memory transport, with its default CMA "
+          "single copy for large messages; named explicitly because this build also has UCX, which OpenMPI might pick "
+          "on its own). "
           "Both run `bench/mpi_allreduce.c` (MPI_Allreduce with MPI_IN_PLACE, OpenMPI's default algorithm selection).",
           "- Gloo: `torch.distributed` with the gloo backend, CPU tensors, `dist.all_reduce`, tcp:// store on "
           "127.0.0.1, `GLOO_SOCKET_IFNAME=lo` (`bench/gloo_allreduce.py`).",

@@ -119,7 +119,8 @@ MPI_TRANSPORTS = {
     # TCP between every pair of ranks, loopback only (OpenMPI leaves lo out
     # of btl_tcp by default, so it is named explicitly).
     "mpi-tcp": ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"],
-    # OpenMPI's own shared-memory transport, as a single-machine run uses by default.
+    # OpenMPI's own shared-memory transport, named explicitly: Debian's build
+    # also has UCX, which the defaults might choose instead.
     "mpi-shm": ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
 }
 
