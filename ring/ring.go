@@ -13,13 +13,14 @@ import (
 	"github.com/collectived/collectived/collective"
 )
 
-// Links are one rank's established connections. New takes ownership of
-// them (Close closes them); if New fails they are left to the caller. Next[i] is stream i to
+// Links are one rank's established connections. Next[i] is stream i to
 // rank+1 (data flows out), Prev[i] is stream i from rank-1 (data flows
 // in). len(Next)==len(Prev)>=1 when Size>1, nil when Size==1. Every
 // connection must be distinct (in a ring of two, Next and Prev both lead
 // to the other rank but are separate connections). Conns are full
-// duplex: heartbeats and aborts also flow backwards.
+// duplex: heartbeats and aborts also flow backwards. New takes ownership
+// of the connections (Close closes them); if New fails they are left to
+// the caller.
 type Links struct {
 	Next, Prev         []net.Conn
 	NextAddr, PrevAddr string // for error messages; RemoteAddr() when empty
@@ -28,8 +29,8 @@ type Links struct {
 // Ring runs collectives for one rank over its Links. Ops (Start,
 // AllReduce, Broadcast, AllGather, Barrier) are called by one goroutine
 // at a time; a concurrent call returns ErrBusy without disturbing the op
-// under way. Abort, Err, Generation and Close may be called from any
-// goroutine.
+// under way. Abort, Err, Status, Generation and Close may be called from
+// any goroutine.
 type Ring struct {
 	cfg        Config
 	log        *slog.Logger
@@ -79,8 +80,10 @@ type Ring struct {
 }
 
 // New builds a Ring over established links. It does no I/O of its own
-// but starts the goroutines that own the links: a reader per connection,
-// a writer per outgoing data stream and the heartbeat loop.
+// but starts the goroutines that own the links: a reader and a writer per
+// connection and the heartbeat loop. All ranks should call New soon after
+// the links exist: a peer that sends nothing for HeartbeatTimeout is
+// declared hung.
 func New(cfg Config, links Links) (*Ring, error) {
 	if err := cfg.Verify(); err != nil {
 		return nil, err

@@ -34,7 +34,8 @@ const (
 )
 
 // stream is one connection of a link, with the goroutines that own its
-// read side and (for toNext) its data write side.
+// read side and its write side (data frames on toNext streams,
+// heartbeats on both).
 type stream struct {
 	r        *Ring
 	idx      int
@@ -43,8 +44,8 @@ type stream struct {
 	peerRank int
 	peerAddr string
 
-	// wsem is the write lock: data writer, heartbeats and abort take it;
-	// a channel so that heartbeats can try it and aborts can bound the wait.
+	// wsem is the write lock, taken by the writer goroutine and by the
+	// abort; a channel so that the abort can bound its wait.
 	wsem      chan struct{}
 	lastWrite atomic.Int64 // unix nanoseconds
 	lastRead  atomic.Int64
