@@ -597,13 +597,14 @@ class Client:
         start = end = 0
         fds: collections.deque[int] = collections.deque()
         anc_size = _socket.CMSG_SPACE(_MAX_FDS * 4)
+        cloexec = getattr(_socket, "MSG_CMSG_CLOEXEC", 0)  # no fd leaks into exec'd children
         err: CollectivedError
         try:
             while True:
                 if end == len(rbuf):  # keep the partial frame, move it to the front
                     mv[0:end - start] = bytes(mv[start:end])
                     start, end = 0, end - start
-                n, anc, flags, _ = self._sock.recvmsg_into([mv[end:]], anc_size)
+                n, anc, flags, _ = self._sock.recvmsg_into([mv[end:]], anc_size, cloexec)
                 for level, kind, data in anc:
                     if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                         a = array.array("i")
