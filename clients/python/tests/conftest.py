@@ -41,3 +41,9 @@ def world_2x2(collectived_bin: str) -> Iterator[World]:
 def fresh_world_2x1(collectived_bin: str) -> Iterator[World]:
     """A world a test may break (kill a node)."""
     yield from _world(collectived_bin, 2, 1, collective_timeout="10s")
+
+
+@pytest.fixture
+def small_quota_world(collectived_bin: str) -> Iterator[World]:
+    """1x1 with a 10 MiB shared-memory quota."""
+    yield from _world(collectived_bin, 1, 1, shm_quota="10MiB")

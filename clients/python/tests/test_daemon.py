@@ -185,3 +185,26 @@ def test_own_daemon_lost(fresh_world_2x1: World) -> None:
             h.wait(30)
         with pytest.raises(collectived.ConnectionLostError, match="unusable"):
             c.barrier()
+
+
+def test_dropped_arrays_are_freed(small_quota_world: World) -> None:
+    sock, lr = small_quota_world.trainer_args(0)
+    with collectived.Client(sock, job=JOB, local_rank=lr) as c:
+        assert c.info.shm_quota == 10 << 20
+        for i in range(10):  # 40 MiB in all: only fits if each FREE went out
+            x = c.zeros(1 << 20, "float32")
+            x[:] = i
+            c.allreduce(x)
+            assert x[0] == i
+            del x
+        keep = c.zeros(1 << 20, "float32")
+        with pytest.raises(collectived.QuotaError) as ei:
+            c.zeros(2 << 20, "float32")  # 4 + 8 MiB > 10 MiB
+        assert ei.value.code == 8 and not ei.value.fatal
+        # big plain arrays go through a scratch segment; on QUOTA the client
+        # drops idle scratch and retries with the exact size
+        for n in (600_000, 1_400_000):
+            y = np.arange(n, dtype=np.float32)
+            c.allreduce(y)
+            assert y[-1] == n - 1
+        del keep

@@ -81,7 +81,7 @@ class World:
 
     def __init__(self, binary: str, nodes: int, local_size: int, *,
                  collective_timeout: str = "20s", inline_bytes: str = "64KiB",
-                 extra: str = "") -> None:
+                 shm_quota: str = "4GiB", extra: str = "") -> None:
         self.binary = binary
         self.nodes = nodes
         self.local_size = local_size
@@ -110,6 +110,7 @@ timeouts:
   stall_warning: 5s
 limits:
   inline_bytes: {inline_bytes}
+  shm_quota_bytes: {shm_quota}
 log:
   level: info
 {extra}""")
