@@ -558,6 +558,21 @@ func (p *ftProc) events() []ftEvent {
 	return evs
 }
 
+// lastCall is the number of the last call printed so far, read from the
+// end of the output (cheap even after thousands of calls), or -1.
+func (p *ftProc) lastCall() int {
+	out := strings.TrimRight(p.stdout.String(), "\n")
+	var e ftEvent
+	for out != "" {
+		i := strings.LastIndexByte(out, '\n')
+		if json.Unmarshal([]byte(out[i+1:]), &e) == nil {
+			return e.Call
+		}
+		out = out[:max(i, 0)]
+	}
+	return -1
+}
+
 // wait waits for the process to exit and returns its events.
 func (p *ftProc) wait(d time.Duration) ([]ftEvent, error) {
 	p.t.Helper()

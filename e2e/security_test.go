@@ -207,18 +207,25 @@ func (c *cluster) loopUntilStopped(count string) (trs []*ftProc, stopFile string
 // generation they began in, with the last ending after since.
 func (c *cluster) stopLoop(trs []*ftProc, stopFile string, since time.Time) {
 	c.t.Helper()
-	last := 0
-	for _, p := range trs {
-		for _, e := range p.events() {
-			last = max(last, e.Call)
+	// The trainers make a call every few milliseconds: aim well ahead of
+	// the latest call, and check afterwards that none had got there yet.
+	latest := func() int {
+		last := 0
+		for _, p := range trs {
+			last = max(last, p.lastCall())
 		}
+		return last
 	}
+	stopAt := latest() + 100
 	// Written whole, then renamed: a trainer must never read it half written.
-	if err := os.WriteFile(stopFile+".tmp", []byte(strconv.Itoa(last+5)), 0o600); err != nil {
+	if err := os.WriteFile(stopFile+".tmp", []byte(strconv.Itoa(stopAt)), 0o600); err != nil {
 		c.t.Fatal(err)
 	}
 	if err := os.Rename(stopFile+".tmp", stopFile); err != nil {
 		c.t.Fatal(err)
+	}
+	if now := latest(); now+2 >= stopAt {
+		c.t.Fatalf("the trainers reached call %d before the stop file (at call %d) was in place: raise the margin", now, stopAt)
 	}
 	for i, p := range trs {
 		evs, err := p.wait(60 * time.Second)
