@@ -249,9 +249,8 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err
 			return 0;
 		}
 		esize = cvd_dtype_size(f->dtype);
-		if (f->dtype > CVD_BYTES)
-			return frame_err(err, "inline_data_length",
-					 "CALL dtype code %u unknown: inline data length cannot be checked", f->dtype);
+		if (f->dtype > CVD_BYTES && f->count != 0) /* well formed, length uncheckable */
+			return frame_err(err, "bad_dtype", "CALL dtype code %u unknown", f->dtype);
 		f->data = p + off;
 		f->data_len = len - off;
 		/* count * esize without overflow: compare by division. */

@@ -93,3 +93,17 @@ def test_call_prefix_plus_data_is_the_frame() -> None:
     c = P.Call(9, P.OP_ALLREDUCE, P.DT_INT32, P.RED_SUM, 2, data=b"\x01\0\0\0\x02\0\0\0")
     assert P.encode_call_prefix(c) + bytes(c.data) == P.encode(c)
     assert P.decode(P.encode(c)) == dataclasses.replace(c, data=memoryview(bytes(c.data)))
+
+
+def test_request_level_checks() -> None:
+    # Not in the shared vectors: the daemon answers these with a non-fatal
+    # BAD_REQUEST, so the checks have their own names.
+    unknown = P.encode(P.Call(3, P.OP_ALLREDUCE, 9, P.RED_SUM, 2, data=b"\0" * 8))
+    with pytest.raises(P.FrameError, match="bad_dtype: CALL dtype code 9 unknown"):
+        P.decode(unknown)
+    empty = P.decode(P.encode_call_prefix(P.Call(3, P.OP_ALLREDUCE, 9, P.RED_SUM, 0)))
+    assert isinstance(empty, P.Call) and empty.dtype == 9 and empty.count == 0
+    bad_name = bytearray(P.encode(P.Call(3, P.OP_BARRIER, 0, 0, 0, name="ab")))
+    bad_name[-1] = 0xFF
+    with pytest.raises(P.FrameError, match="bad_utf8: CALL name is not UTF-8"):
+        P.decode(bytes(bad_name))

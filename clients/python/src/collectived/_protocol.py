@@ -4,7 +4,10 @@ Pure encoding and decoding: no sockets here. Every decode failure raises
 :class:`FrameError` whose ``check`` names the rule that failed, using the
 names of ``clients/testdata/README.md`` (``frame_too_long``,
 ``unknown_type``, ``reserved_nonzero``, ``bad_flags``, ``bad_magic``,
-``payload_length``, ``inline_data_length``).
+``payload_length``, ``inline_data_length``), plus two that no vector
+pins because the daemon treats them as request errors rather than broken
+frames: ``bad_dtype`` (an inline CALL with an unknown dtype and a nonzero
+count) and ``bad_utf8`` (a string that is not UTF-8).
 """
 
 from __future__ import annotations
@@ -316,7 +319,7 @@ def _utf8(b: memoryview, tname: str, what: str) -> str:
     try:
         return bytes(b).decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FrameError("payload_length", f"{tname} {what} is not UTF-8: {e}") from None
+        raise FrameError("bad_utf8", f"{tname} {what} is not UTF-8: {e}") from None
 
 
 def decode_payload(ftype: int, flags: int, fid: int,
@@ -402,8 +405,9 @@ def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
                     frame_flags=flags)
     size = DTYPE_SIZES.get(dtype)
     if size is None:
-        raise FrameError("inline_data_length",
-                         f"CALL dtype code {dtype} unknown: inline data length cannot be checked")
+        if count != 0:  # well formed, but the data length cannot be checked
+            raise FrameError("bad_dtype", f"CALL dtype code {dtype} unknown")
+        size = 0
     data = p[off:]
     if len(data) != count * size:
         raise FrameError("inline_data_length",
