@@ -259,8 +259,47 @@ static void test_invalid(const char *name, const char *hexs, const char *error)
 	free(raw.p);
 }
 
+/* Codec rules that no shared vector pins. */
+static void test_extra_codec(void)
+{
+	static const uint8_t data[8] = {0};
+	static const uint8_t longname[300] = {0};
+	uint8_t buf[512];
+	cvd_frame f, g;
+	cvd_error err;
+	size_t n;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_CALL;
+	f.id = 3;
+	f.op = CVD_ALLREDUCE;
+	f.dtype = 9;
+	f.reduce = CVD_SUM;
+	f.count = 2;
+	f.data = data;
+	f.data_len = sizeof data;
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	CHECK(n == 16 + 17 + 8, "CALL with unknown dtype encodes to %lu bytes", (unsigned long)n);
+	CHECK(cvd_frame_decode(buf, n, 4096, &g, &err) == CVD_E_PROTOCOL && strcmp(err.check, "bad_dtype") == 0,
+	      "unknown dtype: check %s", err.check);
+	f.count = 0;
+	f.data_len = 0;
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	CHECK(cvd_frame_decode(buf, n, 4096, &g, &err) == 0 && g.dtype == 9, "unknown dtype, count 0: %s",
+	      err.message);
+	f.name = longname;
+	f.name_len = sizeof longname;
+	CHECK(cvd_frame_encode(&f, buf, sizeof buf) == 0, "a 300-byte name was encoded");
+	f.name_len = 255;
+	n = cvd_frame_encode(&f, buf, 8);
+	CHECK(n == 16 + 17 + 255, "size query for a too small buffer: %lu", (unsigned long)n);
+	CHECK(strcmp(cvd_strerror(CVD_E_MISMATCH), "MISMATCH") == 0 &&
+	      strcmp(cvd_strerror(CVD_E_WAIT_TIMEOUT), "WAIT_TIMEOUT") == 0 &&
+	      strcmp(cvd_strerror(999), "UNKNOWN") == 0, "cvd_strerror names");
+}
+
 int run_vector_tests(const char *path)
 {
+	test_extra_codec();
 	FILE *fp = fopen(path, "r");
 	char line[8192];
 	int nvalid = 0, ninvalid = 0;
