@@ -107,3 +107,14 @@ def test_request_level_checks() -> None:
     bad_name[-1] = 0xFF
     with pytest.raises(P.FrameError, match="bad_utf8: CALL name is not UTF-8"):
         P.decode(bytes(bad_name))
+
+
+def test_examples_and_torch_helpers_compile() -> None:
+    # train_torch.py and collectived/torch.py run only where torch is
+    # installed; at least they must compile everywhere.
+    import py_compile
+
+    here = os.path.dirname(__file__)
+    for f in ("../examples/train_numpy.py", "../examples/train_torch.py",
+              "../src/collectived/torch.py"):
+        py_compile.compile(os.path.join(here, f), doraise=True)
