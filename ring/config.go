@@ -7,7 +7,8 @@ import (
 )
 
 // Config tunes one Ring. Start from DefaultConfig and set Rank, Size and
-// Generation; the remaining fields have working defaults.
+// Generation; the remaining fields have working defaults. SegmentBytes
+// and SmallBytes shape the frames and must be the same on every rank.
 type Config struct {
 	Rank, Size int
 	// Generation is this rank's proposal; Start adopts the maximum

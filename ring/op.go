@@ -228,7 +228,7 @@ func (r *Ring) expectLen(b *rxBuf, n int) error {
 	}
 	r.release(b)
 	s := r.prev[(r.recvCount-1)%uint64(len(r.prev))]
-	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d", len(b.data), r.step, n))
+	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes and small_bytes must be the same on every rank)", len(b.data), r.step, n))
 }
 
 // waitSent waits until the g-th frame queued in this op has been written,
