@@ -622,3 +622,17 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, base, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// Ranks configured with different segment sizes cut their frames
+// differently: they fail with a named error, not a hang or wrong data.
+func TestFaultSegmentSizesDiffer(t *testing.T) {
+	rings, _ := faultWorld(t, 2, nil, func(c *Config) {
+		if c.Rank == 1 {
+			c.SegmentBytes = 128 << 10
+		}
+	})
+	startAll(t, rings)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1 << 20}
+	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error { return r.AllReduce(d, make([]byte, d.Bytes())) })
+	expectAll(t, rings, errs, ErrBadFrame, "must be the same on every rank")
+}
