@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,7 +30,7 @@ import (
 // and firewall rules.
 type cluster struct {
 	t            *testing.T
-	id           string // unique per test: namespace names and addresses
+	id           string // PID-SEQ: unique per test, names its namespaces
 	dir          string
 	nodes, local int
 	token        string
@@ -57,6 +58,37 @@ const ringPort = 7101
 
 var clusterSeq int
 
+// nsPrefix starts the name of every namespace these tests create, followed
+// by the test process's PID: cvde2e-PID-SEQ-n0.
+const nsPrefix = "cvde2e-"
+
+// sweepStaleNamespaces deletes namespaces left by a test process that no
+// longer exists (killed before its cleanup could run), so that they do not
+// pile up on a CI machine.
+func sweepStaleNamespaces(t *testing.T) {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		rest, ok := strings.CutPrefix(name, nsPrefix)
+		if !ok {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || pid == os.Getpid() || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err == nil {
+			t.Logf("deleted namespace %s left by dead test process %d", name, pid)
+		} else {
+			t.Logf("could not delete stale namespace %s: %v: %s", name, err, out)
+		}
+	}
+}
+
 // requireNetns skips unless this process may create network namespaces
 // and iproute2 is installed.
 func requireNetns(t *testing.T) {
@@ -83,8 +115,9 @@ func requireIptables(t *testing.T) {
 func newNetCluster(t *testing.T, nodes, local int) *cluster {
 	t.Helper()
 	requireNetns(t)
+	sweepStaleNamespaces(t)
 	c := newCluster(t, nodes, local)
-	c.bridgeNS = "cvd" + c.id + "br"
+	c.bridgeNS = nsPrefix + c.id + "-br"
 	// Cleanups run last-in first-out: this one, registered before any
 	// process is started, runs after every process is stopped.
 	t.Cleanup(c.deleteNamespaces)
@@ -95,7 +128,7 @@ func newNetCluster(t *testing.T, nodes, local int) *cluster {
 	c.ipn(c.bridgeNS, "link", "add", "br0", "type", "bridge")
 	c.ipn(c.bridgeNS, "link", "set", "br0", "up")
 	for i := 0; i < nodes; i++ {
-		ns := fmt.Sprintf("cvd%sn%d", c.id, i)
+		ns := fmt.Sprintf("%s%s-n%d", nsPrefix, c.id, i)
 		c.netns = append(c.netns, ns)
 		c.run("ip", "netns", "add", ns)
 		// Both ends are created straight inside their namespaces: no
@@ -131,7 +164,7 @@ func newCluster(t *testing.T, nodes, local int) *cluster {
 	}
 	var tok [24]byte
 	rand.Read(tok[:])
-	c := &cluster{t: t, id: fmt.Sprintf("%d%c", os.Getpid()%100000, 'a'+clusterSeq%26), dir: dir,
+	c := &cluster{t: t, id: fmt.Sprintf("%d-%d", os.Getpid(), clusterSeq), dir: dir,
 		nodes: nodes, local: local, token: hex.EncodeToString(tok[:])}
 	c.listen = make([]string, nodes)
 	c.daemons = make([]*exec.Cmd, nodes)
