@@ -14,6 +14,7 @@ void check_fail(const char *file, int line, const char *fmt, ...);
 	if (cond) checks_passed++; else check_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
 
 int run_vector_tests(const char *path);
+void run_scripted_tests(void);
 /* Returns 0 if the daemon tests ran (see the counters), 1 if skipped. */
 int run_daemon_tests(const char *bin);
 

@@ -29,6 +29,7 @@ int main(int argc, char **argv)
 	const char *why = argc > 3 ? argv[3] : "no daemon binary given";
 	int skipped = 0;
 	run_vector_tests(vectors);
+	run_scripted_tests();
 	if (bin[0] && strcmp(bin, "-") != 0)
 		skipped = run_daemon_tests(bin);
 	else {

@@ -1,0 +1,230 @@
+/* The C client against a scripted peer (a forked process on a real Unix
+ * socket) for what a real daemon cannot be made to do on demand: replies
+ * out of order, no reply at all, a fatal connection-level error.
+ *
+ * The peer answers HELLO (timeout_ms 1000, inline_limit 64), then CALLs by
+ * name: "silent" never, "hold" only after the next call (out of order),
+ * "fatal" with ERROR BAD_FRAME FATAL id 0 and a close, anything else at
+ * once with the data unchanged. */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../collectived.h"
+#include "check.h"
+
+static int read_n(int fd, uint8_t *b, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t k = read(fd, b + got, n - got);
+		if (k <= 0)
+			return -1;
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+static void send_frame(int fd, const cvd_frame *f)
+{
+	uint8_t buf[8192];
+	size_t n = cvd_frame_encode(f, buf, sizeof buf);
+	if (n && n <= sizeof buf && write(fd, buf, n) != (ssize_t)n)
+		_exit(2);
+}
+
+static void peer(int lfd)
+{
+	uint8_t buf[8192], held[8192];
+	size_t held_n = 0;
+	cvd_frame f, r;
+	cvd_error err;
+	uint32_t plen;
+	int fd = accept(lfd, NULL, NULL);
+	if (fd < 0)
+		_exit(1);
+	for (;;) {
+		if (read_n(fd, buf, 16) != 0 || cvd_frame_header(buf, 8192, &f, &plen, &err) != 0 ||
+		    read_n(fd, buf + 16, plen) != 0 || cvd_frame_payload(&f, buf + 16, plen, &err) != 0)
+			_exit(0);
+		memset(&r, 0, sizeof r);
+		r.id = f.id;
+		if (f.type == CVD_T_HELLO) {
+			r.type = CVD_T_HELLO_OK;
+			r.version = 1;
+			r.info.world_size = r.info.node_count = r.info.local_size = 1;
+			r.info.inline_limit = 64;
+			r.info.max_frame = 4096;
+			r.info.max_in_flight = 8;
+			r.info.timeout_ms = 1000;
+			send_frame(fd, &r);
+			continue;
+		}
+		if (f.type != CVD_T_CALL)
+			_exit(3);
+		if (f.name_len == 6 && memcmp(f.name, "silent", 6) == 0)
+			continue;
+		if (f.name_len == 5 && memcmp(f.name, "fatal", 5) == 0) {
+			r.type = CVD_T_ERROR;
+			r.id = 0;
+			r.frame_flags = CVD_FLAG_FATAL;
+			r.code = CVD_E_BAD_FRAME;
+			r.data = (const uint8_t *)"scripted fatal error";
+			r.data_len = strlen("scripted fatal error");
+			send_frame(fd, &r);
+			close(fd);
+			_exit(0);
+		}
+		r.type = CVD_T_CALL_OK;
+		r.seq = f.id;
+		r.data = f.data;
+		r.data_len = f.data_len;
+		if (f.name_len == 4 && memcmp(f.name, "hold", 4) == 0) {
+			held_n = cvd_frame_encode(&r, held, sizeof held);
+			continue;
+		}
+		send_frame(fd, &r);
+		if (held_n) {
+			if (write(fd, held, held_n) != (ssize_t)held_n)
+				_exit(2);
+			held_n = 0;
+		}
+	}
+}
+
+static pid_t start_peer(const char *path)
+{
+	struct sockaddr_un sa;
+	pid_t p;
+	int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	strcpy(sa.sun_path, path);
+	unlink(path);
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(lfd, 1) != 0) {
+		CHECK(0, "cannot listen on %s", path);
+		return -1;
+	}
+	fflush(stdout);
+	fflush(stderr);
+	p = fork();
+	if (p == 0) {
+		peer(lfd);
+		_exit(0);
+	}
+	close(lfd);
+	return p;
+}
+
+static void stop_peer(pid_t p, const char *path)
+{
+	int st;
+	if (p > 0) {
+		kill(p, SIGKILL);
+		waitpid(p, &st, 0);
+	}
+	unlink(path);
+}
+
+static int64_t ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static cvd_request *named(cvd_client *c, float *x, size_t n, const char *name, cvd_error *err)
+{
+	cvd_call call;
+	memset(&call, 0, sizeof call);
+	call.op = CVD_ALLREDUCE;
+	call.dtype = CVD_FLOAT32;
+	call.reduce = CVD_SUM;
+	call.buf = x;
+	call.count = n;
+	call.name = name;
+	return cvd_call_async(c, &call, err);
+}
+
+void run_scripted_tests(void)
+{
+	char path[64];
+	cvd_options o;
+	cvd_error err;
+	cvd_client *c;
+	cvd_request *a, *b, *s;
+	float x[4] = {1, 2, 3, 4}, y[4] = {5, 6, 7, 8};
+	int64_t t0;
+	pid_t p;
+	snprintf(path, sizeof path, "/tmp/cvd-scripted-%ld.sock", (long)getpid());
+	p = start_peer(path);
+	cvd_options_init(&o);
+	o.job = "demo";
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL, "connect to scripted peer: %s", err.message);
+	if (!c) {
+		stop_peer(p, path);
+		return;
+	}
+	CHECK(cvd_default_timeout_ms(c) == 6000, "default timeout %lld, want 1000 + 5000 margin",
+	      (long long)cvd_default_timeout_ms(c));
+
+	/* out of order: a's reply comes after b's */
+	a = named(c, x, 4, "hold", &err);
+	b = named(c, y, 4, "", &err);
+	CHECK(a && b, "async calls: %s", err.message);
+	if (a && b) {
+		CHECK(cvd_wait(b, -1, &err) == 0, "wait b: %s", err.message);
+		CHECK(cvd_test(a) == 1, "a not complete after b");
+		CHECK(cvd_wait(a, -1, &err) == 0, "wait a: %s", err.message);
+		CHECK(x[3] == 4 && y[0] == 5, "results %g %g", x[3], y[0]);
+	}
+
+	/* no reply: a bounded wait, the request stays valid */
+	s = named(c, x, 4, "silent", &err);
+	CHECK(s != NULL, "silent call: %s", err.message);
+	if (s) {
+		t0 = ms();
+		CHECK(cvd_wait(s, 200, &err) == CVD_E_WAIT_TIMEOUT && err.code == CVD_E_WAIT_TIMEOUT,
+		      "silent wait: %d %s", err.code, err.message);
+		CHECK(ms() - t0 >= 200, "wait returned after %lld ms", (long long)(ms() - t0));
+		CHECK(strstr(err.message, "still in flight") != NULL, "message: %s", err.message);
+		CHECK(cvd_test(s) == 0, "silent request completed");
+		CHECK(cvd_wait(s, 0, &err) == CVD_E_WAIT_TIMEOUT, "second wait: %d", err.code);
+	}
+
+	/* a fatal error fails everything in flight and the connection */
+	b = named(c, y, 4, "fatal", &err);
+	CHECK(b != NULL, "fatal call: %s", err.message);
+	if (b) {
+		CHECK(cvd_wait(b, -1, &err) == CVD_E_BAD_FRAME && err.fatal, "fatal: %d %s", err.code,
+		      err.message);
+		CHECK(strstr(err.message, "scripted fatal error") != NULL, "message: %s", err.message);
+	}
+	if (s)
+		CHECK(cvd_wait(s, 1000, &err) == CVD_E_BAD_FRAME, "pending after fatal: %d %s", err.code,
+		      err.message);
+	CHECK(cvd_barrier(c, &err) == CVD_E_BAD_FRAME && strstr(err.message, "unusable") != NULL,
+	      "after fatal: %d %s", err.code, err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+
+	/* close with a request in flight: it fails, the caller still frees it */
+	p = start_peer(path);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL, "reconnect: %s", err.message);
+	if (c) {
+		s = named(c, x, 4, "silent", &err);
+		cvd_close(c);
+		CHECK(s && cvd_wait(s, 1000, &err) == CVD_E_CLOSED, "after close: %d %s", err.code,
+		      err.message);
+	}
+	stop_peer(p, path);
+}
