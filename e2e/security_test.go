@@ -47,6 +47,7 @@ const (
 const (
 	rvCodeMalformed  = 1
 	rvCodeVersion    = 2
+	rvCodeByteOrder  = 3
 	rvCodeJob        = 4
 	rvCodeWorld      = 5
 	rvCodeDigest     = 6
@@ -64,11 +65,16 @@ type rvHelloMsg struct {
 	digest        [32]byte
 	nonce         [32]byte
 	job           string
+	swapBOM       bool // claim the other byte order
 }
 
 func (h rvHelloMsg) frame() []byte {
 	p := make([]byte, 0, 101+len(h.job))
-	p = binary.NativeEndian.AppendUint32(p, 0x01020304) // byte order marker
+	if h.swapBOM {
+		p = binary.NativeEndian.AppendUint32(p, 0x04030201)
+	} else {
+		p = binary.NativeEndian.AppendUint32(p, 0x01020304) // byte order marker
+	}
 	p = binary.BigEndian.AppendUint32(p, h.rank)
 	p = binary.BigEndian.AppendUint32(p, h.world)
 	p = binary.BigEndian.AppendUint16(p, h.streams)
@@ -81,6 +87,16 @@ func (h rvHelloMsg) frame() []byte {
 	p = append(p, byte(len(h.job)))
 	p = append(p, h.job...)
 	return rvFrame(h.version, rvHello, p)
+}
+
+// ringHeaderClaiming is a ring data frame header (ring/doc.go) from rank 0
+// claiming n payload bytes.
+func ringHeaderClaiming(n uint32) []byte {
+	h := make([]byte, 64)
+	copy(h, "CRNG")
+	h[4], h[5] = 1, 1 // version, data
+	binary.LittleEndian.PutUint32(h[52:], n)
+	return h
 }
 
 func rvFrame(version, typ byte, payload []byte) []byte {
@@ -251,9 +267,10 @@ func (c *cluster) stopLoop(trs []*ftProc, stopFile string, since time.Time) {
 
 // TestRingPortStrangersDuringAllReduce: while a 2x1 world loops on 1 MiB
 // allreduces, strangers connect to node 1's ring port with garbage, an
-// over-long length, another version, job, world size and shape digest, a
-// well-formed hello (refused: the ring is not forming) and the same hello
-// replayed. Each is refused, with a status frame naming the reason where
+// over-long length, a ring frame header claiming 3 GiB without any
+// handshake, another byte order, version, job, world size and shape
+// digest, a truncated hello, a well-formed hello (refused before any proof
+// is looked at: the ring is not forming) and the same hello replayed. Each is refused, with a status frame naming the reason where
 // the protocol has one, and logged with the reason and the remote address.
 // Then 12 half-open connections: 8 fill the pending-handshake limit and
 // are dropped at the handshake timeout, 4 are refused at once as busy.
@@ -279,12 +296,14 @@ func TestRingPortStrangersDuringAllReduce(t *testing.T) {
 	}{
 		{"garbage", []byte("GET / HTTP/1.1\r\nHost: collectived\r\n\r\n"), -1, "", "bad magic"},
 		{"over-long length", rvFrame(1, rvHello, nil)[:6], -1, "", "hello frame of 65535 bytes exceeds limit 512"},
+		{"ring frame before any handshake", ringHeaderClaiming(hugeLength), -1, "", "bad magic"},
+		{"other byte order", bad(func(h *rvHelloMsg) { h.swapBOM = true }), rvCodeByteOrder, "other byte order", "other byte order"},
 		{"other version", bad(func(h *rvHelloMsg) { h.version = 9 }), rvCodeVersion, "peer 9, ours 1", "other protocol version: peer 9, ours 1"},
 		{"truncated hello", rvFrame(1, rvHello, make([]byte, 40)), rvCodeMalformed, "hello of 40 bytes", "malformed handshake: hello of 40 bytes"},
 		{"other job", bad(func(h *rvHelloMsg) { h.job = "stranger" }), rvCodeJob, "stranger", `other job: peer \"stranger\", ours \"e2e\"`},
 		{"other world size", bad(func(h *rvHelloMsg) { h.world = 5 }), rvCodeWorld, "peer 5, ours 2", "other world size: peer 5, ours 2"},
 		{"other shape digest", bad(func(h *rvHelloMsg) { h.digest[0] ^= 0xff }), rvCodeDigest, "other job shape digest", "other job shape digest"},
-		{"well-formed, not forming", replay, rvCodeNotForming, "not in Form", "not forming a ring now"},
+		{"well-formed (any token), not forming", replay, rvCodeNotForming, "not in Form", "not forming a ring now"},
 		{"replayed hello", replay, rvCodeReplay, "seen before", "replayed handshake"},
 	} {
 		t.Run(a.name, func(t *testing.T) {
