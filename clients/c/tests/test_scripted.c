@@ -178,11 +178,11 @@ void run_scripted_tests(void)
 
 	/* out of order: a's reply comes after b's */
 	a = named(c, x, 4, "hold", &err);
+	CHECK(a && cvd_wait(a, 100, &err) == CVD_E_WAIT_TIMEOUT, "held call answered early");
 	b = named(c, y, 4, "", &err);
 	CHECK(a && b, "async calls: %s", err.message);
 	if (a && b) {
 		CHECK(cvd_wait(b, -1, &err) == 0, "wait b: %s", err.message);
-		CHECK(cvd_test(a) == 1, "a not complete after b");
 		CHECK(cvd_wait(a, -1, &err) == 0, "wait a: %s", err.message);
 		CHECK(x[3] == 4 && y[0] == 5, "results %g %g", x[3], y[0]);
 	}
