@@ -125,7 +125,11 @@ func decodeHeader(b []byte, maxData int) (header, error) {
 		return h, fmt.Errorf("%w: unknown frame kind %d", ErrBadFrame, b[5])
 	}
 	if h.Length > limit {
-		return h, fmt.Errorf("%w: %s frame payload of %d bytes exceeds the limit of %d", ErrBadFrame, h.Kind, h.Length, limit)
+		hint := ""
+		if h.Kind == kindData {
+			hint = " (segment_bytes and small_bytes must be the same on every rank)"
+		}
+		return h, fmt.Errorf("%w: %s frame payload of %d bytes exceeds the limit of %d%s", ErrBadFrame, h.Kind, h.Length, limit, hint)
 	}
 	return h, nil
 }
