@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,24 +21,34 @@ import (
 const (
 	netNodes = 4
 	netLocal = 2
-	// hbTimeout is heartbeat_timeout in fastTimeouts: T in the
-	// [T/2, 2T] detection bound of silent faults.
-	hbTimeout = 1500 * time.Millisecond
 	// loopCount is the trainers' allreduce size: 1 MiB of float32, large
 	// enough to use the ring's pipelined path and a shared segment.
 	loopCount = "262144"
 )
 
+// hbTimeout is heartbeat_timeout in fastTimeouts: T in the [T/2, 2T]
+// detection bound of silent faults.
+var hbTimeout = func() time.Duration {
+	m := regexp.MustCompile(`heartbeat_timeout: (\S+)`).FindStringSubmatch(fastTimeouts)
+	if m == nil {
+		panic("fastTimeouts sets no heartbeat_timeout")
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		panic(err)
+	}
+	return d
+}()
+
 // daemonFault describes one daemon fault test.
 type daemonFault struct {
-	victim     int
-	fault      func(c *cluster)
-	heal       func(c *cluster)
-	restarted  bool // heal starts a new daemon: the victim has no baseline
-	minDetect  time.Duration
-	maxDetect  time.Duration
-	wantCodes  []string
-	setupExtra func(c *cluster) // before the daemons start
+	victim    int
+	fault     func(c *cluster)
+	heal      func(c *cluster)
+	restarted bool // heal starts a new daemon: the victim has no baseline
+	minDetect time.Duration
+	maxDetect time.Duration
+	wantCodes []string
 }
 
 // TestNetnsDaemonKilled: kill -9 one daemon mid-allreduce; every trainer
@@ -97,9 +108,6 @@ func TestNetnsPartition(t *testing.T) {
 
 func runDaemonFault(t *testing.T, f daemonFault) {
 	c := newNetCluster(t, netNodes, netLocal)
-	if f.setupExtra != nil {
-		f.setupExtra(c)
-	}
 	c.startAll()
 	bs := c.baselines()
 	// Every trainer loops on 1 MiB allreduces; after the fault each goes
