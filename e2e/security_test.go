@@ -479,12 +479,13 @@ func TestRingFrameClaimingGiB(t *testing.T) {
 	c.checkBaselines(bs, 20*time.Second)
 }
 
-// TestUnixSocketFDAbuse: on the Unix socket, /dev/zero offered as a
+// TestUnixSocketAbuse: on the Unix socket, /dev/zero offered as a
 // segment is refused (BAD_FD, not a memfd) and the connection goes on;
 // 200 fds in one message are refused (BAD_FD, fatal) and all closed; a
-// frame claiming 4 GiB after HELLO is refused before allocation. The
+// frame claiming 4 GiB after HELLO is refused before allocation; 20
+// connections that never say HELLO are closed at the hello timeout. The
 // daemon's fds, memfds and memory return to baseline and trainers work.
-func TestUnixSocketFDAbuse(t *testing.T) {
+func TestUnixSocketAbuse(t *testing.T) {
 	c := newLoopCluster(t, 1, 2)
 	c.startAll()
 	bs := c.baselines()
@@ -528,6 +529,16 @@ func TestUnixSocketFDAbuse(t *testing.T) {
 	h.Put(hb[:])
 	r2.send(hb[:], -1)
 	r2.expectError(ipc.CodeBadFrame, "4294967280", true)
+
+	var idle []*rawClient
+	for i := 0; i < 20; i++ {
+		idle = append(idle, dialRaw(t, sock))
+	}
+	start := time.Now()
+	for _, r := range idle {
+		r.expectError(ipc.CodeTimeout, "no HELLO within 2s", true) // timeouts.hello in fastTimeouts
+	}
+	t.Logf("20 silent connections closed %v after they opened", time.Since(start).Round(10*time.Millisecond))
 
 	c.checkBaselines(bs, 20*time.Second)
 	for _, p := range []*ftProc{c.startFT(0, "-mode", "loop", "-until-ok", "2", "-max-fails", "1"), c.startFT(0, "-mode", "loop", "-until-ok", "2", "-max-fails", "1")} {
