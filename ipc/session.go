@@ -396,13 +396,16 @@ func (s *Session) cleanup() {
 	s.closed = true
 	cause := s.cause
 	s.mu.Unlock()
-	s.conn.CloseSocket()
 	close(s.quit)
-	if s.writing {
-		<-s.wdone
-	}
+	// Tell the handler before the socket closes: a client that half-closed
+	// and waits for our end of the connection (a graceful Close) may then
+	// rely on its rank being free again.
 	if s.admitted {
 		s.h.Disconnected(s, cause)
+	}
+	s.conn.CloseSocket() // also unblocks a writer stuck on a client that stopped reading
+	if s.writing {
+		<-s.wdone
 	}
 	s.table.Close()
 	s.conn.Close()

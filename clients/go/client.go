@@ -157,10 +157,22 @@ func (c *Client) InlineLimit() int { return int(c.info.InlineLimit) }
 // Generation is the ring generation when the client attached.
 func (c *Client) Generation() uint32 { return c.info.Generation }
 
+// closeWait bounds how long Close waits for the daemon to let go.
+const closeWait = 2 * time.Second
+
 // Close detaches from the daemon; calls in flight fail, segments are
-// unmapped. It is idempotent.
+// unmapped. It half-closes the connection and waits (at most 2 s) for the
+// daemon to close its end, which it does once it has released this
+// trainer's local rank: a trainer restarted right after Close finds its
+// rank free. It is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		if err := c.conn.UnixConn().CloseWrite(); err == nil {
+			select {
+			case <-c.readerDone:
+			case <-time.After(closeWait):
+			}
+		}
 		c.conn.CloseSocket()
 		<-c.readerDone
 		c.mu.Lock()

@@ -1,0 +1,156 @@
+package collectived_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	collectived "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/ipc"
+)
+
+func dial(t *testing.T) *collectived.Client {
+	t.Helper()
+	c, err := collectived.Dial(collectived.Options{LocalRank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// A buffer over the inline limit that is not in a segment goes through a
+// scratch segment and still lands in place; broadcast and barrier work.
+func TestScratchBroadcastBarrier(t *testing.T) {
+	c := dial(t)
+	big := make([]float32, 300_000) // 1.2 MB > 64 KiB inline
+	for i := range big {
+		big[i] = float32(i)
+	}
+	for k := 0; k < 3; k++ {
+		if err := collectived.AllReduce(c, big, collectived.Sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if big[299_999] != 299_999 {
+		t.Fatalf("scratch path result %v", big[299_999])
+	}
+	x := []float64{3, 4}
+	if err := collectived.Broadcast(c, x, 0); err != nil || x[1] != 4 {
+		t.Fatalf("broadcast: %v %v", x, err)
+	}
+	if err := c.Barrier(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Status()
+	if err != nil || st["job"] != "example" {
+		t.Fatalf("status: %v %v", st, err)
+	}
+}
+
+// Bad calls get errors that say what is wrong.
+func TestCallErrors(t *testing.T) {
+	c := dial(t)
+	d := collectived.Desc{Op: 1, DType: collectived.Float32, Reduce: collectived.Sum, Count: 4}
+	if _, err := c.Start(d, make([]byte, 12)); err == nil || !strings.Contains(err.Error(), "buffer is 12 bytes, the description needs 16") {
+		t.Fatalf("short buffer: %v", err)
+	}
+	err := collectived.Broadcast(c, []float32{1}, 5)
+	if !errors.Is(err, collectived.ErrBadRequest) || !strings.Contains(err.Error(), "root 5") {
+		t.Fatalf("broadcast from a rank outside the world: %v", err)
+	}
+	if _, err := c.Alloc(0); err == nil {
+		t.Fatal("Alloc(0) succeeded")
+	}
+	if _, err := c.Alloc(1 << 40); !errors.Is(err, collectived.ErrQuota) {
+		t.Fatalf("Alloc(1 TiB): %v, want QUOTA", err)
+	}
+	c.Close()
+	if err := collectived.AllReduce(c, []float32{1}, collectived.Sum); err == nil {
+		t.Fatal("a call after Close succeeded")
+	}
+}
+
+// Dial errors name what was wrong.
+func TestDialErrors(t *testing.T) {
+	_, err := collectived.Dial(collectived.Options{Job: "other", LocalRank: -1})
+	if !errors.Is(err, ipc.ErrJob) || !strings.Contains(err.Error(), `"other"`) {
+		t.Fatalf("other job: %v", err)
+	}
+	_, err = collectived.Dial(collectived.Options{Socket: "/nonexistent/x.sock", LocalRank: -1})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/x.sock") {
+		t.Fatalf("missing socket: %v", err)
+	}
+	c := dial(t)
+	_, err = collectived.Dial(collectived.Options{LocalRank: c.LocalRank()})
+	if !errors.Is(err, collectived.ErrRankTaken) {
+		t.Fatalf("rank taken: %v", err)
+	}
+}
+
+// silentDaemon accepts one client, answers HELLO, then reads and never
+// answers; closing done makes it drop the connection.
+func silentDaemon(t *testing.T, done <-chan struct{}) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cvd-silent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		conn := ipc.NewConn(nc.(*net.UnixConn), ipc.DaemonSide)
+		f, err := conn.ReadFrame()
+		if err != nil || f.Type != ipc.TypeHello {
+			return
+		}
+		ok := ipc.HelloOK{Version: 1, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
+		conn.WriteFrame(ok.Encode(f.ID), -1)
+		go io.Copy(io.Discard, nc)
+		<-done
+	}()
+	return path
+}
+
+// A daemon that never answers cannot hang a call: it fails with TIMEOUT
+// after Options.Timeout; a daemon that goes away fails calls in flight.
+func TestNoHang(t *testing.T) {
+	done := make(chan struct{})
+	path := silentDaemon(t, done)
+	c, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t0 := time.Now()
+	err = collectived.AllReduce(c, []float32{1}, collectived.Sum)
+	if !errors.Is(err, collectived.ErrTimeout) || !strings.Contains(err.Error(), "no reply from daemon") {
+		t.Fatalf("silent daemon: %v", err)
+	}
+	if d := time.Since(t0); d < 250*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("timed out after %v, configured 300ms", d)
+	}
+	h, err := collectived.AllReduceAsync(c, []float32{1}, collectived.Sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(done)
+	if err := h.Wait(); err == nil || !strings.Contains(err.Error(), "connection to "+path+" lost") {
+		t.Fatalf("daemon gone: %v", err)
+	}
+}
