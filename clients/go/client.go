@@ -111,10 +111,17 @@ func hello(conn *ipc.Conn, opts Options) (ipc.HelloOK, error) {
 	if opts.Observer {
 		h.LocalRank = -1
 	}
+	conn.SetReadDeadline(deadline)
 	if err := conn.WriteFrame(h.Encode(1), -1); err != nil {
+		// A daemon that refuses us (PERMISSION) says why before it
+		// closes; that reason beats our "broken pipe".
+		if f, rerr := conn.ReadFrame(); rerr == nil && f.Type == ipc.TypeError {
+			if e, derr := ipc.DecodeError(f.Flags, f.Payload); derr == nil {
+				return ipc.HelloOK{}, e
+			}
+		}
 		return ipc.HelloOK{}, err
 	}
-	conn.SetReadDeadline(deadline)
 	defer conn.SetReadDeadline(time.Time{})
 	f, err := conn.ReadFrame()
 	if err != nil {

@@ -401,12 +401,11 @@ static void info_and_async(cvd_client *c, const world *w)
 	}
 }
 
-static void broadcast_barrier_mismatch(cvd_client *c, const world *w)
+static void broadcast_barrier(cvd_client *c, const world *w)
 {
 	double x[5];
-	float g[4] = {1, 1, 1, 1};
 	cvd_error err;
-	int i, rc, rank = cvd_rank(c);
+	int i, rank = cvd_rank(c);
 	cvd_call call;
 	for (i = 0; i < 5; i++)
 		x[i] = rank;
@@ -418,6 +417,16 @@ static void broadcast_barrier_mismatch(cvd_client *c, const world *w)
 	call.op = CVD_BARRIER;
 	call.name = "named-barrier";
 	CHECK(cvd_call_sync(c, &call, &err) == 0, "named barrier: %s", err.message);
+}
+
+/* Run by fresh trainers, so that no earlier collective is still finishing
+ * on another node when the mismatch is found (see the report on the daemon
+ * race this avoids; the Python suite keeps a repro of it). */
+static void mismatch_then_recover(cvd_client *c, const world *w)
+{
+	float g[4] = {1, 1, 1, 1};
+	cvd_error err;
+	int rc, rank = cvd_rank(c);
 	if (w->size > 1) {
 		rc = cvd_allreduce(c, g, rank == 0 ? 3 : 4, CVD_FLOAT32, CVD_SUM, &err);
 		CHECK(rc == CVD_E_MISMATCH && err.code == CVD_E_MISMATCH, "mismatch gave %d %s: %s", rc,
@@ -520,7 +529,8 @@ int run_daemon_tests(const char *bin)
 		parent_checks(&w);
 		run_trainers(&w, info_and_async, "info_and_async", 120);
 		run_trainers(&w, every_dtype_op, "every_dtype_op", 180);
-		run_trainers(&w, broadcast_barrier_mismatch, "broadcast_barrier_mismatch", 120);
+		run_trainers(&w, broadcast_barrier, "broadcast_barrier", 120);
+		run_trainers(&w, mismatch_then_recover, "mismatch_then_recover", 120);
 		if (w.size > 1)
 			run_example(&w, "build/allreduce");
 		world_stop(&w);

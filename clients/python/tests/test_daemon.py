@@ -95,6 +95,24 @@ def test_mismatch_2x2(world_2x2: World) -> None:
         assert res["after"] == [4.0, 4.0]
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "daemon race seen 2026-11-30: when a MISMATCH is found on one node while the previous "
+    "collective is still finishing on another, the abort fails that previous collective there "
+    "and the nodes number later collectives differently, so every later call fails"))
+def test_mismatch_right_after_a_collective_2x2(collectived_bin: str) -> None:
+    # DESIGN.md: a mismatch fails collective k on every trainer; the next call
+    # joins the next collective. Here each mismatch directly follows a barrier.
+    w = World(collectived_bin, 2, 2, collective_timeout="8s")
+    try:
+        w.start()
+        results = w.run(T.mismatch_rounds, (5,), timeout=200)
+    finally:
+        w.stop()
+    want = ["barrier ok", "mismatch", "after 4.0"] * 5
+    for r, got in enumerate(results):
+        assert got == want, f"world rank {r}: {got}"
+
+
 def test_broadcast_barrier_2x2(world_2x2: World) -> None:
     for res in world_2x2.run(T.broadcast_and_barrier):
         assert res["x"] == [3.0] * 5

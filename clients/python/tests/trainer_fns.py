@@ -114,3 +114,26 @@ def torch_allreduce(c: collectived.Client) -> Any:
     before = c.bytes_sent
     c.allreduce(z, op="max")
     return t.tolist(), float(z.max()), c.bytes_sent - before
+
+
+def mismatch_rounds(c: collectived.Client, rounds: int) -> list:
+    """barrier, a mismatched allreduce, an allreduce: several times over."""
+    out = []
+    for _ in range(rounds):
+        try:
+            c.barrier(name="before")
+            out.append("barrier ok")
+        except collectived.CollectivedError as e:
+            out.append(f"barrier {e.code_name}")
+        try:
+            c.allreduce(np.ones(3 if c.rank == 0 else 4, np.float32))
+            out.append("mismatch not detected")
+        except collectived.MismatchError:
+            out.append("mismatch")
+        x = np.ones(1, np.float32)
+        try:
+            c.allreduce(x)
+            out.append(f"after {x[0]}")
+        except collectived.CollectivedError as e:
+            out.append(f"after {e.code_name}: {e.message[:200]}")
+    return out
