@@ -86,15 +86,15 @@ static void world_stop(world *w)
 		if (w->pid[r] > 0)
 			kill(w->pid[r], SIGTERM);
 	for (r = 0; r < w->nodes; r++) {
-		if (w->pid[r] <= 0)
-			continue;
-		for (i = 0; i < 100 && waitpid(w->pid[r], &st, WNOHANG) == 0; i++)
-			sleep_ms(100);
-		if (i == 100) {
-			kill(w->pid[r], SIGKILL);
-			waitpid(w->pid[r], &st, 0);
+		if (w->pid[r] > 0) {
+			for (i = 0; i < 100 && waitpid(w->pid[r], &st, WNOHANG) == 0; i++)
+				sleep_ms(100);
+			if (i == 100) {
+				kill(w->pid[r], SIGKILL);
+				waitpid(w->pid[r], &st, 0);
+			}
+			w->pid[r] = 0;
 		}
-		w->pid[r] = 0;
 		unlink(w->sock[r]);
 		unlink(w->log[r]);
 	}
