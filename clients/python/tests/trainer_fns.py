@@ -12,7 +12,7 @@ import collectived
 
 DTYPES = ("float32", "float64", "int32", "int64")
 OPS = ("sum", "prod", "max", "min")
-PATHS = ("inline", "segment", "scratch")
+PATHS = ("inline", "segment", "registered", "scratch")
 
 
 def make_input(rank: int, dtype: str, op: str, n: int) -> np.ndarray:
@@ -47,7 +47,10 @@ def every_dtype_op(c: collectived.Client) -> dict:
             for op in OPS:
                 n = count_for(path, dtype, c.inline_limit)
                 src = make_input(c.rank, dtype, op, n)
-                x = c.empty(n, dtype) if path == "segment" else src.copy()
+                if path in ("segment", "registered"):
+                    x = c.empty(n, dtype, register=path == "registered")
+                else:
+                    x = src.copy()
                 x[:] = src
                 before = c.bytes_sent
                 r = c.allreduce(x, op, name=f"{path}/{dtype}/{op}")
