@@ -995,9 +995,12 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 	n = cvd_frame_encode(&f, buf, sizeof buf);
 	iov.iov_base = buf;
 	iov.iov_len = n;
-	if ((rc = send_all(c, &iov, 1, -1, err)) != 0)
+	rc = send_all(c, &iov, 1, -1, err);
+	/* A daemon refusing our credentials answers before reading anything
+	 * and closes: even if the send failed, its ERROR may be waiting. */
+	if (rc != 0 && read_full(c->fd, buf, CVD_HEADER_SIZE, now_ms() + 1000, NULL) != 0)
 		return rc;
-	if ((rc = read_full(c->fd, buf, CVD_HEADER_SIZE, deadline, err)) != 0)
+	if (rc == 0 && (rc = read_full(c->fd, buf, CVD_HEADER_SIZE, deadline, err)) != 0)
 		return rc;
 	if (cvd_frame_header(buf, CVD_PRE_HELLO_MAX_FRAME, &f, &plen, err) != 0 ||
 	    read_full(c->fd, buf + CVD_HEADER_SIZE, plen, deadline, err) != 0 ||

@@ -40,7 +40,7 @@ static void send_frame(int fd, const cvd_frame *f)
 		_exit(2);
 }
 
-static void peer(int lfd)
+static void peer(int lfd, int refuse)
 {
 	uint8_t buf[8192], held[8192];
 	size_t held_n = 0;
@@ -50,6 +50,17 @@ static void peer(int lfd)
 	int fd = accept(lfd, NULL, NULL);
 	if (fd < 0)
 		_exit(1);
+	if (refuse) { /* as for refused credentials: answer before reading, close */
+		memset(&r, 0, sizeof r);
+		r.type = CVD_T_ERROR;
+		r.frame_flags = CVD_FLAG_FATAL;
+		r.code = CVD_E_PERMISSION;
+		r.data = (const uint8_t *)"uid 1000 is not allowed";
+		r.data_len = strlen("uid 1000 is not allowed");
+		send_frame(fd, &r);
+		close(fd);
+		_exit(0);
+	}
 	for (;;) {
 		if (read_n(fd, buf, 16) != 0 || cvd_frame_header(buf, 8192, &f, &plen, &err) != 0 ||
 		    read_n(fd, buf + 16, plen) != 0 || cvd_frame_payload(&f, buf + 16, plen, &err) != 0)
@@ -99,7 +110,7 @@ static void peer(int lfd)
 	}
 }
 
-static pid_t start_peer(const char *path)
+static pid_t start_peer(const char *path, int refuse)
 {
 	struct sockaddr_un sa;
 	pid_t p;
@@ -116,7 +127,7 @@ static pid_t start_peer(const char *path)
 	fflush(stderr);
 	p = fork();
 	if (p == 0) {
-		peer(lfd);
+		peer(lfd, refuse);
 		_exit(0);
 	}
 	close(lfd);
@@ -164,7 +175,7 @@ void run_scripted_tests(void)
 	int64_t t0;
 	pid_t p;
 	snprintf(path, sizeof path, "/tmp/cvd-scripted-%ld.sock", (long)getpid());
-	p = start_peer(path);
+	p = start_peer(path, 0);
 	cvd_options_init(&o);
 	o.job = "demo";
 	c = cvd_connect(path, &o, &err);
@@ -217,7 +228,7 @@ void run_scripted_tests(void)
 	stop_peer(p, path);
 
 	/* close with a request in flight: it fails, the caller still frees it */
-	p = start_peer(path);
+	p = start_peer(path, 0);
 	c = cvd_connect(path, &o, &err);
 	CHECK(c != NULL, "reconnect: %s", err.message);
 	if (c) {
@@ -226,5 +237,14 @@ void run_scripted_tests(void)
 		CHECK(s && cvd_wait(s, 1000, &err) == CVD_E_CLOSED, "after close: %d %s", err.code,
 		      err.message);
 	}
+	stop_peer(p, path);
+
+	/* refused before HELLO is read: the daemon's error, not a broken pipe */
+	p = start_peer(path, 1);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_PERMISSION && err.fatal &&
+	      strstr(err.message, "uid 1000 is not allowed") != NULL,
+	      "refused: %d %s", err.code, err.message);
+	cvd_close(c);
 	stop_peer(p, path);
 }

@@ -43,6 +43,7 @@ class ScriptedDaemon:
         self.registered: list[int] = []
         self.bytes_received = 0
         self.rank_taken_times = 0  # answer this many HELLOs with RANK_TAKEN
+        self.refuse = False  # answer PERMISSION before reading anything, as for bad credentials
         self._segs: dict[int, mmap.mmap] = {}
         self._next_seg = 1
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -94,6 +95,9 @@ class ScriptedDaemon:
     def _session(self, conn: socket.socket) -> None:
         held: list[bytes] = []
         try:
+            if self.refuse:
+                conn.sendall(P.encode(P.Error(0, 7, "uid 1000 is not allowed", P.FLAG_FATAL)))
+                return
             msg, _ = self._recv_frame(conn, P.PRE_HELLO_MAX_FRAME)
             if not isinstance(msg, P.Hello):
                 return

@@ -61,6 +61,14 @@ def test_rank_retry(fake: ScriptedDaemon) -> None:
     assert fake.rank_taken_times == 0
 
 
+def test_refused_credentials(fake: ScriptedDaemon) -> None:
+    fake.refuse = True
+    for _ in range(5):  # whether or not our HELLO went out before the close
+        with pytest.raises(collectived.AccessDeniedError, match="uid 1000 is not allowed") as ei:
+            collectived.Client(fake.path, job="demo")
+        assert ei.value.fatal and ei.value.code == 7
+
+
 def test_connect_failure_names_path(tmp_path) -> None:
     with pytest.raises(collectived.ConnectionLostError, match="nope.sock"):
         collectived.Client(str(tmp_path / "nope.sock"), job="x")

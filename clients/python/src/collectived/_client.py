@@ -197,7 +197,17 @@ class Client:
                 self._sock.connect(self.path)
             except OSError as e:
                 raise ConnectionLostError(f"cannot connect to collectived at {self.path}: {e}") from e
-            self._send(P.encode(hello))
+            try:
+                self._send(P.encode(hello))
+            except OSError as e:
+                # A daemon refusing our credentials answers before reading
+                # anything and closes: its ERROR may be waiting to be read.
+                try:
+                    self._read_hello_reply(min(connect_timeout, 1.0))
+                except CollectivedError as daemon_err:
+                    if daemon_err.code is not None:
+                        raise daemon_err from e
+                raise ConnectionLostError(f"sending HELLO to {self.path}: {e}") from e
             return self._read_hello_reply(connect_timeout)
         except BaseException:
             self._sock.close()
