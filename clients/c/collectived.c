@@ -468,6 +468,7 @@ struct cvd_client {
 	seg *segs;
 	int broken;
 	cvd_error broken_err;
+	pid_t pid; /* the process that connected */
 };
 
 static int64_t now_ms(void)
@@ -833,6 +834,13 @@ bad:
 static cvd_request *new_req(cvd_client *c, uint8_t reply_type, cvd_error *err)
 {
 	cvd_request *r;
+	if (getpid() != c->pid) {
+		/* A forked child shares the socket: its frames would interleave
+		 * with the parent's. */
+		set_err(err, CVD_E_INVALID, "this client was made in process %ld; connect anew after fork()",
+			(long)c->pid);
+		return NULL;
+	}
 	if (c->broken) {
 		copy_err(err, &c->broken_err);
 		if (err)
@@ -1074,6 +1082,7 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 		return NULL;
 	}
 	c->next_id = 2;
+	c->pid = getpid();
 	c->observer = opt->observer != 0;
 	cto = opt->connect_timeout_ms > 0 ? opt->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
 	deadline = now_ms() + cto;

@@ -27,8 +27,8 @@
  *
  * Thread safety: a cvd_client and its requests are not thread-safe: use
  * each client from one thread at a time (collectives are matched by call
- * order anyway). Distinct clients are independent. Not fork-safe: make a
- * client after fork().
+ * order anyway). Distinct clients are independent. After fork() the child
+ * must connect anew: calls on the parent's client fail with CVD_E_INVALID.
  *
  * Timeouts: no call waits forever. The default bound of a wait is the
  * daemon's collective timeout (HELLO_OK timeout_ms) plus 10% (at least

@@ -198,6 +198,23 @@ void run_scripted_tests(void)
 		CHECK(x[3] == 4 && y[0] == 5, "results %g %g", x[3], y[0]);
 	}
 
+	/* a forked child may not use the parent's client */
+	{
+		pid_t child;
+		int st = 0;
+		fflush(stdout);
+		fflush(stderr);
+		child = fork();
+		if (child == 0) {
+			cvd_error e2;
+			int rc = cvd_barrier(c, &e2);
+			_exit(rc == CVD_E_INVALID && strstr(e2.message, "after fork") ? 0 : 1);
+		}
+		waitpid(child, &st, 0);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "forked child could use the client");
+		CHECK(cvd_barrier(c, &err) == 0, "parent after fork: %s", err.message);
+	}
+
 	/* no reply: a bounded wait, the request stays valid */
 	s = named(c, x, 4, "silent", &err);
 	CHECK(s != NULL, "silent call: %s", err.message);

@@ -248,3 +248,22 @@ def test_no_fd_leak(fake: ScriptedDaemon) -> None:
     while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_use_after_fork_is_refused(client: collectived.Client) -> None:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            client.barrier()
+            msg = b"no error"
+        except collectived.CollectivedError as e:
+            msg = str(e).encode()
+        os.write(w, msg)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    msg = os.read(r, 1000).decode()
+    os.close(r)
+    assert "make a new one in process" in msg, msg
+    client.barrier()  # the parent's connection is untouched

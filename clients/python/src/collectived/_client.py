@@ -142,7 +142,8 @@ class Client:
 
     Calls are matched across the world by order, so issue collectives on one
     client from one thread (or serialize them); waiting on handles from
-    other threads is safe. The client is not fork-safe: make one per process.
+    other threads is safe. After ``fork()`` the child must make its own
+    client: using the parent's raises :class:`CollectivedError`.
     """
 
     def __init__(self, socket: Optional[str] = None, *, local_rank: int = -1,
@@ -161,6 +162,7 @@ class Client:
         self._broken: Optional[CollectivedError] = None
         self._closed = False
         self._reader: Optional[threading.Thread] = None
+        self._pid = os.getpid()
         #: bytes written to the socket so far (frames and inline data).
         self.bytes_sent = 0
         hello = P.Hello(1, local_rank=-1 if observer else local_rank, pid=os.getpid(),
@@ -507,6 +509,11 @@ class Client:
     def _request(self, msg: Any, reply_type: int, on_ok: Callable[[Any], Any], what: str, *,
                  handle: Optional[Handle] = None, cleanup: Optional[Callable[[], None]] = None,
                  fd: Optional[int] = None, keep: Any = None, flush: bool = True) -> Handle:
+        if os.getpid() != self._pid:
+            # A forked child shares the parent's socket but not its reader
+            # thread: any use would interleave frames with the parent's.
+            raise CollectivedError(f"this Client was made in process {self._pid}; make a new "
+                                   f"one in process {os.getpid()} after fork()", request=what)
         if flush and self._frees:
             self._flush_frees()
         h = handle or Handle(self, what)
