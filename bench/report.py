@@ -7,6 +7,7 @@ PEERS = ["gloo", "mpi-tcp", "mpi-shm"]
 LABEL = {"collectived": "collectived", "gloo": "Gloo", "mpi-tcp": "OpenMPI TCP", "mpi-shm": "OpenMPI shm",
          "ring": "ring in-process", "tcp": "TCP bidir"}
 MIB64 = 64 << 20
+REPO_PREFIX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
 
 def size_name(n: int) -> str:
@@ -397,7 +398,12 @@ def markdown(res, plot_rel) -> str:
         L += ["not measured in this run", ""]
 
     if res.get("errors"):
-        L += ["## Failures in this run", ""] + [f"- {e}" for e in res["errors"]] + [""]
+        L += ["## Failures in this run", "",
+              "Each failed measurement is left out; the figures it would have given come from the other rounds "
+              "(the tables' ranges span only the rounds that finished). What each one printed, shortened:", ""]
+        for e in res["errors"]:
+            e = e.replace(REPO_PREFIX, "")
+            L += ["```", e if len(e) <= 2500 else e[:1500] + "\n[...]\n" + e[-1000:], "```", ""]
 
     L += ["## Reproduce", "",
           "On Debian 12 as root; it installs the Debian packages it lacks (openmpi-bin, libopenmpi-dev, "

@@ -45,8 +45,14 @@ def run(argv, *, timeout, env=None, cwd=None, log=True) -> str:
                        f"stderr tail:\n{err[-2000:]}")
     if p.returncode != 0:
         raise RunError(f"{shlex.join(map(str, argv))}: exit status {p.returncode}; "
-                       f"stderr tail:\n{err[-3000:]}\nstdout tail:\n{out[-1000:]}")
+                       f"stderr:\n{_shorten(err, 3000)}\nstdout tail:\n{out[-1000:]}")
     return out
+
+
+def _shorten(s: str, n: int) -> str:
+    """Head and tail: a failing command's first lines say what failed, its
+    last ones what it was doing."""
+    return s if len(s) <= n else s[: n // 2] + "\n[...]\n" + s[-n // 2:]
 
 
 def _kill_group(p: subprocess.Popen) -> None:
