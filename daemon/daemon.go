@@ -82,6 +82,7 @@ func New(cfg Config) (*Daemon, error) {
 	rcfg.Streams = cfg.Streams
 	rcfg.Digest = cfg.Digest
 	rcfg.ConnectTimeout = cfg.ConnectTimeout
+	rcfg.HandshakeTimeout = cfg.HelloTimeout
 	rcfg.Logger = d.log
 	rv, err := rendezvous.Listen(rcfg)
 	if err != nil {

@@ -33,8 +33,10 @@
 // which its next call receives instead of joining the new generation.
 // Without this a late call of collective k would meet other trainers'
 // calls of k+1 in the new generation — a mismatch at best, silently wrong
-// training at worst. The one exception is a slot whose trainer left
-// mid-collective, causing the failure: its replacement starts afresh.
+// training at worst. The exception is a failure caused by a lost trainer:
+// the job then restarts trainers, so the lost trainer's slot and slots
+// left empty start afresh (attached trainers that had not called still
+// owe their call).
 //
 // # Failure messages across nodes
 //

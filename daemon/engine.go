@@ -178,9 +178,9 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			return heads, err
 		}
 
-		// Sleep until a call arrives, the next warning or timeout is due,
-		// or a periodic look at the ring's health.
-		wait := 250 * time.Millisecond
+		// Sleep until a call arrives, the ring fails, or the next warning
+		// or timeout is due.
+		wait := time.Hour
 		if any {
 			wait = min(wait, nextWarn-waited, timeout-waited)
 		}
@@ -188,6 +188,7 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		select {
 		case <-d.notify:
 		case <-timer.C:
+		case <-r.Done():
 		case <-d.ctx.Done():
 			return heads, ErrShutdown
 		}
@@ -273,15 +274,14 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 	d.ring = nil
 	d.inflight = inflight{}
 	d.lost = nil
-	if len(heads) == 0 {
-		// Failed while waiting for local calls: the calls already at the
-		// head of their queues were made for collective seq itself.
-		for l := range d.slots {
-			if q := d.slots[l].queue; len(q) > 0 {
-				heads = append(heads, q[0])
-				d.slots[l].queue = append(q[:0], q[1:]...)
-			}
-		}
+	// A slot made its call of collective seq if that call is in heads, or,
+	// when the failure came while waiting for local calls, if it arrived
+	// before the failure. Calls that arrived later were made after it and
+	// are not this collective's (they wait for the next generation, or take
+	// the owed failure below).
+	failedAt := r.FailedAt()
+	if failedAt.IsZero() {
+		failedAt = time.Now() // the core's own failure, found just now
 	}
 	called := make([]bool, len(d.slots))
 	for _, c := range heads {
@@ -289,17 +289,51 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 			called[l] = true
 		}
 	}
+	if len(heads) == 0 {
+		for l := range d.slots {
+			if q := d.slots[l].queue; len(q) > 0 && q[0].at.Before(failedAt) {
+				heads = append(heads, q[0])
+				d.slots[l].queue = append(q[:0], q[1:]...)
+				called[l] = true
+			}
+		}
+	}
 	closed := d.closed
 	e := d.callError(seq, gen, cause, closed)
+	// After a trainer was lost (here or on another node) the job restarts
+	// trainers, so slots left empty start afresh; after any other failure
+	// a trainer still to attach will make its call of collective seq.
+	msg := cause.Error()
+	lostTrainer := hasTag(msg, "[trainer-lost]")
+	// Only a collective that some trainer somewhere had called can be owed:
+	// a failure while the whole ring was idle (a node died between
+	// collectives) fails nobody's call.
+	started := len(heads) > 0 || startedElsewhere(msg)
+	scratch = scratch[:0]
 	for l := range d.slots {
 		sl := &d.slots[l]
-		if !called[l] && len(sl.queue) == 0 && !sl.lostMid {
+		switch {
+		case called[l]:
+			// Everything this trainer queued behind its failed call was
+			// sent before it could learn of the failure: it fails too.
+			scratch = append(scratch, sl.queue...)
+			clear(sl.queue)
+			sl.queue = sl.queue[:0]
+		case !started || sl.lostMid || (sl.session == nil && lostTrainer):
+			// Nothing owed: calls made after the failure stay queued for
+			// the next generation.
+		case len(sl.queue) > 0:
+			// Its call of collective seq arrived after the failure.
+			owed := sl.queue[0]
+			sl.queue = append(sl.queue[:0], sl.queue[1:]...)
+			owed.req.Fail(ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
+				d.worldRank(l), seq, gen, e.Message))
+		default:
 			sl.owed = ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
 				d.worldRank(l), seq, gen, e.Message)
 		}
 		sl.lostMid = false
 	}
-	scratch = d.drainLocked(scratch[:0])
 	d.mu.Unlock()
 
 	for _, c := range heads {
@@ -374,4 +408,13 @@ func (d *Daemon) explainRing(cause error) string {
 		s += fmt.Sprintf(" [origin rank %d is %s]", re.Origin, d.describeNode(re.Origin))
 	}
 	return s
+}
+
+// startedElsewhere reads from a failure's text whether the collective had
+// begun on some node: the ring names an op ("allreduce seq 3 step 1") when
+// its rank was inside one, and the core's own tags (a mismatch, a local
+// timeout, a trainer lost mid-collective) are raised only once calls were
+// made. A rank that was idle says "idle".
+func startedElsewhere(msg string) bool {
+	return hasTag(msg, " seq ") || hasTag(msg, "[mismatch]") || hasTag(msg, "[timeout]") || hasTag(msg, "[trainer-lost]")
 }

@@ -203,3 +203,28 @@ func TestLateTrainerFailsTheFailedCall(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleFailureOwesNothing: a node dies while the ring is idle and is
+// restarted; fresh trainers on every node then meet at once, since no
+// collective had begun when the ring failed.
+func TestIdleFailureOwesNothing(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	first := w.startTrainers("-mode", "repeat", "-times", "2", "-count", "8")
+	for i, tr := range first {
+		if evs, err := tr.wait(t, 30*time.Second); err != nil || len(evs) != 2 || !evs[1].OK {
+			t.Fatalf("trainer %d before the fault: %v %+v", i, err, evs)
+		}
+	}
+	w.kill(0)
+	waitFor(t, 20*time.Second, "node 1 to see its ring fail", func() bool {
+		return strings.Contains(w.log(1), "collective failed") || strings.Contains(w.log(1), "ring failed")
+	})
+	w.startDaemon(0)
+	w.waitSocket(0, 20*time.Second)
+	for i, tr := range w.startTrainers("-mode", "repeat", "-times", "1", "-count", "8") {
+		evs, err := tr.wait(t, 40*time.Second)
+		if err != nil || len(evs) != 1 || !evs[0].OK {
+			t.Fatalf("fresh trainer %d after an idle failure: %v %+v", i, err, evs)
+		}
+	}
+}

@@ -40,6 +40,12 @@ type Ring struct {
 	maxPayload int // bound of a data frame payload and size of each receive buffer
 	smallLimit int // allreduce below this many bytes takes the small path
 
+	// hungPeer is 1 + the rank found hung (0: none). Its streams are closed
+	// at once on failure: an abort frame cannot reach a peer that does not
+	// read, and waiting AbortWait for the writer blocked on it would delay
+	// this rank's own error by that much.
+	hungPeer atomic.Int64
+
 	// Op state, owned by the goroutine inside an op (busy guards it).
 	busy        atomic.Bool
 	started     atomic.Bool
@@ -74,6 +80,7 @@ type Ring struct {
 	mu      sync.Mutex
 	err     *Error
 	dying   chan struct{} // closed at the first failure
+	failed  time.Time     // when it failed; guarded by mu
 	stop    chan struct{} // closed by Close, after dying
 	closing bool
 	wg      sync.WaitGroup
@@ -176,6 +183,18 @@ func (r *Ring) Err() error {
 	return r.err
 }
 
+// Done is closed when the ring fails: a caller idle between ops can wait
+// on it instead of polling Err.
+func (r *Ring) Done() <-chan struct{} { return r.dying }
+
+// FailedAt is when the ring failed (the zero time while it is healthy).
+// Work that arrived later was not part of the failed op.
+func (r *Ring) FailedAt() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+
 // Abort fails the ring from outside: both neighbours get an abort frame
 // naming this rank and reason, and forward it, so every rank's current or
 // next op fails with it. A ring that has already failed is left as it is.
@@ -232,6 +251,9 @@ func (r *Ring) newError(s *stream, origin int, cause error) *Error {
 
 // failFrom records a failure this rank detected on stream s.
 func (r *Ring) failFrom(s *stream, cause error) {
+	if s != nil && errors.Is(cause, ErrPeerHung) {
+		r.hungPeer.CompareAndSwap(0, int64(s.peerRank)+1)
+	}
 	e := r.newError(s, r.rank, cause)
 	r.fail(e, e.reason())
 }
@@ -255,6 +277,7 @@ func (r *Ring) failCode(e *Error, reason string, code abortCode) {
 		return
 	}
 	r.err = e
+	r.failed = time.Now()
 	close(r.dying)
 	r.mu.Unlock()
 	r.log.Warn("ring failed", "rank", r.rank, "err", e.Error())

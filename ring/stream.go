@@ -334,6 +334,10 @@ func (s *stream) hung(now time.Time) bool {
 // cannot be had, a write is stuck on a peer that does not read; the
 // connection is closed at once, which also frees that write.
 func (s *stream) sendAbort(frame []byte) {
+	if h := s.r.hungPeer.Load(); h != 0 && int(h-1) == s.peerRank {
+		_ = s.conn.Close() // ends a write blocked on the hung peer, too
+		return
+	}
 	t := time.NewTimer(s.r.cfg.AbortWait)
 	defer t.Stop()
 	select {
