@@ -203,6 +203,9 @@ def main() -> int:
                 else:
                     got["rows"] += step(name, lambda: measure_system(item, w, sg, a.warmup, bins, a.timeout)) or []
         res["per_round"].append(got)
+        if rnd == 0:
+            marks = {"round1_end": len(runners.COMMANDS)}
+    marks["rounds_end"] = len(runners.COMMANDS)
     aggregate(res)
     if not a.no_extras:
         res["rss"] = step("daemon RSS at idle", lambda: rss.measure(a.collectived))
@@ -211,13 +214,14 @@ def main() -> int:
         res["meta"]["dirty_paths"] = []
     res["meta"]["loadavg_end"] = open("/proc/loadavg").read().strip()
     res["meta"]["duration_s"] = round(time.monotonic() - started)
-    res["commands"] = [c.replace(REPO + "/", "") for c in runners.COMMANDS]
     if a.from_head:
-        res["commands"][:0] = ["git archive HEAD | tar -x -C bench/.build/src",
-                               "(cd bench/.build/src && go build -o ../collectived ./cmd/collectived)"]
+        build = ["git archive HEAD | tar -x -C bench/.build/src",
+                 "(cd bench/.build/src && go build -o ../collectived ./cmd/collectived)"]
     else:
-        res["commands"][:0] = ["go build -o bench/.build/collectived ./cmd/collectived"]
-    res["commands"].insert(1 if not a.from_head else 2, "mpicc -O2 -Wall -o bench/.build/mpi_allreduce bench/mpi_allreduce.c")
+        build = ["go build -o bench/.build/collectived ./cmd/collectived"]
+    build.append("mpicc -O2 -Wall -o bench/.build/mpi_allreduce bench/mpi_allreduce.c")
+    res["commands"] = build + [c.replace(REPO + "/", "") for c in runners.COMMANDS]
+    res["command_marks"] = {k: v + len(build) for k, v in marks.items()}
 
     os.makedirs(os.path.join(HERE, ".results"), exist_ok=True)
     with open(os.path.join(HERE, ".results", "latest.json"), "w") as f:

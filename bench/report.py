@@ -260,6 +260,18 @@ def _abs_tables(res, w):
     return "\n".join(out)
 
 
+def _commands(res) -> list[str]:
+    """Round 1's commands in full, then a line for the repeated rounds,
+    then what ran after them."""
+    cmds, marks = res.get("commands") or [], res.get("command_marks")
+    if not marks or res.get("rounds", 1) < 2:
+        return cmds
+    i, j = marks["round1_end"], marks["rounds_end"]
+    which = "round 2" if res["rounds"] == 2 else f"rounds 2 to {res['rounds']}"
+    return cmds[:i] + [f"# {which}: the same measurements again, each round in rotated order, "
+                       "on other free ports"] + cmds[j:]
+
+
 def _load_range(res) -> str:
     loads = [r[k] for rnd in res.get("per_round") or [] for r in rnd["rows"] for k in ("load_before", "load_after")
              if r.get(k) is not None]
@@ -415,5 +427,5 @@ def markdown(res, plot_rel) -> str:
           "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",
           "```", "",
           f"This run: `bench/compare {' '.join(res.get('argv') or [])}`. The commands it executed, in order:", "",
-          "```sh"] + (res.get("commands") or []) + ["```", ""]
+          "```sh"] + _commands(res) + ["```", ""]
     return "\n".join(L)

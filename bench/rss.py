@@ -47,8 +47,10 @@ def measure(binary, settle_s=3.0, timeout=60) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-rss-") as d:
         peers = "".join(f"  - 127.0.0.1:{free_port()}\n" for _ in range(nodes))
         cfg = os.path.join(d, "config.yaml")
+        text = f"job:\n  name: {job}\n  token_env: COLLECTIVED_RSS_TOKEN\n  local_size: 1\npeers:\n{peers}rank: 0\n"
         with open(cfg, "w") as f:
-            f.write(f"job:\n  name: {job}\n  token_env: COLLECTIVED_RSS_TOKEN\n  local_size: 1\npeers:\n{peers}rank: 0\n")
+            f.write(text)
+        COMMANDS.append(f"cat > {cfg} <<'EOF'\n{text}EOF")
         daemons, socks, logs = [], [], []
         try:
             for i in range(nodes):

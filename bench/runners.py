@@ -33,7 +33,10 @@ def loadavg() -> float:
 def run(argv, *, timeout, env=None, cwd=None, log=True) -> str:
     """Runs argv to completion and returns its stdout, or raises RunError."""
     if log:
-        COMMANDS.append(shlex.join(str(a) for a in argv))
+        cmd = shlex.join(str(a) for a in argv)
+        if cwd and os.path.abspath(cwd) != os.getcwd():
+            cmd = f"(cd {shlex.quote(str(cwd))} && {cmd})"
+        COMMANDS.append(cmd)
     p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env, cwd=cwd, start_new_session=True)
     try:
