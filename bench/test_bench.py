@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -18,6 +19,7 @@ sys.path.insert(0, HERE)
 
 import compare  # noqa: E402
 import report  # noqa: E402
+import rss  # noqa: E402
 import runners  # noqa: E402
 
 MIB64 = 64 << 20
@@ -144,6 +146,15 @@ class TargetsTest(unittest.TestCase):
         self.assertEqual(v["daemon RSS at idle (largest daemon, fresh and after work)"], "n/a")
         self.assertEqual(v["64 MiB, world 2: busbw ÷ OpenMPI TCP"], "PASS")
 
+    def test_commands_of_repeated_rounds_are_listed_once(self):
+        res = fake_res()
+        res.update(rounds=3, commands=["build", "a", "b", "a2", "b2", "a3", "b3", "rss"],
+                   command_marks={"round1_end": 3, "rounds_end": 7})
+        got = report._commands(res)
+        self.assertEqual(got[:3], ["build", "a", "b"])
+        self.assertIn("rounds 2 to 3: the same measurements again", got[3])
+        self.assertEqual(got[4:], ["rss"])
+
     def test_text_and_markdown_render(self):
         res = fake_res()
         self.assertIn("busbw ratio", report.ratio_text(res))
@@ -190,6 +201,39 @@ class MPIProgramTest(unittest.TestCase):
         self.assertIn('size "12x" is not a byte count', str(cm.exception))
 
 
+class ProcessTest(unittest.TestCase):
+    def test_overrun_is_killed_and_named(self):
+        t0 = time.monotonic()
+        with self.assertRaises(runners.RunError) as cm:
+            runners.run(["sleep", "30"], timeout=1, log=False)
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn("sleep 30: still running after 1s, killed", str(cm.exception))
+
+    def test_failure_shows_head_and_tail_of_stderr(self):
+        script = "import sys; sys.stderr.write('FIRST ' + 'x' * 5000 + ' LAST'); sys.exit(3)"
+        with self.assertRaises(runners.RunError) as cm:
+            runners.run([sys.executable, "-c", script], timeout=30, log=False)
+        msg = str(cm.exception)
+        self.assertIn("exit status 3", msg)
+        self.assertIn("FIRST", msg)
+        self.assertIn("LAST", msg)
+        self.assertIn("[...]", msg)
+
+    def test_one_gloo_rank_dying_ends_the_others(self):
+        # A stand-in for gloo_allreduce.py: rank 1 fails at once, rank 0
+        # would wait (as in Gloo) for a minute.
+        fake = os.path.join(HERE, ".build", "fake_rank.py")
+        os.makedirs(os.path.dirname(fake), exist_ok=True)
+        with open(fake, "w") as f:
+            f.write("import sys, time\nrank = int(sys.argv[sys.argv.index('--rank') + 1])\n"
+                    "if rank == 1:\n    sys.exit('rank 1 gives up')\ntime.sleep(60)\n")
+        t0 = time.monotonic()
+        with self.assertRaises(runners.RunError) as cm:
+            runners.gloo(sys.executable, fake, 2, [4], 5, 1, 120)
+        self.assertLess(time.monotonic() - t0, 20)
+        self.assertIn("rank 1: exit 1: rank 1 gives up", str(cm.exception))
+
+
 class WorkerArgsTest(unittest.TestCase):
     def test_gloo_worker_refuses_bad_iters(self):
         p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
@@ -229,6 +273,29 @@ class WorkerArgsTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 2)
         self.assertIn("--seconds 0.0: want more than 0", p.stderr)
+
+
+@unittest.skipUnless(os.access(os.path.join(HERE, ".build", "collectived"), os.X_OK),
+                     "bench/.build/collectived not built (run bench/compare once)")
+class RSSTest(unittest.TestCase):
+    def test_idle_and_after_work(self):
+        got = rss.measure(os.path.join(HERE, ".build", "collectived"), settle_s=0.5)
+        for when in ("fresh", "after_work"):
+            self.assertEqual([s["node"] for s in got[when]], [0, 1])
+            for s in got[when]:
+                self.assertGreater(s["vmrss_bytes"], 1 << 20)
+                self.assertEqual(s["memfds"], 0, f"{when}: daemon holds memfds with no trainer attached")
+        self.assertEqual(got["max_rss_bytes"], max(s["vmrss_bytes"] for s in got["fresh"] + got["after_work"]))
+        for s in got["fresh"]:  # the daemons were stopped by their PIDs
+            self.assertFalse(os.path.exists(f"/proc/{s['pid']}/status") and _alive(s["pid"]), s["pid"])
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
