@@ -30,6 +30,12 @@ DEFAULT_SIZES = "4,4KiB,64KiB,1MiB,16MiB,64MiB"
 QUICK_SIZES = "4,64KiB,64MiB"
 SMALL = 1 << 20  # sizes up to this get the "small" iteration count
 SYSTEMS = ["collectived", "mpi-tcp", "mpi-shm", "gloo"]
+# collectived with the in-process ring benchmark's segment size (ring/
+# helpers_test.go: 64 KiB; the daemon's default is 1 MiB), so that the
+# sidecar's cost is measured on the same ring configuration.
+SEG_SYSTEM = "collectived-seg64k"
+SEG_CONFIG = "ring:\n  segment_bytes: 65536\n"
+RING_SIZES = {4, 64 << 10, 1 << 20, 64 << 20}  # the sizes BenchmarkAllReduce runs
 
 
 def parse_sizes(s: str) -> list[int]:
@@ -104,6 +110,9 @@ def measure_system(system, world, sizes_groups, warmup, bins, timeout):
         t0 = time.monotonic()
         if system == "collectived":
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout)
+        elif system == SEG_SYSTEM:
+            got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
+                                      extra_config=SEG_CONFIG)
         elif system in ("mpi-tcp", "mpi-shm"):
             got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout)
         elif system == "gloo":
@@ -189,7 +198,7 @@ def main() -> int:
         for w in worlds:
             items = list(systems)
             if w == extras_world and not a.no_extras:
-                items[1:1] = ["ring", "tcp"]
+                items[1:1] = ["ring", SEG_SYSTEM, "tcp"]
             k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
             for item in items[k:] + items[:k]:
                 name = f"round {rnd + 1}/{a.rounds}, world {w}: {item}"
@@ -200,6 +209,11 @@ def main() -> int:
                 elif item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
                         3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py")))
+                elif item == SEG_SYSTEM:
+                    seg = groups([x for x in sizes if x in RING_SIZES], it_small, it_large)
+                    if seg:
+                        got["rows"] += step(name, lambda: measure_system(item, w, seg, a.warmup, bins,
+                                                                         a.timeout)) or []
                 else:
                     got["rows"] += step(name, lambda: measure_system(item, w, sg, a.warmup, bins, a.timeout)) or []
         res["per_round"].append(got)

@@ -106,9 +106,11 @@ def _expect(rows, sizes, what):
 
 # --- collectived -----------------------------------------------------------
 
-def collectived(binary, nodes, local, sizes, iters, warmup, timeout) -> list[dict]:
+def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None) -> list[dict]:
     argv = [binary, "bench", "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
             "--iters", iters, "--warmup", warmup, "--json"]
+    if extra_config:
+        argv += ["--extra-config", extra_config]
     out = run(argv, timeout=timeout)
     rows = []
     for line in out.splitlines():

@@ -136,6 +136,17 @@ class TargetsTest(unittest.TestCase):
         self.assertAlmostEqual(t["value"], 4.0, places=6)
         self.assertEqual(t["verdict"], "PASS")
 
+    def test_sidecar_uses_the_equal_segment_run_when_there_is_one(self):
+        res = fake_res(cvd2=1.0)
+        c2 = dict(res["rows"][0])
+        res["ring"][0]["mean_us"] = c2["median_us"]  # default config: 0% over the ring
+        res["rows"].append(dict(c2, system=report.SEG, median_us=c2["median_us"] * 1.2))
+        t = [t for t in report.targets(res) if "sidecar" in t["target"]][0]
+        self.assertAlmostEqual(t["value"], 20.0, places=6)
+        self.assertIn("same 64 KiB segments", t["target"])
+        self.assertEqual(t["verdict"], "FAIL")
+        self.assertIn("## Sidecar cost (world 2)", report.markdown(res, "bench"))
+
     def test_unmeasured_is_not_a_pass(self):
         res = fake_res()
         res["rows"] = [r for r in res["rows"] if r["system"] != "gloo"]
