@@ -190,14 +190,13 @@ def main() -> int:
             res["errors"].append(f"{name}: {e}")
             return None
 
-    # Extras go with the world they describe: the in-process ring and the
-    # loopback limit are compared with world 2's collectived.
-    extras_world = 2 if 2 in worlds else worlds[0]
+    # The in-process ring, the equal-segment daemon and the loopback limit
+    # are all compared with world 2's collectived, so they run with it.
     for rnd in range(a.rounds):
         got = {"rows": [], "ring": [], "tcp_bidir": None}
         for w in worlds:
             items = list(systems)
-            if w == extras_world and not a.no_extras:
+            if w == 2 and not a.no_extras:
                 items[1:1] = ["ring", SEG_SYSTEM, "tcp"]
             k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
             for item in items[k:] + items[:k]:
@@ -226,6 +225,11 @@ def main() -> int:
     res["meta"]["from_head"] = a.from_head
     if a.from_head:
         res["meta"]["dirty_paths"] = []
+        try:  # the commit the wrapper archived, not whatever HEAD is by now
+            with open(os.path.join(src, ".commit")) as f:
+                res["meta"]["commit"] = f.read().strip()
+        except OSError:
+            pass
     res["meta"]["loadavg_end"] = open("/proc/loadavg").read().strip()
     res["meta"]["duration_s"] = round(time.monotonic() - started)
     if a.from_head:
