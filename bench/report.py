@@ -96,8 +96,9 @@ def _table(cols, lines, md):
         out += ["| " + " | ".join(c) + " |" for c in lines]
         return "\n".join(out)
     widths = [max(len(c), *(len(l[i]) for l in lines)) if lines else len(c) for i, c in enumerate(cols)]
-    out = ["  ".join(c.rjust(widths[i]) for i, c in enumerate(cols))]
-    out += ["  ".join(c.rjust(widths[i]) for i, c in enumerate(l)) for l in lines]
+    def fmt(cells):  # first column (names) to the left, numbers to the right
+        return "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
+    out = [fmt(cols)] + [fmt(l) for l in lines]
     return "\n".join(out)
 
 
@@ -115,14 +116,14 @@ def targets(res) -> list[dict]:
     this run did not measure what the target needs)."""
     out = []
 
-    def add(name, value, op, limit, unit="x", aim=False, note=""):
+    def add(name, value, op, limit, unit="x", aim=False):
         if value is None:
             verdict = "n/a"
         else:
             ok = value >= limit if op == ">=" else value <= limit
             verdict = "PASS" if ok else "FAIL"
         out.append({"target": name, "value": value, "op": op, "limit": limit, "unit": unit,
-                    "verdict": verdict, "aim": aim, "note": note})
+                    "verdict": verdict, "aim": aim})
 
     c2, c4 = row(res, "collectived", 2, MIB64), row(res, "collectived", 4, MIB64)
     bus = lambda r: r and r["busbw_GBps"]
@@ -162,14 +163,26 @@ def _tval(t):
 
 
 def _tlimit(t):
-    u = t["unit"] if t["unit"] != "x" else "x"
-    return f"{t['op']} {t['limit']:g}{'' if u == '%' else ''}{u}"
+    return f"{t['op']} {t['limit']:g}{t['unit']}"
 
 
 def targets_text(res) -> str:
     ts = targets(res)
     lines = [[t["target"], _tval(t), _tlimit(t), t["verdict"] + (" (aim)" if t["aim"] else "")] for t in ts]
-    return "\ntargets (issue 5)\n" + _table(["target", "measured", "wanted", "verdict"], lines, md=False)
+    return ("\ntargets (issue 5)\n" + _table(["target", "measured", "wanted", "verdict"], lines, md=False)
+            + "\n" + _summary(ts))
+
+
+def _summary(ts) -> str:
+    req = [t for t in ts if not t["aim"]]
+    n = lambda v: sum(t["verdict"] == v for t in req)
+    s = f"{n('PASS')} of {len(req)} targets pass, {n('FAIL')} fail"
+    if n("n/a"):
+        s += f", {n('n/a')} not measured"
+    aims = [t for t in ts if t["aim"]]
+    if aims:
+        s += "; aim" + ("s" if len(aims) > 1 else "") + ": " + ", ".join(t["verdict"] for t in aims)
+    return s
 
 
 # --- plots --------------------------------------------------------------------
@@ -328,7 +341,7 @@ def markdown(res, plot_rel) -> str:
           "| target | measured | wanted | verdict |", "|---|---:|---:|---|"]
     for t in ts:
         L.append(f"| {t['target']} | {_tval(t)} | {_tlimit(t)} | **{t['verdict']}**{' (aim)' if t['aim'] else ''} |")
-    L += ["",
+    L += ["", f"In this run: {_summary(ts)}.", "",
           "\"Bidirectional TCP loopback\" is one TCP stream each way at the same time on 127.0.0.1, which is what a "
           "2-node ring's links carry during an allreduce, measured with iperf3 `--bidir` and with `bench/tcp_bidir.py` "
           "(the higher of the two is used; see below). Its *per-direction* rate is the reference, "
