@@ -291,7 +291,11 @@ def finish(res, a) -> int:
     print(report.ratio_text(res))
     print(report.targets_text(res))
     if res.get("errors"):
-        print("errors:\n  " + "\n  ".join(res["errors"]))
+        # The first lines say what failed; the whole text is in results.json
+        # and the report.
+        print(f"{len(res['errors'])} measurement(s) failed and were left out:")
+        for e in res["errors"]:
+            print("  " + "\n    ".join(e.splitlines()[:3]))
     if not a.no_doc:
         docs = os.path.dirname(os.path.abspath(a.doc))
         plots = os.path.join(docs, "bench")
