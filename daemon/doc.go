@@ -28,9 +28,11 @@
 // attached throughout and their next call joins the new generation.
 //
 // Every trainer fails exactly its call of the failed collective k: calls
-// already made fail at once; a slot whose trainer had not yet made its
-// k-th call (attached or not: trainers may attach late) owes one failure,
-// which its next call receives instead of joining the new generation.
+// already made fail at once; a trainer attached at the failure that had
+// not yet made its k-th call owes one failure, which its next call
+// receives instead of joining the new generation; so does a slot still
+// empty (a trainer may attach late) when the collective had begun
+// somewhere, which the failure's cause tells.
 // Without this a late call of collective k would meet other trainers'
 // calls of k+1 in the new generation — a mismatch at best, silently wrong
 // training at worst. The exception is a failure caused by a lost trainer:

@@ -319,9 +319,14 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 			scratch = append(scratch, sl.queue...)
 			clear(sl.queue)
 			sl.queue = sl.queue[:0]
-		case !started || sl.lostMid || (sl.session == nil && lostTrainer):
+		case sl.lostMid || (sl.session == nil && (!started || lostTrainer)):
 			// Nothing owed: calls made after the failure stay queued for
-			// the next generation.
+			// the next generation. A trainer attached when the ring failed
+			// always owes its call, even when this node cannot tell whether
+			// the collective had begun elsewhere (it saw its neighbour die
+			// while idle): a spurious error is loud, but letting its late
+			// call meet other trainers' next calls would silently combine
+			// different steps.
 		case len(sl.queue) > 0:
 			// Its call of collective seq arrived after the failure.
 			owed := sl.queue[0]

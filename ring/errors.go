@@ -41,6 +41,13 @@ type Error struct {
 	Err        error
 
 	phase string // shown instead of Op when Op is OpInvalid ("start", "idle")
+
+	// abortSeq and abortOp, when abortSet, are the origin's op as an abort
+	// frame named it; frames forwarding the abort keep them, so that every
+	// rank judges the abort by where the origin was, not by the forwarder.
+	abortSet bool
+	abortSeq uint64
+	abortOp  collective.Op
 }
 
 func (e *Error) Unwrap() error { return e.Err }

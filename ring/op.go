@@ -48,10 +48,10 @@ func (r *Ring) end(err error) error {
 		}
 	}
 	r.setCurrent(false)
-	r.curOp.Store(uint32(collective.OpInvalid))
 	r.curStep.Store(-1)
 	r.seq++
 	r.nextSeq.Store(r.seq)
+	r.endDeferred() // clears curOp; an abort kept for this op now fails the ring
 	r.busy.Store(false)
 	return err
 }

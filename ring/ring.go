@@ -77,13 +77,18 @@ type Ring struct {
 	curStep atomic.Int64
 	nextSeq atomic.Uint64 // the seq the next op will take, for Status
 
-	mu      sync.Mutex
-	err     *Error
-	dying   chan struct{} // closed at the first failure
-	failed  time.Time     // when it failed; guarded by mu
-	stop    chan struct{} // closed by Close, after dying
-	closing bool
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	err    *Error
+	dying  chan struct{} // closed at the first failure
+	failed time.Time     // when it failed; guarded by mu
+	// deferred is an abort from a rank that had completed the op under way
+	// here (it was idle after it, or in a later op): all of that op's data
+	// was sent before the abort, so the op may complete; the abort takes
+	// effect when it ends. Guarded by mu.
+	deferred *deferredAbort
+	stop     chan struct{} // closed by Close, after dying
+	closing  bool
+	wg       sync.WaitGroup
 }
 
 // New builds a Ring over established links. It does no I/O of its own
@@ -238,6 +243,9 @@ func (r *Ring) newError(s *stream, origin int, cause error) *Error {
 		Err:        cause,
 	}
 	if e.Op == collective.OpInvalid {
+		// Idle: the seq is the next op's, so that an abort frame tells its
+		// receivers that every op before it completed here.
+		e.Seq = r.nextSeq.Load()
 		e.Step = -1
 		if !r.started.Load() && r.busy.Load() {
 			e.phase = "start"
@@ -258,12 +266,85 @@ func (r *Ring) failFrom(s *stream, cause error) {
 	r.fail(e, e.reason())
 }
 
+// deferredAbort is an abort kept until the op under way ends.
+type deferredAbort struct {
+	e      *Error
+	reason string
+	code   abortCode
+	until  uint64 // applies once the ops before this seq have ended here
+}
+
 // failFromAbort records an abort frame received on s and forwards it.
+//
+// The frame's seq is the origin's op, or its next op if it was idle: every
+// op before that seq had completed at the origin. If this rank has not yet
+// ended such an op (it is in it, or has yet to begin it), that op's data
+// is already on its way (the origin sent all of it before failing), so the
+// abort is forwarded at once but fails this ring only once those ops have
+// ended here: otherwise an op would fail here while it succeeded at the
+// origin, and the ranks would disagree on which calls completed. A
+// watchdog applies the abort anyway if that takes longer than a few
+// AbortWaits.
 func (r *Ring) failFromAbort(s *stream, h header, reason string) {
 	origin := int(uint32(h.Aux))
 	code := abortCode(h.Aux >> 32)
 	e := r.newError(s, origin, &abortError{code: code, reason: reason})
+	e.abortSet, e.abortSeq, e.abortOp = true, h.Seq, h.Op
+	r.mu.Lock()
+	if r.err == nil && r.positionLocked() < h.Seq {
+		first := r.deferred == nil
+		if first {
+			r.deferred = &deferredAbort{e: e, reason: reason, code: code, until: h.Seq}
+		}
+		r.mu.Unlock()
+		if first {
+			r.log.Info("abort from a rank past this op: finishing the op first", "rank", r.rank, "seq", r.curSeq.Load(), "abort_seq", h.Seq, "origin", origin)
+			r.wg.Add(1)
+			go r.forwardAbort(r.abortFrame(e, reason, code))
+			// The op should end promptly (its data is in flight); if it
+			// does not, the abort applies anyway.
+			time.AfterFunc(4*r.cfg.AbortWait+time.Second, func() {
+				r.mu.Lock()
+				d := r.deferred
+				r.deferred = nil
+				r.mu.Unlock()
+				if d != nil {
+					r.failCode(d.e, d.reason, d.code)
+				}
+			})
+		}
+		return
+	}
+	r.mu.Unlock()
 	r.failCode(e, reason, code)
+}
+
+// positionLocked is the seq of the op under way, or of the next op when
+// idle: every op before it has ended here. r.mu is held, which orders it
+// with endDeferred.
+func (r *Ring) positionLocked() uint64 {
+	if collective.Op(r.curOp.Load()) != collective.OpInvalid {
+		return r.curSeq.Load()
+	}
+	return r.nextSeq.Load()
+}
+
+// endDeferred is called as an op ends (nextSeq already advanced): it
+// clears the op under way and applies a deferred abort whose ops have all
+// ended here.
+func (r *Ring) endDeferred() {
+	r.mu.Lock()
+	r.curOp.Store(uint32(collective.OpInvalid))
+	d := r.deferred
+	if d != nil && r.nextSeq.Load() >= d.until {
+		r.deferred = nil
+	} else {
+		d = nil
+	}
+	r.mu.Unlock()
+	if d != nil {
+		r.failCode(d.e, d.reason, d.code)
+	}
 }
 
 // fail keeps the first error, wakes every wait, and starts the abort: an
@@ -284,17 +365,35 @@ func (r *Ring) failCode(e *Error, reason string, code abortCode) {
 	if len(r.all) == 0 {
 		return
 	}
+	r.wg.Add(1)
+	go r.abortLinks(r.abortFrame(e, reason, code))
+}
+
+// abortFrame encodes the abort frame for e.
+func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	if len(reason) > maxReasonLen {
 		reason = reason[:maxReasonLen-3] + "..."
 	}
 	frame := make([]byte, headerLen+len(reason))
+	seq, op := e.Seq, e.Op
+	if e.abortSet {
+		seq, op = e.abortSeq, e.abortOp
+	}
 	h := header{Kind: kindAbort, Sender: uint32(r.rank), Generation: r.gen.Load(),
-		Seq: e.Seq, Op: e.Op, Length: uint32(len(reason)),
+		Seq: seq, Op: op, Length: uint32(len(reason)),
 		Aux: uint64(uint32(e.Origin)) | uint64(code)<<32}
 	h.encode(frame)
 	copy(frame[headerLen:], reason)
-	r.wg.Add(1)
-	go r.abortLinks(frame)
+	return frame
+}
+
+// forwardAbort passes a deferred abort on to both neighbours without
+// closing anything: the op under way still needs the links.
+func (r *Ring) forwardAbort(frame []byte) {
+	defer r.wg.Done()
+	for _, s := range r.all {
+		s.forwardAbort(frame)
+	}
 }
 
 // abortLinks hands the abort frame to every stream at once (see

@@ -65,6 +65,10 @@ type stream struct {
 	hbuf [headerLen]byte // heartbeat frame, owned by the writer goroutine
 
 	readerDone chan struct{} // closed when readLoop returns
+
+	// abortSeen is set once an abort frame was read here: the peer then
+	// closes the connection, and its end is expected, not a new failure.
+	abortSeen atomic.Bool
 }
 
 type rxBuf struct {
@@ -145,6 +149,7 @@ func (s *stream) readLoop() {
 				s.readFailed(err)
 				return
 			}
+			s.abortSeen.Store(true)
 			s.r.failFromAbort(s, h, string(reason[:h.Length]))
 		case kindData, kindStart:
 			if !s.deliver(h) {
@@ -200,6 +205,9 @@ func (s *stream) readFailed(err error) {
 	case <-s.r.dying:
 		return
 	default:
+	}
+	if s.abortSeen.Load() {
+		return // the aborting peer closing; its abort already counts
 	}
 	s.r.failFrom(s, connError(err))
 }
@@ -278,6 +286,9 @@ func (s *stream) writeData(req *txReq) error {
 // before closing, and that abort (read by our reader) names the real
 // cause, where our broken pipe would only say "closed".
 func (s *stream) writeFailed(err error) {
+	if s.abortSeen.Load() {
+		return // the aborting peer closing; its abort already counts
+	}
 	t := time.NewTimer(s.r.cfg.AbortWait)
 	defer t.Stop()
 	select {
@@ -333,6 +344,23 @@ func (s *stream) hung(now time.Time) bool {
 // AbortWait, and keeps the lock: nothing may follow an abort. If the lock
 // cannot be had, a write is stuck on a peer that does not read; the
 // connection is closed at once, which also frees that write.
+// forwardAbort writes a deferred abort frame between the op's data
+// frames, leaving the stream open. It gives up after AbortWait (the abort
+// is sent again, with the links' shutdown, when the op ends).
+func (s *stream) forwardAbort(frame []byte) {
+	t := time.NewTimer(s.r.cfg.AbortWait)
+	defer t.Stop()
+	select {
+	case s.wsem <- struct{}{}:
+	case <-t.C:
+		return
+	}
+	defer func() { <-s.wsem }()
+	_ = s.conn.SetWriteDeadline(time.Now().Add(s.r.cfg.AbortWait))
+	_, _ = s.conn.Write(frame)
+	_ = s.conn.SetWriteDeadline(time.Time{})
+}
+
 func (s *stream) sendAbort(frame []byte) {
 	if h := s.r.hungPeer.Load(); h != 0 && int(h-1) == s.peerRank {
 		_ = s.conn.Close() // ends a write blocked on the hung peer, too
