@@ -28,6 +28,13 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 		WorldSize: uint32(len(d.cfg.Peers) * L),
 		TimeoutMS: uint64(d.cfg.CollectiveTimeout / time.Millisecond),
 	}
+	// A trainer that reconnects right after closing may find its rank still
+	// held by its own old connection, whose end the daemon is about to
+	// notice: give the holder a moment to detach before refusing.
+	deadline := time.Now().Add(min(time.Second, d.cfg.HelloTimeout/2))
+	for d.rankBusy(int(hello.LocalRank), hello.Observer) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ok.Generation = d.gen
@@ -136,13 +143,33 @@ func (h handler) Disconnected(s *ipc.Session, cause error) {
 		sl.lostMid, sl.owed = true, nil
 	}
 	sl.session = nil
+	pid := sl.pid
 	r := d.ring
 	d.mu.Unlock()
-	d.log.Info("trainer detached", "local_rank", l, "world_rank", d.worldRank(l), "pid", sl.pid, "cause", cause, "mid_collective", lost != nil)
+	d.log.Info("trainer detached", "local_rank", l, "world_rank", d.worldRank(l), "pid", pid, "cause", cause, "mid_collective", lost != nil)
 	if lost != nil && inRing && r != nil {
 		// The engine is inside the ring with this trainer's buffer; the
 		// abort makes that op fail on every node.
 		r.Abort(lost)
 	}
 	d.wake()
+}
+
+// rankBusy reports whether a HELLO for local rank l (-1: any) would find
+// it taken.
+func (d *Daemon) rankBusy(l int, observer bool) bool {
+	if observer {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if l >= 0 {
+		return l < len(d.slots) && d.slots[l].session != nil
+	}
+	for i := range d.slots {
+		if d.slots[i].session == nil {
+			return false
+		}
+	}
+	return true
 }

@@ -154,3 +154,26 @@ func TestNoHang(t *testing.T) {
 		t.Fatalf("daemon gone: %v", err)
 	}
 }
+
+// A trainer that drops its connection without a graceful Close and
+// reconnects at once still gets its rank: the daemon waits a moment for
+// the old connection's end instead of answering RANK_TAKEN.
+func TestReconnectAtOnce(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		nc, err := net.Dial("unix", os.Getenv("COLLECTIVED_SOCKET"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := ipc.NewConn(nc.(*net.UnixConn), ipc.ClientSide)
+		conn.WriteFrame(ipc.Hello{Version: ipc.Version, LocalRank: 0, PID: 1, Job: "example"}.Encode(1), -1)
+		if f, err := conn.ReadFrame(); err != nil || f.Type != ipc.TypeHelloOK {
+			t.Fatalf("round %d: raw hello: %v %v", i, f.Type, err)
+		}
+		nc.Close() // abrupt: no half-close, no wait
+		c, err := collectived.Dial(collectived.Options{LocalRank: 0})
+		if err != nil {
+			t.Fatalf("round %d: reconnect right after an abrupt close: %v", i, err)
+		}
+		c.Close()
+	}
+}
