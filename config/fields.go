@@ -56,6 +56,7 @@ func rootFields(c *Config) []field {
 				{"streams", func(p *parser, key string, v *yaml.Node) { p.integer(key, v, &c.Ring.Streams) }},
 				{"segment_bytes", sizeField(&c.Ring.SegmentBytes)},
 				{"small_bytes", sizeField(&c.Ring.SmallBytes)},
+				{"spin", durationField(&c.Ring.Spin)},
 			})
 		}},
 		{"limits", func(p *parser, key string, v *yaml.Node) {

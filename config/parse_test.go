@@ -96,6 +96,7 @@ ring:
   streams: 4
   segment_bytes: 256KiB
   small_bytes: "8 KiB"
+  spin: 0s
 limits:
   inline_bytes: 1MiB
   shm_quota_bytes: 10GB
@@ -304,7 +305,7 @@ var allKeys = []string{
 	"socket", "socket.path", "socket.mode", "socket.allowed_uids", "socket.allowed_gids",
 	"timeouts", "timeouts.connect", "timeouts.collective", "timeouts.first_call", "timeouts.stall_warning",
 	"timeouts.hello", "timeouts.heartbeat", "timeouts.heartbeat_timeout",
-	"ring", "ring.streams", "ring.segment_bytes", "ring.small_bytes",
+	"ring", "ring.streams", "ring.segment_bytes", "ring.small_bytes", "ring.spin",
 	"limits", "limits.inline_bytes", "limits.shm_quota_bytes", "limits.max_in_flight", "limits.max_clients",
 	"log", "log.level", "log.format",
 }

@@ -280,6 +280,9 @@ func (v *checker) ring() {
 	if r.SmallBytes < 0 || r.SmallBytes > MaxSmallBytes {
 		v.failf("ring.small_bytes", "%s is out of range: 0 to %s", FormatSize(r.SmallBytes), FormatSize(MaxSmallBytes))
 	}
+	if r.Spin < 0 || r.Spin > MaxSpin {
+		v.failf("ring.spin", "%v is out of range: 0 (never poll) to %v", r.Spin, MaxSpin)
+	}
 }
 
 func (v *checker) limits() {

@@ -27,6 +27,9 @@ type Config struct {
 	Streams      int
 	SegmentBytes int
 	SmallBytes   int
+	// Spin is how long the daemon polls a quiet socket (ring links and
+	// trainers' connections) before it sleeps; 0 never polls.
+	Spin time.Duration
 
 	ConnectTimeout    time.Duration // forming the ring
 	CollectiveTimeout time.Duration // from a collective's first local call to its end

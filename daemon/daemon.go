@@ -99,6 +99,7 @@ func New(cfg Config) (*Daemon, error) {
 	scfg.MaxInFlight = cfg.MaxInFlight
 	scfg.ShmQuota = cfg.ShmQuota
 	scfg.MaxClients = cfg.MaxClients
+	scfg.Spin = cfg.Spin
 	scfg.Logger = d.log
 	srv, err := ipc.Listen(scfg)
 	if err != nil {

@@ -101,6 +101,7 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	rc.OpTimeout = max(d.cfg.CollectiveTimeout, d.cfg.FirstCallTimeout)*5/4 + time.Second
 	rc.HeartbeatInterval = d.cfg.HeartbeatInterval
 	rc.HeartbeatTimeout = d.cfg.HeartbeatTimeout
+	rc.Spin = d.cfg.Spin
 	rc.Logger = d.log
 	r, err := ring.New(rc, ring.Links{Next: links.Next, Prev: links.Prev, NextAddr: links.NextAddr, PrevAddr: links.PrevAddr})
 	if err != nil {

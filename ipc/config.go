@@ -25,6 +25,9 @@ type ServerConfig struct {
 	// WriteTimeout bounds each frame written to a client; a client that
 	// stops reading for longer is disconnected.
 	WriteTimeout time.Duration
+	// Spin is how long a session's reader polls a quiet connection for the
+	// client's next request before it sleeps (Conn.SetSpin); 0 never polls.
+	Spin time.Duration
 	// InlineLimit is the largest buffer that travels inside CALL/CALL_OK.
 	InlineLimit int
 	// MaxInFlight is the number of calls a connection may have outstanding.

@@ -2,6 +2,8 @@ package ipc
 
 import (
 	"os"
+	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -18,6 +20,14 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 		return 0, 0, 0, c.rawErr
 	}
 	c.rp = p
+	if spin := c.spin.Load(); spin > 0 {
+		// Whatever this reader just woke (a waiting caller) runs on this
+		// goroutine's P: let it, before polling holds the P.
+		runtime.Gosched()
+		c.pollUntil = time.Now().UnixNano() + spin
+	} else {
+		c.pollUntil = 0
+	}
 	if err := c.raw.Read(c.recvFn); err != nil {
 		return 0, 0, 0, err
 	}
@@ -40,6 +50,10 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
+			if c.pollUntil != 0 && time.Now().UnixNano() < c.pollUntil {
+				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				continue
+			}
 			return false
 		default:
 			c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, os.NewSyscallError("recvmsg", errno)

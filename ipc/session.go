@@ -61,6 +61,7 @@ func newSession(srv *Server, id uint64, c *net.UnixConn, h Handler) *Session {
 		wdone:    make(chan struct{}),
 	}
 	s.conn.SetWriteTimeout(srv.cfg.WriteTimeout)
+	s.conn.SetSpin(srv.cfg.Spin)
 	return s
 }
 

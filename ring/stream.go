@@ -65,6 +65,7 @@ type stream struct {
 	hbuf [headerLen]byte // heartbeat frame, owned by the writer goroutine
 
 	readerDone chan struct{} // closed when readLoop returns
+	rd         io.Reader     // the conn, polled for Config.Spin before parking
 
 	// abortSeen is set once an abort frame was read here: the peer then
 	// closes the connection, and its end is expected, not a new failure.
@@ -91,6 +92,12 @@ type txDone struct {
 func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAddr string) *stream {
 	s := &stream{r: r, idx: idx, dir: dir, conn: c, peerRank: peerRank, peerAddr: peerAddr,
 		wsem: make(chan struct{}, 1), readerDone: make(chan struct{}), hb: make(chan struct{}, 1)}
+	s.rd = c
+	if dir == fromPrev {
+		// Only data arrives from prev; the backward direction carries
+		// heartbeats and aborts, which are not worth a poller.
+		s.rd = newSpinReader(c, r.cfg.Spin)
+	}
 	if s.peerAddr == "" && c.RemoteAddr() != nil {
 		s.peerAddr = c.RemoteAddr().String()
 	}
@@ -124,7 +131,7 @@ func (s *stream) readLoop() {
 	var hb [headerLen]byte
 	var reason [maxReasonLen]byte
 	for {
-		if _, err := io.ReadFull(s.conn, hb[:]); err != nil {
+		if _, err := io.ReadFull(s.rd, hb[:]); err != nil {
 			s.readFailed(err)
 			return
 		}
@@ -145,7 +152,7 @@ func (s *stream) readLoop() {
 		case kindHeartbeat:
 			s.r.heard(s, &h)
 		case kindAbort:
-			if _, err := io.ReadFull(s.conn, reason[:h.Length]); err != nil {
+			if _, err := io.ReadFull(s.rd, reason[:h.Length]); err != nil {
 				s.readFailed(err)
 				return
 			}
@@ -182,7 +189,7 @@ func (s *stream) deliver(h header) bool {
 	b.data = b.buf[:h.Length]
 	for off := 0; off < len(b.data); {
 		end := min(off+readChunk, len(b.data))
-		if _, err := io.ReadFull(s.conn, b.data[off:end]); err != nil {
+		if _, err := io.ReadFull(s.rd, b.data[off:end]); err != nil {
 			s.free <- b
 			s.readFailed(err)
 			return false

@@ -36,6 +36,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
+			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
 		},
 		Action: runBench,
 	}
@@ -90,7 +91,8 @@ func runBench(c *cli.Context) error {
 		for l := 0; l < local; l++ {
 			cmd := exec.Command(self, "bench-trainer", "--socket", w.sockets[n], "--job", w.job, "--local-rank", strconv.Itoa(l),
 				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")))
+				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")),
+				"--spin", c.Duration("client-spin").String())
 			var eb bytes.Buffer
 			cmd.Stderr = &eb
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -36,6 +36,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "local-rank", Value: -1},
+			&cli.DurationFlag{Name: "spin"},
 		},
 		Action: func(c *cli.Context) error {
 			sizes, err := parseSizes(c.String("sizes"))
@@ -50,7 +51,7 @@ func benchTrainerCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer"})
+			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin")})
 			if err != nil {
 				return err
 			}

@@ -62,6 +62,7 @@ func daemonConfig(cfg *config.Config, rank int, log *slog.Logger) (daemon.Config
 	dc.Streams = cfg.Ring.Streams
 	dc.SegmentBytes = int(cfg.Ring.SegmentBytes)
 	dc.SmallBytes = int(cfg.Ring.SmallBytes)
+	dc.Spin = cfg.Ring.Spin
 	dc.ConnectTimeout = cfg.Timeouts.Connect
 	dc.CollectiveTimeout = cfg.Timeouts.Collective
 	dc.FirstCallTimeout = cfg.Timeouts.FirstCall
