@@ -51,6 +51,9 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			continue
 		case unix.EAGAIN:
 			if c.pollUntil != 0 && time.Now().UnixNano() < c.pollUntil {
+				// Let this process's other goroutines have the P, and other
+				// processes the CPU, between polls.
+				runtime.Gosched()
 				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				continue
 			}

@@ -75,6 +75,9 @@ func (s *spinReader) try(fd uintptr) bool {
 			if time.Now().UnixNano() >= s.deadline {
 				return false
 			}
+			// Let this process's other goroutines (the op, writers) have the
+			// P, and other processes the CPU, between polls.
+			runtime.Gosched()
 			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		default:
 			s.err = err
