@@ -32,7 +32,8 @@
 // not yet made its k-th call owes one failure, which its next call
 // receives instead of joining the new generation; so does a slot still
 // empty (a trainer may attach late) when the collective had begun
-// somewhere, which the failure's cause tells.
+// somewhere, which the failure's cause tells. A debt owed by an attached
+// trainer leaves with it: its replacement starts afresh.
 // Without this a late call of collective k would meet other trainers'
 // calls of k+1 in the new generation — a mismatch at best, silently wrong
 // training at worst. The exception is a failure caused by a lost trainer:

@@ -337,6 +337,7 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 		default:
 			sl.owed = ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
 				d.worldRank(l), seq, gen, e.Message)
+			sl.owedBy = sl.session
 		}
 		sl.lostMid = false
 	}

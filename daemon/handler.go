@@ -98,7 +98,7 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 	}
 	sl := &d.slots[l]
 	if owed := sl.owed; owed != nil {
-		sl.owed = nil
+		sl.owed, sl.owedBy = nil, nil
 		sl.calls++
 		sl.last = desc
 		d.mu.Unlock()
@@ -141,6 +141,9 @@ func (h handler) Disconnected(s *ipc.Session, cause error) {
 			d.lost = lost
 		}
 		sl.lostMid, sl.owed = true, nil
+	}
+	if sl.owedBy == s {
+		sl.owed, sl.owedBy = nil, nil // its debt leaves with it
 	}
 	sl.session = nil
 	pid := sl.pid

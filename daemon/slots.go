@@ -30,6 +30,10 @@ type slot struct {
 	// that every trainer fails the same (k-th) call and the next calls line
 	// up again.
 	owed *ipc.Error
+	// owedBy is the trainer that owed it, if one was attached: its debt
+	// leaves with it, and its replacement starts afresh. nil means the
+	// debt waits for whichever trainer attaches next.
+	owedBy *ipc.Session
 	// lostMid is set when the slot's trainer left mid-collective, so
 	// causing the failure: its replacement starts afresh and owes nothing.
 	lostMid bool
