@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 SETUP   := .setup-done
 GOTEST_FLAGS ?= -race -timeout 20m
 
-.PHONY: all build demo test setup lint gotest pytest ctest bench clean fuzz
+.PHONY: all build demo test setup lint gotest pytest ctest bench clean fuzz-short fuzz-long
 
 all: build
 
@@ -42,7 +42,22 @@ pytest: build
 ctest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(MAKE) -C clients/c test
 
-test: $(SETUP) lint gotest pytest ctest
+test: $(SETUP) lint gotest fuzz-short pytest ctest
+
+# Every decoder of untrusted bytes has a fuzz target; their seed corpora run
+# in every go test. fuzz-short fuzzes each for FUZZTIME in CI; fuzz-long is
+# the long run (docs/SECURITY.md).
+FUZZ_TARGETS := ipc:FuzzDecodeFrame ring:FuzzDecodeHeader rendezvous:FuzzDecodeHello config:FuzzParse
+FUZZTIME ?= 8s
+fuzz-short:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg/ || exit 1; \
+	done
+
+fuzz-long:
+	$(MAKE) fuzz-short FUZZTIME=10m
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./ring/ ./collective/
