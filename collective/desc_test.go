@@ -95,3 +95,22 @@ func TestStringAndParse(t *testing.T) {
 		t.Error("ParseReduceOp(avg) succeeded")
 	}
 }
+
+func TestPutGet(t *testing.T) {
+	b := make([]byte, 8)
+	for _, d := range []DType{Float32, Float64, Int32, Int64, Bytes} {
+		for _, v := range []float64{0, 1, 7, 100, 255} {
+			d.Put(b, v)
+			if got := d.Get(b); got != v {
+				t.Errorf("%s: put %v, got %v", d, v, got)
+			}
+		}
+	}
+	Int32.Put(b, -5)
+	if b[0] != 0xfb || b[3] != 0xff {
+		t.Errorf("int32 -5 is not little-endian two's complement: % x", b[:4])
+	}
+	if got := DTypeInvalid.Get(b); got == got {
+		t.Errorf("invalid dtype read %v, want NaN", got)
+	}
+}

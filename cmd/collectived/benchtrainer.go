@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"time"
 
@@ -158,43 +156,17 @@ func expected(i, size int, op collective.ReduceOp) float64 {
 func fill(buf []byte, dt collective.DType, op collective.ReduceOp, rank int) {
 	es := dt.Size()
 	for i := 0; i*es < len(buf); i++ {
-		put(buf[i*es:], dt, value(i, rank, op))
+		dt.Put(buf[i*es:], value(i, rank, op))
 	}
 }
 
 func verify(buf []byte, dt collective.DType, op collective.ReduceOp, size int) error {
 	es := dt.Size()
 	for i := 0; i*es < len(buf); i++ {
-		if got, want := get(buf[i*es:], dt), expected(i, size, op); got != want {
+		if got, want := dt.Get(buf[i*es:]), expected(i, size, op); got != want {
 			return fmt.Errorf("wrong result at element %d: got %v, want %v", i, got, want)
 		}
 	}
 	return nil
 }
 
-func put(b []byte, dt collective.DType, v float64) {
-	switch dt {
-	case collective.Float32:
-		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
-	case collective.Float64:
-		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
-	case collective.Int32:
-		binary.LittleEndian.PutUint32(b, uint32(int32(v)))
-	case collective.Int64:
-		binary.LittleEndian.PutUint64(b, uint64(int64(v)))
-	}
-}
-
-func get(b []byte, dt collective.DType) float64 {
-	switch dt {
-	case collective.Float32:
-		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
-	case collective.Float64:
-		return math.Float64frombits(binary.LittleEndian.Uint64(b))
-	case collective.Int32:
-		return float64(int32(binary.LittleEndian.Uint32(b)))
-	case collective.Int64:
-		return float64(int64(binary.LittleEndian.Uint64(b)))
-	}
-	return math.NaN()
-}

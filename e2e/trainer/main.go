@@ -6,7 +6,6 @@ package main
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -167,7 +166,7 @@ func input(i, w, n int, op collective.ReduceOp) float64 {
 func fillInput(buf []byte, dt collective.DType, op collective.ReduceOp, w, n int) {
 	es := dt.Size()
 	for i := 0; i*es < len(buf); i++ {
-		put(buf[i*es:], dt, input(i, w, n, op))
+		dt.Put(buf[i*es:], input(i, w, n, op))
 	}
 }
 
@@ -188,39 +187,13 @@ func checkResult(buf []byte, dt collective.DType, op collective.ReduceOp, world,
 				want = math.Min(want, v)
 			}
 		}
-		if got := get(buf[i*es:], dt); got != want {
+		if got := dt.Get(buf[i*es:]); got != want {
 			return fmt.Errorf("element %d of %d: got %v, want %v", i, len(buf)/es, got, want)
 		}
 	}
 	return nil
 }
 
-func put(b []byte, dt collective.DType, v float64) {
-	switch dt {
-	case collective.Float32:
-		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
-	case collective.Float64:
-		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
-	case collective.Int32:
-		binary.LittleEndian.PutUint32(b, uint32(int32(v)))
-	case collective.Int64:
-		binary.LittleEndian.PutUint64(b, uint64(int64(v)))
-	}
-}
-
-func get(b []byte, dt collective.DType) float64 {
-	switch dt {
-	case collective.Float32:
-		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
-	case collective.Float64:
-		return math.Float64frombits(binary.LittleEndian.Uint64(b))
-	case collective.Int32:
-		return float64(int32(binary.LittleEndian.Uint32(b)))
-	case collective.Int64:
-		return float64(int64(binary.LittleEndian.Uint64(b)))
-	}
-	return math.NaN()
-}
 
 // repeat makes the same float32 sum call several times, reporting each
 // outcome; -count-for makes one rank disagree.
