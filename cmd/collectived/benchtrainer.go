@@ -169,4 +169,3 @@ func verify(buf []byte, dt collective.DType, op collective.ReduceOp, size int) e
 	}
 	return nil
 }
-

@@ -194,7 +194,6 @@ func checkResult(buf []byte, dt collective.DType, op collective.ReduceOp, world,
 	return nil
 }
 
-
 // repeat makes the same float32 sum call several times, reporting each
 // outcome; -count-for makes one rank disagree.
 func repeat(c *cvd.Client, out *json.Encoder, normal, times int, override string, mismatchCall int, pause time.Duration, stop bool) error {
