@@ -51,6 +51,8 @@ type options struct {
 	Bin        string        `json:"bin,omitempty"`
 	JSON       bool          `json:"-"`
 	Settle     time.Duration `json:"-"`
+	SettleSec  float64       `json:"settle_sec"`
+	From       string        `json:"-"`
 }
 
 func parseFlags(args []string) (options, error) {
@@ -67,6 +69,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.Bin, "bin", "", "collectived binary to test (default: go build ./cmd/collectived into a temp dir)")
 	fs.BoolVar(&o.JSON, "json", false, "print the result as JSON on stdout (progress still goes to stderr)")
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "after the trainers detach, wait this long and sample once more")
+	fs.StringVar(&o.From, "from", "", "run nothing: print the report of a result saved with --json")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -104,7 +107,7 @@ func parseFlags(args []string) (options, error) {
 		}
 		o.Bin = abs
 	}
-	o.SampleSec = o.Sample.Seconds()
+	o.SampleSec, o.SettleSec = o.Sample.Seconds(), o.Settle.Seconds()
 	return o, nil
 }
 
@@ -117,7 +120,35 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	if o.From != "" {
+		os.Exit(reprint(o.From))
+	}
 	os.Exit(run(o))
+}
+
+// reprint prints the report of a saved --json result.
+func reprint(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "soak: --from:", err)
+		return 2
+	}
+	var res result
+	if err := json.Unmarshal(b, &res); err != nil {
+		fmt.Fprintf(os.Stderr, "soak: --from %s: not a soak --json result: %v\n", path, err)
+		return 2
+	}
+	if len(res.Daemons) == 0 || res.Options.Calls == 0 {
+		fmt.Fprintf(os.Stderr, "soak: --from %s: not a soak --json result (no options or daemons)\n", path)
+		return 2
+	}
+	res.Options.Sample = time.Duration(res.Options.SampleSec * float64(time.Second))
+	res.Options.Settle = time.Duration(res.Options.SettleSec * float64(time.Second))
+	printReport(os.Stdout, &res)
+	if res.Error != "" {
+		return 1
+	}
+	return 0
 }
 
 // run does the soak and returns the exit code; everything it starts is
