@@ -53,6 +53,13 @@ type options struct {
 	Settle     time.Duration `json:"-"`
 	SettleSec  float64       `json:"settle_sec"`
 	From       string        `json:"-"`
+	// DialTimeout is the Go client's Options.DialTimeout. The client
+	// leaves the HELLO write deadline on its socket (clients/go hello sets
+	// SetWriteTimeout(DialTimeout) and then only zeroes the timeout, not
+	// the deadline), so every write DialTimeout after dialing fails with
+	// "i/o timeout": the default here is long enough to outlast any run.
+	DialTimeout    time.Duration `json:"-"`
+	DialTimeoutSec float64       `json:"dial_timeout_sec"`
 }
 
 func parseFlags(args []string) (options, error) {
@@ -69,6 +76,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.Bin, "bin", "", "collectived binary to test (default: go build ./cmd/collectived into a temp dir)")
 	fs.BoolVar(&o.JSON, "json", false, "print the result as JSON on stdout (progress still goes to stderr)")
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "after the trainers detach, wait this long and sample once more")
+	fs.DurationVar(&o.DialTimeout, "dial-timeout", 24*time.Hour, "the Go client's DialTimeout for trainers and observers (long on purpose: see the doc of options.DialTimeout)")
 	fs.StringVar(&o.From, "from", "", "run nothing: print the report of a result saved with --json")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -94,6 +102,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("soak: --warmup %v: want a fraction in [0, 1)", o.Warmup)
 	case o.CheckEvery < 1:
 		return o, fmt.Errorf("soak: --check-every %d: want at least 1", o.CheckEvery)
+	case o.DialTimeout <= 0:
+		return o, fmt.Errorf("soak: --dial-timeout %v: want more than 0", o.DialTimeout)
 	case o.Settle < 0:
 		return o, fmt.Errorf("soak: --settle %v: want 0 or more", o.Settle)
 	}
@@ -107,7 +117,7 @@ func parseFlags(args []string) (options, error) {
 		}
 		o.Bin = abs
 	}
-	o.SampleSec, o.SettleSec = o.Sample.Seconds(), o.Settle.Seconds()
+	o.SampleSec, o.SettleSec, o.DialTimeoutSec = o.Sample.Seconds(), o.Settle.Seconds(), o.DialTimeout.Seconds()
 	return o, nil
 }
 

@@ -35,9 +35,9 @@ type observer struct {
 	pid  int
 }
 
-func dialObserver(socket string, rank int) (*observer, error) {
+func dialObserver(socket string, rank int, dialTimeout time.Duration) (*observer, error) {
 	c, err := cvd.Dial(cvd.Options{Socket: socket, Job: jobName, Observer: true, LocalRank: -1,
-		Timeout: 30 * time.Second, DialTimeout: 30 * time.Second, Spin: -1})
+		Timeout: 30 * time.Second, DialTimeout: dialTimeout, Spin: -1})
 	if err != nil {
 		return nil, fmt.Errorf("observer of daemon %d: %w", rank, err)
 	}

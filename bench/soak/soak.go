@@ -109,7 +109,15 @@ func soak(ctx context.Context, o options) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	ok := false
+	defer func() {
+		// The daemons' logs outlive a failed run: they say why.
+		if ok {
+			os.RemoveAll(dir)
+		} else {
+			progress("daemon logs kept in %s", dir)
+		}
+	}()
 	bin := o.Bin
 	if bin == "" {
 		progress("building ./cmd/collectived")
@@ -128,7 +136,7 @@ func soak(ctx context.Context, o options) (*result, error) {
 
 	obs := make([]*observer, o.Nodes)
 	for i, d := range w.daemons {
-		if obs[i], err = dialObserver(d.socket, i); err != nil {
+		if obs[i], err = dialObserver(d.socket, i, o.DialTimeout); err != nil {
 			return nil, err
 		}
 		defer obs[i].c.Close()
@@ -153,7 +161,7 @@ func soak(ctx context.Context, o options) (*result, error) {
 	}()
 	for node := 0; node < o.Nodes; node++ {
 		for local := 0; local < o.Local; local++ {
-			t, err := dialTrainer(w.daemons[node].socket, node, local, o.Spin)
+			t, err := dialTrainer(w.daemons[node].socket, node, local, o.Spin, o.DialTimeout)
 			if err != nil {
 				return res, err
 			}
@@ -297,6 +305,8 @@ func soak(ctx context.Context, o options) (*result, error) {
 	analyze(res, o)
 	if runErr != nil {
 		res.Error = runErr.Error()
+	} else {
+		ok = true
 	}
 	return res, runErr
 }

@@ -20,9 +20,9 @@ type trainer struct {
 	lat         *histogram
 }
 
-func dialTrainer(socket string, node, local int, spin time.Duration) (*trainer, error) {
+func dialTrainer(socket string, node, local int, spin, dialTimeout time.Duration) (*trainer, error) {
 	c, err := cvd.Dial(cvd.Options{Socket: socket, Job: jobName, LocalRank: local,
-		Label: fmt.Sprintf("soak-%d.%d", node, local), Spin: spin, DialTimeout: 30 * time.Second})
+		Label: fmt.Sprintf("soak-%d.%d", node, local), Spin: spin, DialTimeout: dialTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("trainer node %d local %d: %w", node, local, err)
 	}
