@@ -152,3 +152,15 @@ func TestHistogram(t *testing.T) {
 		t.Errorf("empty median %v", q)
 	}
 }
+
+func TestCheckDaemonCounts(t *testing.T) {
+	s := sample{Daemons: []metrics{{Trainers: []uint64{5, 5}}, {Trainers: []uint64{5, 4}}}}
+	err := checkDaemonCounts(s, 5)
+	if err == nil || !strings.Contains(err.Error(), "daemon 1 counts 4 calls from local rank 1") {
+		t.Fatalf("err = %v", err)
+	}
+	s.Daemons[1].Trainers[1] = 5
+	if err := checkDaemonCounts(s, 5); err != nil {
+		t.Fatal(err)
+	}
+}

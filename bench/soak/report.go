@@ -50,7 +50,7 @@ func printReport(w io.Writer, res *result) {
 				val(f.Unit, f.Change, true), slope(f.Unit, f.SlopePer100k), flat)
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "mallocs per call with status reads taken out: %.4f (one status read allocates %.0f; quiet, the daemon allocates %.1f/s)\n",
+		fmt.Fprintf(w, "mallocs per call with status reads taken out: %.2g (one status read allocates %.0f; quiet, the daemon allocates %.1f/s)\n",
 			d.MallocsPerCall, d.MallocsPerStatus, d.QuietMallocsPerSec)
 		if dt := d.Detached; dt != nil {
 			fmt.Fprintf(w, "idle before trainers -> %v after they left: fds %d -> %d, goroutines %d -> %d, memfds %d -> %d, rss %s -> %s, heap %s -> %s\n",

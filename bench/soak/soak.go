@@ -255,6 +255,9 @@ func soak(ctx context.Context, o options) (*result, error) {
 				runErr = err
 			}
 		}
+		if runErr == nil {
+			runErr = checkDaemonCounts(res.Samples[len(res.Samples)-1], o.Calls)
+		}
 	}
 	res.CallsDone = callsDone()
 	if runErr != nil {
@@ -309,6 +312,19 @@ func soak(ctx context.Context, o options) (*result, error) {
 		ok = true
 	}
 	return res, runErr
+}
+
+// checkDaemonCounts: each daemon counted exactly the calls its trainers
+// made, no more (a duplicate) and no fewer (a lost call).
+func checkDaemonCounts(s sample, calls int) error {
+	for i, m := range s.Daemons {
+		for l, n := range m.Trainers {
+			if n != uint64(calls) {
+				return fmt.Errorf("daemon %d counts %d calls from local rank %d, which made %d", i, n, l, calls)
+			}
+		}
+	}
+	return nil
 }
 
 func pids(ds []daemonResult) string {
