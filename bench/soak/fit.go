@@ -74,14 +74,21 @@ func analyze(res *result, o options) {
 			f.Metric, f.Unit, f.Tolerance = def.name, def.unit, def.tol
 			f.Flat = def.tol > 0 && f.Samples >= 3 && math.Abs(f.Projected) <= def.tol
 			d.Fits = append(d.Fits, f)
-			if def.name == "mallocs" && f.Samples >= 2 {
-				span := xs[len(xs)-1] - xs[0]
-				if span > 0 {
-					// Status reads happened by time, between the first and
-					// the last steady sample: len-1 reads, not per call.
-					statusAllocs := d.MallocsPerStatus * float64(f.Samples-1)
-					d.MallocsPerCall = (f.SlopePer100k/1e5*span - statusAllocs) / span
-				}
+			if f.Samples < 2 {
+				continue
+			}
+			span := xs[len(xs)-1] - xs[0]
+			if span <= 0 {
+				continue
+			}
+			// Status reads happened by time, between the first and the
+			// last steady sample: Samples-1 reads, not one per call.
+			reads := float64(f.Samples - 1)
+			switch def.name {
+			case "mallocs":
+				d.MallocsPerCall = (f.Projected - d.MallocsPerStatus*reads) / span
+			case "heap_bytes":
+				d.HeapPerCall = (f.Projected - d.HeapPerStatus*reads) / span
 			}
 		}
 	}

@@ -93,10 +93,10 @@ func TestFitLine(t *testing.T) {
 
 func TestAnalyzeFlat(t *testing.T) {
 	o := options{Calls: 400000, Warmup: 0.25}
-	res := &result{Daemons: []daemonResult{{MallocsPerStatus: 100}}}
+	res := &result{Daemons: []daemonResult{{MallocsPerStatus: 100, HeapPerStatus: 4096}}}
 	for i := 0; i <= 8; i++ {
 		calls := int64(i * 50000)
-		m := metrics{RSSBytes: 10 << 20, FDs: 17, Goroutines: 16, Mallocs: uint64(1000 + 100*i)}
+		m := metrics{RSSBytes: 10 << 20, FDs: 17, Goroutines: 16, Mallocs: uint64(1000 + 100*i), HeapBytes: uint64(5<<20 + 4096*i)}
 		if i < 2 {
 			m.FDs = 30 // warm-up: left out of the fit
 		}
@@ -125,6 +125,9 @@ func TestAnalyzeFlat(t *testing.T) {
 	// All mallocs came from the status reads: none per call.
 	if pc := res.Daemons[0].MallocsPerCall; math.Abs(pc) > 1e-9 {
 		t.Errorf("mallocs per call %v, want 0", pc)
+	}
+	if pc := res.Daemons[0].HeapPerCall; math.Abs(pc) > 1e-9 {
+		t.Errorf("heap bytes per call %v, want 0", pc)
 	}
 	if math.Abs(res.SteadyCallsPerSec-50000) > 1e-6 {
 		t.Errorf("steady rate %v, want 50000", res.SteadyCallsPerSec)

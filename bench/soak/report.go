@@ -50,8 +50,8 @@ func printReport(w io.Writer, res *result) {
 				val(f.Unit, f.Change, true), slope(f.Unit, f.SlopePer100k), flat)
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "mallocs per call with status reads taken out: %.2g (one status read allocates %.0f; quiet, the daemon allocates %.1f/s)\n",
-			d.MallocsPerCall, d.MallocsPerStatus, d.QuietMallocsPerSec)
+		fmt.Fprintf(w, "with the status reads taken out: %.2g mallocs and %.2g heap bytes per call (one status read allocates %.0f times, %s; quiet, the daemon allocates %.1f times/s)\n",
+			d.MallocsPerCall, d.HeapPerCall, d.MallocsPerStatus, bytesString(d.HeapPerStatus), d.QuietMallocsPerSec)
 		if dt := d.Detached; dt != nil {
 			fmt.Fprintf(w, "idle before trainers -> %v after they left: fds %d -> %d, goroutines %d -> %d, memfds %d -> %d, rss %s -> %s, heap %s -> %s\n",
 				o.Settle, d.Idle.FDs, dt.FDs, d.Idle.Goroutines, dt.Goroutines, d.Idle.Memfds, dt.Memfds,

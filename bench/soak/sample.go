@@ -84,41 +84,42 @@ func (o *observer) read() (metrics, error) {
 	return m, nil
 }
 
-// mallocsPerStatus measures what a status read itself allocates in the
-// daemon, so that it can be taken out of the per-call figure: reads are
-// made by time, not by call, and would otherwise look like a per-call cost.
-func (o *observer) mallocsPerStatus() (float64, error) {
+// perStatus measures what a status read itself allocates in the daemon
+// (allocations, and heap bytes while no GC runs), so that it can be taken
+// out of the per-call figures: reads are made by time, not by call, and
+// would otherwise look like a per-call cost.
+func (o *observer) perStatus() (mallocs, heap float64, err error) {
 	const reads = 8
 	first, err := o.read()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	last := first
 	for i := 0; i < reads; i++ {
 		if last, err = o.read(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return float64(last.Mallocs-first.Mallocs) / reads, nil
+	return float64(last.Mallocs-first.Mallocs) / reads, (float64(last.HeapBytes) - float64(first.HeapBytes)) / reads, nil
 }
 
 // quietMallocs measures, with no collective running, what a status read
 // allocates and how many allocations per second the daemon makes anyway
 // (timers, heartbeats on quiet links).
-func (o *observer) quietMallocs(wait time.Duration) (perStatus, perSec float64, err error) {
-	if perStatus, err = o.mallocsPerStatus(); err != nil {
-		return 0, 0, err
+func (o *observer) quietMallocs(wait time.Duration) (perStatus, heapPerStatus, perSec float64, err error) {
+	if perStatus, heapPerStatus, err = o.perStatus(); err != nil {
+		return 0, 0, 0, err
 	}
 	a, err := o.read()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	t0 := time.Now()
 	time.Sleep(wait)
 	b, err := o.read()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	perSec = (float64(b.Mallocs-a.Mallocs) - perStatus) / time.Since(t0).Seconds()
-	return perStatus, max(perSec, 0), nil
+	return perStatus, heapPerStatus, max(perSec, 0), nil
 }

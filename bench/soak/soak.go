@@ -70,6 +70,11 @@ type daemonResult struct {
 	MallocsPerStatus   float64 `json:"mallocs_per_status"`
 	MallocsPerCall     float64 `json:"mallocs_per_call"`
 	QuietMallocsPerSec float64 `json:"quiet_mallocs_per_sec"`
+	// HeapPerStatus is how much the Go heap grows per status read until
+	// the next GC; HeapPerCall is the heap_bytes slope with the fitted
+	// span's reads taken out (garbage not yet collected counts).
+	HeapPerStatus float64 `json:"heap_bytes_per_status"`
+	HeapPerCall   float64 `json:"heap_bytes_per_call"`
 }
 
 func readMachine() machine {
@@ -146,11 +151,11 @@ func soak(ctx context.Context, o options) (*result, error) {
 		if err != nil {
 			return nil, err
 		}
-		per, err := ob.mallocsPerStatus()
+		per, heap, err := ob.perStatus()
 		if err != nil {
 			return nil, err
 		}
-		res.Daemons = append(res.Daemons, daemonResult{Rank: i, PID: ob.pid, Idle: m, MallocsPerStatus: per})
+		res.Daemons = append(res.Daemons, daemonResult{Rank: i, PID: ob.pid, Idle: m, MallocsPerStatus: per, HeapPerStatus: heap})
 	}
 
 	trainers := make([]*trainer, 0, o.Nodes*o.Local)
@@ -282,12 +287,13 @@ func soak(ctx context.Context, o options) (*result, error) {
 
 	if runErr == nil {
 		for i, ob := range obs {
-			per, rate, err := ob.quietMallocs(time.Second)
+			per, heap, rate, err := ob.quietMallocs(time.Second)
 			if err != nil {
 				runErr = err
 				break
 			}
-			res.Daemons[i].MallocsPerStatus, res.Daemons[i].QuietMallocsPerSec = per, rate
+			d := &res.Daemons[i]
+			d.MallocsPerStatus, d.HeapPerStatus, d.QuietMallocsPerSec = per, heap, rate
 		}
 	}
 	if runErr == nil && o.Settle > 0 {
