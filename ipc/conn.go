@@ -126,6 +126,11 @@ func (c *Conn) MaxFrame() uint32 { return c.maxFrame.Load() }
 func (c *Conn) SetWriteTimeout(d time.Duration) {
 	c.wmu.Lock()
 	c.writeTimeout = d
+	if d <= 0 {
+		// Writes stop setting deadlines: clear the one the last write left,
+		// or every write after it would fail once it passed.
+		_ = c.uc.SetWriteDeadline(time.Time{})
+	}
 	c.wmu.Unlock()
 }
 

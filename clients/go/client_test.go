@@ -177,3 +177,19 @@ func TestReconnectAtOnce(t *testing.T) {
 		c.Close()
 	}
 }
+
+// Calls keep working long after DialTimeout has passed (the HELLO's write
+// deadline used to stay on the socket and fail every later write).
+func TestCallsOutliveDialTimeout(t *testing.T) {
+	c, err := collectived.Dial(collectived.Options{LocalRank: -1, DialTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(400 * time.Millisecond)
+	for i := 0; i < 3; i++ {
+		if err := collectived.AllReduce(c, []float32{1}, collectived.Sum); err != nil {
+			t.Fatalf("call %d, after DialTimeout passed: %v", i, err)
+		}
+	}
+}
