@@ -57,8 +57,8 @@ func DefaultConfig() Config {
 	return Config{
 		LocalSize:         1,
 		SocketMode:        0o660,
-		Streams:           1,
-		SegmentBytes:      1 << 20,
+		Streams:           2,
+		SegmentBytes:      512 << 10,
 		SmallBytes:        4096,
 		ConnectTimeout:    60 * time.Second,
 		CollectiveTimeout: 300 * time.Second,

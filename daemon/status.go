@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -29,6 +30,13 @@ type RingStatus struct {
 	Next       string `json:"next,omitempty"`
 	Prev       string `json:"prev,omitempty"`
 	LastError  string `json:"last_error,omitempty"`
+	// Op, Step: the ring op under way and its step (empty when idle);
+	// HeardFromNextSec, HeardFromPrevSec: seconds since a frame last came
+	// from each neighbour, which tells a slow peer from a silent one.
+	Op               string  `json:"op,omitempty"`
+	Step             int     `json:"step,omitempty"`
+	HeardFromNextSec float64 `json:"heard_from_next_sec,omitempty"`
+	HeardFromPrevSec float64 `json:"heard_from_prev_sec,omitempty"`
 }
 
 // TrainerStatus is one local rank's slot.
@@ -70,6 +78,16 @@ func (d *Daemon) Status() Status {
 	}
 	if d.lastErr != nil {
 		st.Ring.LastError = d.lastErr.Error()
+	}
+	if d.ring != nil {
+		rs := d.ring.Status()
+		if rs.Op != 0 {
+			st.Ring.Op, st.Ring.Step = fmt.Sprintf("%s seq %d", rs.Op, rs.Seq), rs.Step
+		}
+		if !rs.LastFromNext.IsZero() && rs.LastFromNext.Unix() > 0 {
+			st.Ring.HeardFromNextSec = time.Since(rs.LastFromNext).Seconds()
+			st.Ring.HeardFromPrevSec = time.Since(rs.LastFromPrev).Seconds()
+		}
 	}
 	for l := range d.slots {
 		s := &d.slots[l]

@@ -65,6 +65,9 @@ func TestStallReportAndStatus(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "not called by "+wantMissing) {
 		t.Fatalf("plain status does not show who is missing: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "process: pid ") || !strings.Contains(string(out), "goroutines") {
+		t.Fatalf("plain status does not show the daemon's process figures:\n%s", out)
+	}
 	idle.cmd.Process.Kill()
 	evs, err := caller.wait(t, 20*time.Second)
 	if err != nil || len(evs) != 1 || evs[0].Code != "TRAINER_LOST" {
@@ -159,4 +162,27 @@ func TestCheck(t *testing.T) {
 	if out, err = cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "CHECK_TOKEN") {
 		t.Fatalf("check without the token: %v\n%s", err, out)
 	}
+}
+
+// TestStatusWaitingOnPeer: while node 0 waits in the ring for node 1 (whose
+// trainer has not called), status says which ring op and step it is in and
+// how long ago each neighbour was last heard from.
+func TestStatusWaitingOnPeer(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	_ = w.startTrainer(1, "-mode", "repeat", "-times", "1", "-count", "16", "-pause", "1h")
+	var ring map[string]any
+	waitFor(t, 10*time.Second, "node 0 to be in the ring op", func() bool {
+		st := statusJSON(t, w.sockets[0])
+		ring, _ = st["ring"].(map[string]any)
+		return ring != nil && ring["op"] == "allreduce seq 0"
+	})
+	if _, ok := ring["heard_from_prev_sec"].(float64); !ok {
+		t.Fatalf("status ring = %v, want heard_from_prev_sec", ring)
+	}
+	out, err := exec.Command(daemonBin, "status", "--socket", w.sockets[0], "--job", "e2e").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "in allreduce seq 0 step") || !strings.Contains(string(out), "heard") {
+		t.Fatalf("plain status while waiting on the peer: %v\n%s", err, out)
+	}
+	caller.cmd.Process.Kill()
 }

@@ -193,7 +193,11 @@ func (c *cluster) shapeDigest() [32]byte {
 // validHello is what rank r's daemon would send to its next, with a fresh
 // nonce.
 func (c *cluster) validHello(rank int) rvHelloMsg {
-	h := rvHelloMsg{version: 1, rank: uint32(rank), world: uint32(c.nodes), streams: 1, digest: c.shapeDigest(), job: "e2e"}
+	cfg, err := config.Load(c.cfgPath)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	h := rvHelloMsg{version: 1, rank: uint32(rank), world: uint32(c.nodes), streams: uint16(cfg.Ring.Streams), digest: cfg.ShapeDigest(), job: "e2e"}
 	rand.Read(h.nonce[:])
 	return h
 }

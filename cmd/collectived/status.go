@@ -55,9 +55,16 @@ func printStatus(w io.Writer, st *daemon.Status) {
 	fmt.Fprintf(w, "job %q  node %d of %d  local size %d  socket %s\n", st.Job, st.NodeRank, st.NodeCount, st.LocalSize, st.Socket)
 	fmt.Fprintf(w, "ring: %s, generation %d, listen %s", st.Ring.State, st.Ring.Generation, st.Listen)
 	if st.Ring.Next != "" {
-		fmt.Fprintf(w, ", next %s, prev %s", st.Ring.Next, st.Ring.Prev)
+		fmt.Fprintf(w, ", next %s (heard %.1fs ago), prev %s (heard %.1fs ago)",
+			st.Ring.Next, st.Ring.HeardFromNextSec, st.Ring.Prev, st.Ring.HeardFromPrevSec)
+	}
+	if st.Ring.Op != "" {
+		fmt.Fprintf(w, "; in %s step %d", st.Ring.Op, st.Ring.Step)
 	}
 	fmt.Fprintln(w)
+	p := st.Process
+	fmt.Fprintf(w, "process: pid %d, %d goroutines, %d fds (%d memfds), RSS %.1f MiB\n",
+		p.PID, p.Goroutines, p.FDs, p.Memfds, float64(p.RSSBytes)/(1<<20))
 	if st.Ring.LastError != "" {
 		fmt.Fprintf(w, "last failure: %s\n", st.Ring.LastError)
 	}
