@@ -24,17 +24,17 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 import rss  # noqa: E402
 import runners  # noqa: E402
+import srcconfig  # noqa: E402
 
 REPO = os.path.dirname(HERE)
 DEFAULT_SIZES = "4,4KiB,64KiB,1MiB,16MiB,64MiB"
 QUICK_SIZES = "4,64KiB,64MiB"
 SMALL = 1 << 20  # sizes up to this get the "small" iteration count
 SYSTEMS = ["collectived", "mpi-tcp", "mpi-shm", "gloo"]
-# collectived with the in-process ring benchmark's segment size (ring/
-# helpers_test.go: 64 KiB; the daemon's default is 1 MiB), so that the
-# sidecar's cost is measured on the same ring configuration.
-SEG_SYSTEM = "collectived-seg64k"
-SEG_CONFIG = "ring:\n  segment_bytes: 65536\n"
+# collectived with the in-process ring benchmark's streams and segment size
+# (read from the measured tree by srcconfig), so that the sidecar's cost is
+# measured on the same ring configuration as the benchmark it is set against.
+SEG_SYSTEM = "collectived-benchcfg"
 RING_SIZES = {4, 64 << 10, 1 << 20, 64 << 20}  # the sizes BenchmarkAllReduce runs
 
 
@@ -112,7 +112,7 @@ def measure_system(system, world, sizes_groups, warmup, bins, timeout):
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout)
         elif system == SEG_SYSTEM:
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
-                                      extra_config=SEG_CONFIG)
+                                      extra_config=bins["benchcfg"])
         elif system in ("mpi-tcp", "mpi-shm"):
             got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout)
         elif system == "gloo":
@@ -174,7 +174,10 @@ def main() -> int:
     src = os.path.join(HERE, ".build", "src") if a.from_head else REPO
     if a.from_head and not os.path.isdir(os.path.join(src, "ring")):
         raise SystemExit(f"compare: --from-head: {src} holds no source tree; run through bench/compare")
-    res = {"meta": machine(), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds, "rounds": a.rounds,
+    rc = srcconfig.read(src)
+    bins["benchcfg"] = (f"ring:\n  streams: {rc['bench_streams'] or 1}\n"
+                        f"  segment_bytes: {rc['bench_segment_bytes'] or 64 << 10}\n")
+    res = {"meta": dict(machine(), ring_config=rc, benchcfg_yaml=bins["benchcfg"]), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds, "rounds": a.rounds,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL, "warmup": a.warmup},
            "rows": [], "ring": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
 
@@ -207,7 +210,7 @@ def main() -> int:
                         src, pat, "5x" if a.quick else "20x", a.timeout)) or []
                 elif item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
-                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py")))
+                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc["daemon_streams"] or 1))
                 elif item == SEG_SYSTEM:
                     seg = groups([x for x in sizes if x in RING_SIZES], it_small, it_large)
                     if seg:
@@ -275,7 +278,8 @@ def aggregate(res):
                             "busbw_GBps": alg * 2 * (w - 1) / w, "rounds": [r["mean_us"] for r in rs]})
     tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]
     if tcp:
-        out = {"seconds": tcp[0]["seconds"], "rounds": len(tcp), "errors": sum((t["errors"] for t in tcp), [])}
+        out = {"seconds": tcp[0]["seconds"], "streams": tcp[0].get("streams", 1), "rounds": len(tcp),
+               "errors": sum((t["errors"] for t in tcp), [])}
         for tool in ("iperf3", "threads"):
             ts = [t[tool] for t in tcp if tool in t]
             if ts:

@@ -3,11 +3,13 @@ docs/BENCHMARKS.md and its plots, all from one run's results dict."""
 
 import os
 
+import srcconfig
+
 PEERS = ["gloo", "mpi-tcp", "mpi-shm"]
 LABEL = {"collectived": "collectived", "gloo": "Gloo", "mpi-tcp": "OpenMPI TCP", "mpi-shm": "OpenMPI shm",
          "ring": "ring in-process", "tcp": "TCP bidir"}
 MIB64 = 64 << 20
-SEG = "collectived-seg64k"  # collectived with the in-process benchmark's segment size
+SEG = "collectived-benchcfg"  # collectived with the in-process benchmark's ring config
 REPO_PREFIX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
 
@@ -143,7 +145,7 @@ def targets(res) -> list[dict]:
     seg = row(res, SEG, 2, MIB64)
     over = _ratio(lat(seg or c2), ring and ring["mean_us"])
     add("64 MiB, world 2: sidecar overhead (daemon median ÷ in-process ring mean - 1, "
-        + ("same 64 KiB segments)" if seg or not c2 else "daemon's default 1 MiB segments)"),
+        + ("same ring config)" if seg or not c2 else "daemon's default ring config)"),
         None if over is None else (over - 1) * 100, "<=", 5.0, unit="%")
     rs = res.get("rss")
     add("daemon RSS at idle (largest daemon, fresh and after work)",
@@ -276,6 +278,16 @@ def _abs_tables(res, w):
     return "\n".join(out)
 
 
+def _tcp_streams(res) -> str:
+    n = (res.get("tcp_bidir") or {}).get("streams", 1)
+    return "one TCP stream" if n == 1 else f"{n} TCP streams"
+
+
+def _cfg(res, who) -> str:
+    rc = res["meta"].get("ring_config") or {}
+    return srcconfig.describe(rc.get(f"{who}_streams"), rc.get(f"{who}_segment_bytes"))
+
+
 def _sidecar(res) -> list[str]:
     """World 2: the daemon path against the ring engine in-process, at the
     sizes BenchmarkAllReduce runs, on the same and on the default segments."""
@@ -292,14 +304,16 @@ def _sidecar(res) -> list[str]:
         lines.append(cells)
     if not lines:
         return []
-    cols = ["size", "ring in-process, mean µs", "collectived, 64 KiB segments, median µs", "overhead",
-            "collectived, default 1 MiB segments, median µs", "overhead"]
+    bench, dflt = _cfg(res, "bench"), _cfg(res, "daemon")
+    cols = ["size", "ring in-process, mean µs", f"collectived, benchmark's config, median µs", "overhead",
+            "collectived, default config, median µs", "overhead"]
+    extra = (res["meta"].get("benchcfg_yaml") or "").strip().replace("\n", " ")
     return ["## Sidecar cost (world 2)", "",
             "The same float32 sum allreduce with 2 ring ranks: through the daemons (`collectived bench`: trainer "
             "processes, Unix socket calls, memfd buffers, daemon processes) against every rank's ring engine called "
-            "in one process (`go test -bench BenchmarkAllReduce ./ring/`). The daemon ran once with the "
-            "in-process benchmark's 64 KiB ring segments (`--extra-config` `ring: {segment_bytes: 65536}`), which "
-            "isolates the sidecar's cost and is what the target uses, and once with its default 1 MiB.", "",
+            "in one process (`go test -bench BenchmarkAllReduce ./ring/`). The daemon ran once with the in-process "
+            f"benchmark's ring config ({bench}; `--extra-config` `{extra}`), which isolates the sidecar's cost and "
+            f"is what the target uses, and once with its defaults ({dflt}).", "",
             _table(cols, lines, md=True), ""]
 
 
@@ -342,15 +356,17 @@ def markdown(res, plot_rel) -> str:
     for t in ts:
         L.append(f"| {t['target']} | {_tval(t)} | {_tlimit(t)} | **{t['verdict']}**{' (aim)' if t['aim'] else ''} |")
     L += ["", f"In this run: {_summary(ts)}.", "",
-          "\"Bidirectional TCP loopback\" is one TCP stream each way at the same time on 127.0.0.1, which is what a "
-          "2-node ring's links carry during an allreduce, measured with iperf3 `--bidir` and with `bench/tcp_bidir.py` "
+          f"\"Bidirectional TCP loopback\" is {_tcp_streams(res)} each way at the same time on 127.0.0.1 (the "
+          "daemon's default streams per link), which is what a 2-node ring's links carry during an allreduce, "
+          "measured with iperf3 `--bidir` and with `bench/tcp_bidir.py` "
           "(the higher of the two is used; see below). Its *per-direction* rate is the reference, "
           "because in a 2-rank ring allreduce each rank sends the whole buffer once (half in reduce-scatter, half in "
           "all-gather), so busbw equals the bytes each direction carries per second. "
           "The sidecar overhead compares `collectived bench`'s median (trainers in their own processes, buffers in "
           "memfd shared memory, daemons as separate processes) with `BenchmarkAllReduce` in `ring/` (all ranks' "
-          "ring engines in one `go test` process on loopback TCP, 64 KiB segments where the daemon uses 1 MiB, mean "
-          "ns/op); a negative overhead means the daemon measured faster than the in-process benchmark in this run. "
+          f"ring engines in one `go test` process on loopback TCP, mean ns/op), with the daemon on the benchmark's "
+          f"ring config ({_cfg(res, 'bench')}); a negative overhead means the daemon measured faster than the "
+          "in-process benchmark in this run. "
           "Verdicts on a loaded 2-core machine move between runs: read them with the ranges in the tables below.", ""]
 
     L += ["## Machine and conditions", "",
@@ -386,7 +402,7 @@ def markdown(res, plot_rel) -> str:
           "100 calls).",
           "- algbw = bytes / median time; busbw = algbw x 2(W-1)/W (the NCCL convention, W = world size).",
           "- collectived: `collectived bench` (daemons and trainers as separate processes, default config: "
-          "1 TCP stream per link, 1 MiB ring segments; buffers above the inline limit in memfd shared memory).",
+          f"{_cfg(res, 'daemon')}; buffers above the inline limit in memfd shared memory).",
           "- OpenMPI TCP: `--mca pml ob1 --mca btl tcp,self` on `lo` (every rank pair over TCP, as between machines). "
           "OpenMPI shm: `--mca pml ob1 --mca btl self,vader` (OpenMPI's shared-memory transport, with its default CMA "
           "single copy for large messages; named explicitly because this build also has UCX, which OpenMPI might pick "
@@ -395,7 +411,8 @@ def markdown(res, plot_rel) -> str:
           "- Gloo: `torch.distributed` with the gloo backend, CPU tensors, `dist.all_reduce`, tcp:// store on "
           "127.0.0.1, `GLOO_SOCKET_IFNAME=lo` (`bench/gloo_allreduce.py`).",
           "- In-process ring: `go test -bench BenchmarkAllReduce ./ring/`: every rank's ring engine in one process, "
-          "TCP loopback links, 64 KiB segments (the test config), mean time per call over the `-benchtime` calls.",
+          f"TCP loopback links, {_cfg(res, 'bench')} (its test config), mean time per call over the `-benchtime` "
+          "calls.",
           ""]
 
     L += ["## collectived ÷ each peer", "",
@@ -413,12 +430,12 @@ def markdown(res, plot_rel) -> str:
     tb = res.get("tcp_bidir")
     L += ["## Loopback TCP limit", ""]
     if tb:
-        L += [f"Both directions at once on 127.0.0.1 for {tb['seconds']} s, one TCP stream each way, in each of "
+        L += [f"Both directions at once on 127.0.0.1 for {tb['seconds']} s, {_tcp_streams(res)} each way, in each of "
               f"{tb.get('rounds', 1)} round(s) (median of rounds; range of the per-direction rate in brackets):", "",
               "| tool | one way GB/s | other way GB/s | per direction GB/s |", "|---|---:|---:|---:|"]
         for k, what in (("iperf3", "iperf3 `--bidir` (one thread per process sends and receives)"),
-                        ("threads", "`bench/tcp_bidir.py` (two processes, a sending and a receiving thread each, "
-                                    "64 MiB `sendall`)")):
+                        ("threads", "`bench/tcp_bidir.py` (two processes, a sending and a receiving thread per "
+                                    "connection, 64 MiB `sendall`)")):
             if k in tb:
                 t = tb[k]
                 rr = t.get("rounds") or []

@@ -155,39 +155,47 @@ def gloo(python, script, world, sizes, iters, warmup, timeout) -> list[dict]:
             "--iters", iters, "--warmup", warmup]
     COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
-        for r in range(world):
-            out = open(os.path.join(tmp, f"out{r}"), "w+")
-            err = open(os.path.join(tmp, f"err{r}"), "w+")
-            p = subprocess.Popen([str(a) for a in base + ["--rank", r]], stdout=out, stderr=err, env=env,
-                                 start_new_session=True)
-            procs.append((p, out, err))
-        # Poll all ranks: one that dies leaves the others blocked in Gloo, so
-        # end them all at once rather than waiting out the deadline.
-        deadline = time.monotonic() + timeout
-        failed = []
-        while not failed and any(p.poll() is None for p, _, _ in procs):
-            if time.monotonic() > deadline:
-                failed.append(f"still running after {timeout}s, killed")
-            for r, (p, _, err) in enumerate(procs):
-                if p.poll() not in (None, 0):
-                    err.seek(0)
-                    failed.append(f"rank {r}: exit {p.returncode}: {err.read()[-2000:]}")
-            time.sleep(0.2)
+        try:
+            return _gloo_ranks(tmp, base, world, sizes, env, timeout, procs)
+        finally:
+            for _, out, err in procs:
+                out.close()
+                err.close()
+
+
+def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs) -> list[dict]:
+    """Starts the ranks (appending to procs, whose files the caller closes)
+    and returns rank 0's rows."""
+    for r in range(world):
+        out = open(os.path.join(tmp, f"out{r}"), "w+")
+        err = open(os.path.join(tmp, f"err{r}"), "w+")
+        p = subprocess.Popen([str(a) for a in base + ["--rank", r]], stdout=out, stderr=err, env=env,
+                             start_new_session=True)
+        procs.append((p, out, err))
+    # Poll all ranks: one that dies leaves the others blocked in Gloo, so
+    # end them all at once rather than waiting out the deadline.
+    deadline = time.monotonic() + timeout
+    failed = []
+    while not failed and any(p.poll() is None for p, _, _ in procs):
+        if time.monotonic() > deadline:
+            failed.append(f"still running after {timeout}s, killed")
         for r, (p, _, err) in enumerate(procs):
-            if not failed and p.returncode != 0:
+            if p.poll() not in (None, 0):
                 err.seek(0)
                 failed.append(f"rank {r}: exit {p.returncode}: {err.read()[-2000:]}")
-        if failed:
-            for q, _, _ in procs:
-                if q.poll() is None:
-                    _kill_group(q)
-                    q.wait()
-            raise RunError("gloo: " + "\n".join(failed))
-        procs[0][1].seek(0)
-        rows = _parse_times(procs[0][1].read(), world, "gloo")
-        for _, out, err in procs:
-            out.close()
-            err.close()
+        time.sleep(0.2)
+    for r, (p, _, err) in enumerate(procs):
+        if not failed and p.returncode != 0:
+            err.seek(0)
+            failed.append(f"rank {r}: exit {p.returncode}: {err.read()[-2000:]}")
+    if failed:
+        for q, _, _ in procs:
+            if q.poll() is None:
+                _kill_group(q)
+                q.wait()
+        raise RunError("gloo: " + "\n".join(failed))
+    procs[0][1].seek(0)
+    rows = _parse_times(procs[0][1].read(), world, "gloo")
     _expect(rows, sizes, "gloo")
     return rows
 
@@ -226,13 +234,14 @@ def parse_go_bench(out: str) -> list[dict]:
 
 # --- TCP loopback, both directions at once ------------------------------------
 
-def tcp_bidir(seconds, timeout, script) -> dict:
-    """Both loopback measurements; the higher per-direction rate is the
-    reference (the limit a 2-node ring could reach)."""
-    out = {"seconds": seconds}
+def tcp_bidir(seconds, timeout, script, streams=1) -> dict:
+    """Both loopback measurements with `streams` connections (the daemon's
+    streams per link); the higher per-direction rate is the reference (the
+    limit a 2-node ring could reach)."""
+    out = {"seconds": seconds, "streams": streams}
     errs = []
-    for name, fn in (("iperf3", lambda: iperf3_bidir(seconds, timeout)),
-                     ("threads", lambda: threaded_bidir(script, seconds, timeout))):
+    for name, fn in (("iperf3", lambda: iperf3_bidir(seconds, timeout, streams)),
+                     ("threads", lambda: threaded_bidir(script, seconds, timeout, streams))):
         try:
             out[name] = fn()
         except (RunError, OSError, KeyError, ValueError, json.JSONDecodeError) as e:
@@ -245,7 +254,7 @@ def tcp_bidir(seconds, timeout, script) -> dict:
     return out
 
 
-def iperf3_bidir(seconds, timeout, attempts=3) -> dict:
+def iperf3_bidir(seconds, timeout, streams=1, attempts=3) -> dict:
     """iperf3 --bidir on 127.0.0.1: one stream each way at the same time,
     which is what a 2-node ring's links carry during an allreduce. A fresh
     one-off server per attempt, started and stopped by its PID."""
@@ -253,7 +262,7 @@ def iperf3_bidir(seconds, timeout, attempts=3) -> dict:
     for attempt in range(attempts):
         port = free_port()
         srv_argv = ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)]
-        cli_argv = ["iperf3", "-c", "127.0.0.1", "-p", port, "--bidir", "-t", seconds, "-J"]
+        cli_argv = ["iperf3", "-c", "127.0.0.1", "-p", port, "--bidir", "-P", streams, "-t", seconds, "-J"]
         if attempt == 0:
             COMMANDS.append(shlex.join(srv_argv) + " &")
         srv = subprocess.Popen(srv_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -284,13 +293,13 @@ def iperf3_bidir(seconds, timeout, attempts=3) -> dict:
     raise RunError(f"iperf3 --bidir failed {attempts} times: " + " | ".join(errs))
 
 
-def threaded_bidir(script, seconds, timeout) -> dict:
+def threaded_bidir(script, seconds, timeout, streams=1) -> dict:
     """bench/tcp_bidir.py: two processes, a sending and a receiving thread
-    each, 64 MiB sendall calls both ways at once."""
+    per connection, 64 MiB sendall calls both ways at once."""
     port = free_port()
     py = "/usr/bin/python3"
-    la = [py, script, "--listen", port, "--seconds", seconds]
-    ca = [py, script, "--connect", port, "--seconds", seconds]
+    la = [py, script, "--listen", port, "--seconds", seconds, "--streams", streams]
+    ca = [py, script, "--connect", port, "--seconds", seconds, "--streams", streams]
     COMMANDS.append(f"{shlex.join(map(str, la))} & {shlex.join(map(str, ca))}; wait")
     lp = subprocess.Popen([str(x) for x in la], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -21,6 +22,7 @@ import compare  # noqa: E402
 import report  # noqa: E402
 import rss  # noqa: E402
 import runners  # noqa: E402
+import srcconfig  # noqa: E402
 
 MIB64 = 64 << 20
 
@@ -136,14 +138,14 @@ class TargetsTest(unittest.TestCase):
         self.assertAlmostEqual(t["value"], 4.0, places=6)
         self.assertEqual(t["verdict"], "PASS")
 
-    def test_sidecar_uses_the_equal_segment_run_when_there_is_one(self):
+    def test_sidecar_uses_the_equal_config_run_when_there_is_one(self):
         res = fake_res(cvd2=1.0)
         c2 = dict(res["rows"][0])
         res["ring"][0]["mean_us"] = c2["median_us"]  # default config: 0% over the ring
         res["rows"].append(dict(c2, system=report.SEG, median_us=c2["median_us"] * 1.2))
         t = [t for t in report.targets(res) if "sidecar" in t["target"]][0]
         self.assertAlmostEqual(t["value"], 20.0, places=6)
-        self.assertIn("same 64 KiB segments", t["target"])
+        self.assertIn("same ring config", t["target"])
         self.assertEqual(t["verdict"], "FAIL")
         self.assertIn("## Sidecar cost (world 2)", report.markdown(res, "bench"))
 
@@ -210,6 +212,36 @@ class MPIProgramTest(unittest.TestCase):
         with self.assertRaises(runners.RunError) as cm:
             runners.mpi(self.bin, "mpi-tcp", 2, ["12x"], 5, 1, 120)
         self.assertIn('size "12x" is not a byte count', str(cm.exception))
+
+
+class SrcConfigTest(unittest.TestCase):
+    def write_tree(self, d, config_go, helpers, alloc):
+        for rel, text in (("config/config.go", config_go), ("ring/helpers_test.go", helpers),
+                          ("ring/alloc_test.go", alloc), ("ring/config.go", "SegmentBytes:      256 << 10,\n")):
+            os.makedirs(os.path.join(d, os.path.dirname(rel)), exist_ok=True)
+            with open(os.path.join(d, rel), "w") as f:
+                f.write(text)
+
+    def test_reads_defaults_and_benchmark_config(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.write_tree(d, "\tDefaultStreams      = 2\n\tDefaultSegmentBytes = 512 * KiB\n",
+                            "func testConfig(rank, size int) Config {\n\tc.SegmentBytes = 64 << 10\n\treturn c\n}\n",
+                            "func BenchmarkAllReduce(b *testing.B) {\n\t\tbenchAllReduce(b, n, 3, size, nil)\n}\n")
+            self.assertEqual(srcconfig.read(d), {"daemon_streams": 2, "daemon_segment_bytes": 512 << 10,
+                                                 "bench_streams": 3, "bench_segment_bytes": 64 << 10})
+
+    def test_falls_back_to_the_ring_default_segment(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.write_tree(d, "DefaultSegmentBytes = 1048576\n", "func testConfig() Config {\n}\n", "")
+            got = srcconfig.read(d)
+            self.assertEqual((got["daemon_segment_bytes"], got["bench_segment_bytes"]), (1 << 20, 256 << 10))
+            self.assertIsNone(got["daemon_streams"])
+            self.assertEqual(srcconfig.describe(None, None), "? streams, ? segments")
+
+    def test_this_tree_parses(self):
+        got = srcconfig.read(os.path.dirname(HERE))
+        self.assertTrue(all(v is not None for v in got.values()), got)
+        self.assertEqual(srcconfig.describe(1, 64 << 10), "1 TCP stream per link, 64 KiB segments")
 
 
 class ProcessTest(unittest.TestCase):
