@@ -38,6 +38,10 @@ type Config struct {
 	// AbortWait bounds how long a failing rank tries to hand its abort
 	// frame to a neighbour before it shuts the links anyway.
 	AbortWait time.Duration
+	// StripeBytes is the op size from which frames are striped over every
+	// stream of a link; smaller ops use the first stream only (several
+	// streams pay off for bulk transfers but cost small ones latency).
+	StripeBytes int
 	// Spin is how long a link's reader polls a quiet socket before it
 	// sleeps; 0 never polls. A few tens of microseconds save a small
 	// collective the CPU wake-up per hop; see spin.go.
@@ -90,6 +94,8 @@ func (c Config) Verify() error {
 		return fmt.Errorf("ring config: max_gather_bytes %d, want > 0", c.MaxGatherBytes)
 	case c.SocketBuffer < 0:
 		return fmt.Errorf("ring config: socket_buffer %d, want >= 0", c.SocketBuffer)
+	case c.StripeBytes < 0:
+		return fmt.Errorf("ring config: stripe_bytes %d, want >= 0", c.StripeBytes)
 	case c.Spin < 0 || c.Spin > 10*time.Millisecond:
 		return fmt.Errorf("ring config: spin %v, want 0 to 10ms", c.Spin)
 	case c.AbortWait <= 0:

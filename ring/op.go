@@ -20,6 +20,13 @@ func (r *Ring) begin(d *collective.Desc) error {
 	}
 	r.desc = *d
 	r.fp = d.Fingerprint()
+	// Every rank sees the same description, so all agree on the streams
+	// an op uses: large ops stripe their segments across every stream,
+	// small ones keep to the first, whose reader alone then stays awake.
+	r.nstreams = 1
+	if len(r.next) > 1 && d.Bytes() >= uint64(r.cfg.StripeBytes) {
+		r.nstreams = uint64(len(r.next))
+	}
 	r.sendCount, r.recvCount = 0, 0
 	for i := range r.completed {
 		r.completed[i] = 0
@@ -110,13 +117,13 @@ func (r *Ring) pending() int {
 
 // canSend reports whether send would queue without waiting.
 func (r *Ring) canSend() bool {
-	return r.outstanding[r.sendCount%uint64(len(r.next))] < txDepth
+	return r.outstanding[r.sendCount%r.nstreams] < txDepth
 }
 
 // send queues one frame for the next rank; the payload is read by the
 // writer goroutine until the write is reported done.
 func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
-	i := int(r.sendCount % uint64(len(r.next)))
+	i := int(r.sendCount % r.nstreams)
 	s := r.next[i]
 	if r.outstanding[i] >= txDepth {
 		r.timer.Reset(r.cfg.OpTimeout)
@@ -149,7 +156,7 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 
 // startFrame sends this rank's generation proposal.
 func (r *Ring) startFrame(gen uint32) error {
-	i := int(r.sendCount % uint64(len(r.next)))
+	i := int(r.sendCount % r.nstreams)
 	if err := r.healthy(); err != nil {
 		return err
 	}
@@ -164,7 +171,7 @@ func (r *Ring) startFrame(gen uint32) error {
 // it belongs to the op and step under way. The caller returns the buffer
 // with release.
 func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
-	s := r.prev[r.recvCount%uint64(len(r.prev))]
+	s := r.prev[r.recvCount%r.nstreams]
 	r.timer.Reset(r.cfg.OpTimeout)
 	for {
 		select {
@@ -191,7 +198,7 @@ func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
 }
 
 func (r *Ring) release(b *rxBuf) {
-	r.prev[(r.recvCount-1)%uint64(len(r.prev))].free <- b
+	r.prev[(r.recvCount-1)%r.nstreams].free <- b
 }
 
 func (r *Ring) timeout(what string) error {
@@ -227,14 +234,14 @@ func (r *Ring) expectLen(b *rxBuf, n int) error {
 		return nil
 	}
 	r.release(b)
-	s := r.prev[(r.recvCount-1)%uint64(len(r.prev))]
+	s := r.prev[(r.recvCount-1)%r.nstreams]
 	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes and small_bytes must be the same on every rank)", len(b.data), r.step, n))
 }
 
 // waitSent waits until the g-th frame queued in this op has been written,
 // before its source bytes are overwritten.
 func (r *Ring) waitSent(g uint64) error {
-	S := uint64(len(r.next))
+	S := r.nstreams
 	i, k := g%S, g/S
 	if r.completed[i] > k {
 		return nil

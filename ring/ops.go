@@ -322,13 +322,13 @@ func (r *Ring) allGather(out [][]byte) error {
 			if nrecv < 0 {
 				if b.hdr.Aux > uint64(r.cfg.MaxGatherBytes) {
 					r.release(b)
-					return r.failLocal(r.prev[(r.recvCount-1)%uint64(len(r.prev))], badFrame("allgather block of %d bytes announced, limit max_gather_bytes %d", b.hdr.Aux, r.cfg.MaxGatherBytes))
+					return r.failLocal(r.prev[(r.recvCount-1)%r.nstreams], badFrame("allgather block of %d bytes announced, limit max_gather_bytes %d", b.hdr.Aux, r.cfg.MaxGatherBytes))
 				}
 				total = int(b.hdr.Aux)
 				nrecv = max(1, (total+seg-1)/seg)
 			} else if b.hdr.Aux != uint64(total) {
 				r.release(b)
-				return r.failLocal(r.prev[(r.recvCount-1)%uint64(len(r.prev))], badFrame("allgather block length changed from %d to %d within the block", total, b.hdr.Aux))
+				return r.failLocal(r.prev[(r.recvCount-1)%r.nstreams], badFrame("allgather block length changed from %d to %d within the block", total, b.hdr.Aux))
 			}
 			if err := r.expectLen(b, min((k+1)*seg, total)-min(k*seg, total)); err != nil {
 				return err

@@ -47,6 +47,7 @@ type Ring struct {
 	hungPeer atomic.Int64
 
 	// Op state, owned by the goroutine inside an op (busy guards it).
+	nstreams    uint64 // streams this op stripes its frames over (begin)
 	busy        atomic.Bool
 	started     atomic.Bool
 	seq         uint64
@@ -101,13 +102,14 @@ func New(cfg Config, links Links) (*Ring, error) {
 		return nil, err
 	}
 	r := &Ring{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		rank:   cfg.Rank,
-		size:   cfg.Size,
-		dying:  make(chan struct{}),
-		stop:   make(chan struct{}),
-		peerOp: make(chan peerNote, 1),
+		nstreams: 1,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		rank:     cfg.Rank,
+		size:     cfg.Size,
+		dying:    make(chan struct{}),
+		stop:     make(chan struct{}),
+		peerOp:   make(chan peerNote, 1),
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
