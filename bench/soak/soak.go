@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/collectived/collectived/internal/localworld"
+
 	"context"
 	"fmt"
 	"os"
@@ -130,18 +132,19 @@ func soak(ctx context.Context, o options) (*result, error) {
 			return nil, err
 		}
 	}
-	w, err := startWorld(dir, bin, o.Nodes, o.Local)
+	w, err := localworld.Start(localworld.Options{Bin: bin, Dir: dir, Nodes: o.Nodes, Local: o.Local,
+		Job: jobName, TokenEnv: tokenEnv, OpenWait: openWait, StopGrace: stopGrace})
 	if err != nil {
 		return nil, err
 	}
-	defer w.stop()
+	defer w.Stop()
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("interrupted")
 	}
 
 	obs := make([]*observer, o.Nodes)
-	for i, d := range w.daemons {
-		if obs[i], err = dialObserver(d.socket, i, o.DialTimeout); err != nil {
+	for i, sock := range w.Sockets {
+		if obs[i], err = dialObserver(sock, i, o.DialTimeout); err != nil {
 			return nil, err
 		}
 		defer obs[i].c.Close()
@@ -166,7 +169,7 @@ func soak(ctx context.Context, o options) (*result, error) {
 	}()
 	for node := 0; node < o.Nodes; node++ {
 		for local := 0; local < o.Local; local++ {
-			t, err := dialTrainer(w.daemons[node].socket, node, local, o.Spin, o.DialTimeout)
+			t, err := dialTrainer(w.Sockets[node], node, local, o.Spin, o.DialTimeout)
 			if err != nil {
 				return res, err
 			}
@@ -235,13 +238,13 @@ func soak(ctx context.Context, o options) (*result, error) {
 				runErr = err
 				// A call that failed because a daemon died: say so first.
 				select {
-				case r := <-w.exited:
-					runErr = fmt.Errorf("%w (first failed call: %v)", w.died(r), err)
+				case r := <-w.Exited:
+					runErr = fmt.Errorf("%w (first failed call: %v)", w.Died(r), err)
 				case <-time.After(500 * time.Millisecond):
 				}
 			}
-		case r := <-w.exited:
-			runErr = w.died(r)
+		case r := <-w.Exited:
+			runErr = w.Died(r)
 		case <-ctx.Done():
 			res.Interrupted = true
 			runErr = fmt.Errorf("interrupted by a signal after %d calls", callsDone())
@@ -268,7 +271,7 @@ func soak(ctx context.Context, o options) (*result, error) {
 	if runErr != nil {
 		// Unblock trainers still in a call: their daemons go away.
 		stopTrainers()
-		w.stop()
+		w.Stop()
 		select {
 		case <-allDone:
 		case <-time.After(stopGrace + 5*time.Second):

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/internal/localworld"
 )
 
 const defaultBenchSizes = "4,64,1024,4096,65536,262144,1048576,4194304,16777216,67108864,268435456"
@@ -77,19 +78,28 @@ func runBench(c *cli.Context) error {
 	if iters < 1 {
 		return exitf("bench: --iters %d: want at least 1", iters)
 	}
-	w, err := startLocalWorld(nodes, local, c.String("extra-config"), 20*time.Second)
+	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	defer w.stop()
+	dir, err := os.MkdirTemp("", "collectived-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	w, err := localworld.Start(localworld.Options{Bin: self, Dir: dir, Nodes: nodes, Local: local,
+		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), OpenWait: 20 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
 
-	self, _ := os.Executable()
 	var trainers []*exec.Cmd
 	var rank0 io.ReadCloser
 	var stderrs []*bytes.Buffer
 	for n := 0; n < nodes; n++ {
 		for l := 0; l < local; l++ {
-			cmd := exec.Command(self, "bench-trainer", "--socket", w.sockets[n], "--job", w.job, "--local-rank", strconv.Itoa(l),
+			cmd := exec.Command(self, "bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
 				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
 				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")),
 				"--spin", c.Duration("client-spin").String())
@@ -157,7 +167,7 @@ func runBench(c *cli.Context) error {
 		}
 	}
 	if len(failed) > 0 || done != len(sizes) {
-		return exitf("bench failed after %d of %d sizes:\n%s\ndaemon 0 log:\n%s", done, len(sizes), strings.Join(failed, "\n"), tail(w.logs[0]))
+		return exitf("bench failed after %d of %d sizes:\n%s\ndaemon 0 log:\n%s", done, len(sizes), strings.Join(failed, "\n"), localworld.Tail(w.Logs[0]))
 	}
 	if !c.Bool("json") {
 		fmt.Fprintf(out, "all %d sizes verified on all %d trainers\n", len(sizes), nodes*local)

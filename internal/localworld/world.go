@@ -1,0 +1,221 @@
+package localworld
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options describe the world to start.
+type Options struct {
+	Bin          string // the collectived binary
+	Dir          string // where the config, sockets and logs go (the caller owns it)
+	Nodes, Local int
+	Job          string // default "bench"
+	TokenEnv     string // the variable the daemons read the token from; default COLLECTIVED_LOCAL_TOKEN
+	Extra        string // YAML appended to the config (timeouts, ring tuning)
+	OpenWait     time.Duration
+	StopGrace    time.Duration
+	Warn         io.Writer // where Stop reports daemons that had to be killed; default os.Stderr
+}
+
+// World is a running set of daemons.
+type World struct {
+	Job     string
+	Config  string   // path of the config file
+	Sockets []string // node rank -> its Unix socket
+	Logs    []string // node rank -> its log file
+	// Exited receives the rank of each daemon that ends without Stop.
+	Exited <-chan int
+
+	o        Options
+	procs    []*proc
+	exited   chan int
+	stopping chan struct{}
+	stopOnce sync.Once
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once reaped
+	err  error         // its exit status, valid after done
+}
+
+// Start writes the config and starts the daemons; it returns once every
+// socket answers, or stops what it started and says why.
+func Start(o Options) (*World, error) {
+	if o.Job == "" {
+		o.Job = "bench"
+	}
+	if o.TokenEnv == "" {
+		o.TokenEnv = "COLLECTIVED_LOCAL_TOKEN"
+	}
+	if o.OpenWait <= 0 {
+		o.OpenWait = 30 * time.Second
+	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = 10 * time.Second
+	}
+	if o.Warn == nil {
+		o.Warn = os.Stderr
+	}
+	if o.Nodes < 1 || o.Local < 1 {
+		return nil, fmt.Errorf("localworld: %d nodes x %d trainers: want at least 1 x 1", o.Nodes, o.Local)
+	}
+	var tok [24]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return nil, err
+	}
+	ports, err := FreePorts(o.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	var peers strings.Builder
+	for _, p := range ports {
+		fmt.Fprintf(&peers, "  - 127.0.0.1:%d\n", p)
+	}
+	w := &World{Job: o.Job, Config: filepath.Join(o.Dir, "config.yaml"), o: o,
+		exited: make(chan int, o.Nodes), stopping: make(chan struct{})}
+	w.Exited = w.exited
+	cfg := fmt.Sprintf("job:\n  name: %s\n  token_env: %s\n  local_size: %d\npeers:\n%srank: 0\n%s",
+		o.Job, o.TokenEnv, o.Local, peers.String(), o.Extra)
+	if err := os.WriteFile(w.Config, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	env := append(os.Environ(), o.TokenEnv+"="+hex.EncodeToString(tok[:]))
+	for i := 0; i < o.Nodes; i++ {
+		sock := filepath.Join(o.Dir, fmt.Sprintf("n%d.sock", i))
+		logPath := filepath.Join(o.Dir, fmt.Sprintf("n%d.log", i))
+		logf, err := os.Create(logPath)
+		if err != nil {
+			w.Stop()
+			return nil, err
+		}
+		p := &proc{done: make(chan struct{})}
+		p.cmd = exec.Command(o.Bin, "run", "--config", w.Config, "--rank", fmt.Sprint(i), "--socket", sock)
+		p.cmd.Env = env
+		p.cmd.Stdout, p.cmd.Stderr = logf, logf
+		// If the caller is killed outright, its daemons go with it.
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		err = p.cmd.Start()
+		logf.Close()
+		if err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("localworld: start daemon %d (%s): %w", i, o.Bin, err)
+		}
+		w.Sockets, w.Logs, w.procs = append(w.Sockets, sock), append(w.Logs, logPath), append(w.procs, p)
+		go w.reap(i, p)
+	}
+	deadline := time.Now().Add(o.OpenWait)
+	for i, p := range w.procs {
+		for {
+			c, err := net.Dial("unix", w.Sockets[i])
+			if err == nil {
+				c.Close()
+				break
+			}
+			select {
+			case <-p.done:
+				w.Stop()
+				return nil, fmt.Errorf("localworld: daemon %d exited before opening %s (%v); its log:\n%s", i, w.Sockets[i], p.err, Tail(w.Logs[i]))
+			default:
+			}
+			if time.Now().After(deadline) {
+				w.Stop()
+				return nil, fmt.Errorf("localworld: daemon %d never opened %s within %v; its log:\n%s", i, w.Sockets[i], o.OpenWait, Tail(w.Logs[i]))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return w, nil
+}
+
+// reap waits for daemon r and reports an exit that Stop did not ask for.
+func (w *World) reap(r int, p *proc) {
+	p.err = p.cmd.Wait()
+	close(p.done)
+	select {
+	case <-w.stopping:
+	default:
+		w.exited <- r
+	}
+}
+
+// PID is daemon r's process id.
+func (w *World) PID(r int) int { return w.procs[r].cmd.Process.Pid }
+
+// Died describes daemon r's unasked-for exit.
+func (w *World) Died(r int) error {
+	p := w.procs[r]
+	<-p.done
+	return fmt.Errorf("daemon %d (pid %d) died: %v; its log ends:\n%s", r, w.PID(r), p.err, Tail(w.Logs[r]))
+}
+
+// Stop ends every daemon by its PID: SIGTERM, then SIGKILL after the
+// grace. It is idempotent and returns once all are reaped.
+func (w *World) Stop() {
+	w.stopOnce.Do(func() {
+		close(w.stopping)
+		for _, p := range w.procs {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		deadline := time.After(w.o.StopGrace)
+		for r, p := range w.procs {
+			select {
+			case <-p.done:
+			case <-deadline:
+				fmt.Fprintf(w.o.Warn, "daemon %d (pid %d) still running %v after SIGTERM: SIGKILL\n", r, w.PID(r), w.o.StopGrace)
+				p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		for r, p := range w.procs {
+			if !p.cmd.ProcessState.Success() && !signalled(p.cmd.ProcessState) {
+				fmt.Fprintf(w.o.Warn, "daemon %d exited: %v; log tail:\n%s\n", r, p.err, Tail(w.Logs[r]))
+			}
+		}
+	})
+}
+
+func signalled(ps *os.ProcessState) bool {
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
+}
+
+// FreePorts returns n TCP ports free on 127.0.0.1 just now.
+func FreePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("localworld: free port on 127.0.0.1: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// Tail is the end of a log file, for error messages.
+func Tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
