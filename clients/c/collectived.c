@@ -1133,6 +1133,39 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 	return c;
 }
 
+/* A graceful end: half-close, then read (discarding) until the daemon closes
+ * its side, at most ms milliseconds. The daemon closes once it has released
+ * this trainer's local rank, so a clean exit is never mistaken for a crash
+ * mid-collective, and a trainer restarted at once finds its rank free. */
+static void drain_until_closed(int fd, int ms)
+{
+	char buf[4096];
+	int64_t deadline = now_ms() + ms;
+	if (shutdown(fd, SHUT_WR) != 0)
+		return;
+	for (;;) {
+		struct pollfd p;
+		int64_t left = deadline - now_ms();
+		int rc;
+		ssize_t n;
+		if (left <= 0)
+			return;
+		p.fd = fd;
+		p.events = POLLIN;
+		p.revents = 0;
+		rc = poll(&p, 1, (int)left);
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc <= 0)
+			return;
+		n = read(fd, buf, sizeof buf); /* fds riding on discarded bytes are closed by the kernel */
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n <= 0)
+			return;
+	}
+}
+
 void cvd_close(cvd_client *c)
 {
 	cvd_error e;
@@ -1150,6 +1183,7 @@ void cvd_close(cvd_client *c)
 		if (r->orphan)
 			free_req(r);
 	}
+	drain_until_closed(c->fd, 2000);
 	close(c->fd);
 	while (c->nfds)
 		close(c->fds[--c->nfds]);

@@ -140,3 +140,9 @@ def mismatch_rounds(c: collectived.Client, rounds: int) -> list:
         except collectived.CollectivedError as e:
             out.append(f"after {e.code_name}: {e.message[:200]}")
     return out
+
+
+def one_allreduce(c: collectived.Client) -> float:
+    x = np.full(8, float(c.rank + 1), np.float32)
+    c.allreduce(x)
+    return float(x[0])

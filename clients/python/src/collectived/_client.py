@@ -351,11 +351,23 @@ class Client:
             if self._closed:
                 return
             self._closed = True
+        # A graceful end: half-close and let the reader thread run until the
+        # daemon closes its side, which it does once it has released this
+        # trainer's local rank (at most 2 s). A clean exit is then never
+        # mistaken for a crash mid-collective, and a trainer restarted at
+        # once finds its rank free.
+        own_thread = self._reader is threading.current_thread()
+        try:
+            self._sock.shutdown(_socket.SHUT_WR)
+        except OSError:
+            pass
+        if self._reader is not None and not own_thread:
+            self._reader.join(timeout=2.0)
         try:
             self._sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
             pass
-        if self._reader is not None and self._reader is not threading.current_thread():
+        if self._reader is not None and not own_thread:
             self._reader.join(timeout=5.0)
         self._fail_all(ConnectionLostError("client closed"))
         self._sock.close()
