@@ -275,7 +275,9 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 	if r.Err() == nil {
 		r.Abort(cause)
 	}
-	r.Close()
+	// Close waits for the abort to reach the neighbours (up to AbortWait);
+	// the trainers hear of the failure first.
+	defer r.Close()
 	d.mu.Lock()
 	d.ring = nil
 	d.inflight = inflight{}

@@ -273,27 +273,52 @@ func (r *Ring) drainWrites() error {
 	}
 	var err error
 	dying := r.dying
+	failed, kicked := false, false
 	r.timer.Reset(r.cfg.OpTimeout)
 	for r.pending() > 0 {
 		select {
 		case d := <-r.done:
 			r.noteDone(d)
-			if dying != nil {
+			if !failed {
 				r.timer.Reset(r.cfg.OpTimeout)
 			}
 		case <-dying:
-			dying = nil
-			r.timer.Reset(4*r.cfg.AbortWait + time.Second)
+			dying, failed = nil, true
+			r.timer.Reset(min(drainGrace, r.cfg.AbortWait))
 		case <-r.timer.C:
-			if dying == nil {
+			switch {
+			case !failed:
+				err = r.failLocal(r.next[0], r.timeout("sending to"))
+				dying, failed = nil, true
+				r.timer.Reset(min(drainGrace, r.cfg.AbortWait))
+			case !kicked:
+				// The ring has failed and a write still blocks: its peer
+				// stopped reading (a partition, a stopped process). Cut it
+				// short instead of waiting for the abort to close the link,
+				// which would tell this rank's trainers seconds late.
+				kicked = true
+				r.kickWrites()
+				r.timer.Reset(4*r.cfg.AbortWait + time.Second)
+			default:
 				return r.opError()
 			}
-			err = r.failLocal(r.next[0], r.timeout("sending to"))
-			dying = nil
-			r.timer.Reset(4*r.cfg.AbortWait + time.Second)
 		}
 	}
 	return err
+}
+
+// drainGrace is how long a failed op lets its queued writes finish before
+// it cuts blocked ones short.
+const drainGrace = 100 * time.Millisecond
+
+// kickWrites ends the writes blocked on streams that still have this op's
+// frames queued, by giving them a deadline in the past.
+func (r *Ring) kickWrites() {
+	for i, s := range r.next {
+		if r.outstanding[i] > 0 {
+			_ = s.conn.SetWriteDeadline(time.Now())
+		}
+	}
 }
 
 func (r *Ring) mismatch(s *stream, h *header, how string) error {
