@@ -168,7 +168,7 @@ def main() -> int:
     if a.rounds < 1:
         raise SystemExit(f"compare: --rounds {a.rounds}: want at least 1")
     sg = groups(sizes, it_small, it_large)
-    bins = {"collectived": a.collectived, "mpi": a.mpi_binary}
+    bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir")}
 
     started = time.monotonic()
     src = os.path.join(HERE, ".build", "src") if a.from_head else REPO
@@ -210,7 +210,8 @@ def main() -> int:
                         src, pat, "5x" if a.quick else "20x", a.timeout)) or []
                 elif item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
-                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc["daemon_streams"] or 1))
+                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc["daemon_streams"] or 1,
+                        bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
                 elif item == SEG_SYSTEM:
                     seg = groups([x for x in sizes if x in RING_SIZES], it_small, it_large)
                     if seg:
@@ -241,6 +242,7 @@ def main() -> int:
     else:
         build = ["go build -o bench/.build/collectived ./cmd/collectived"]
     build.append("mpicc -O2 -Wall -o bench/.build/mpi_allreduce bench/mpi_allreduce.c")
+    build.append("gcc -O2 -Wall -pthread -o bench/.build/tcp_bidir bench/tcp_bidir.c")
     res["commands"] = build + [c.replace(REPO + "/", "") for c in runners.COMMANDS]
     res["command_marks"] = {k: v + len(build) for k, v in marks.items()}
 
@@ -280,14 +282,14 @@ def aggregate(res):
     if tcp:
         out = {"seconds": tcp[0]["seconds"], "streams": tcp[0].get("streams", 1), "rounds": len(tcp),
                "errors": sum((t["errors"] for t in tcp), [])}
-        for tool in ("iperf3", "threads"):
+        for tool in runners.PROBES:
             ts = [t[tool] for t in tcp if tool in t]
             if ts:
                 out[tool] = {k: statistics.median(t[k] for t in ts)
                              for k in ("forward_GBps", "reverse_GBps", "per_direction_GBps")}
                 out[tool]["rounds"] = [t["per_direction_GBps"] for t in ts]
         out["per_direction_GBps"], out["reference"] = max(
-            (out[k]["per_direction_GBps"], k) for k in ("iperf3", "threads") if k in out)
+            (out[k]["per_direction_GBps"], k) for k in runners.PROBES if k in out)
         res["tcp_bidir"] = out
 
 

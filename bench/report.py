@@ -358,8 +358,8 @@ def markdown(res, plot_rel) -> str:
     L += ["", f"In this run: {_summary(ts)}.", "",
           f"\"Bidirectional TCP loopback\" is {_tcp_streams(res)} each way at the same time on 127.0.0.1 (the "
           "daemon's default streams per link), which is what a 2-node ring's links carry during an allreduce, "
-          "measured with iperf3 `--bidir` and with `bench/tcp_bidir.py` "
-          "(the higher of the two is used; see below). Its *per-direction* rate is the reference, "
+          "measured with iperf3 `--bidir`, `bench/tcp_bidir.py` and `bench/tcp_bidir.c` "
+          "(the highest is used; see below). Its *per-direction* rate is the reference, "
           "because in a 2-rank ring allreduce each rank sends the whole buffer once (half in reduce-scatter, half in "
           "all-gather), so busbw equals the bytes each direction carries per second. "
           "The sidecar overhead compares `collectived bench`'s median (trainers in their own processes, buffers in "
@@ -435,14 +435,15 @@ def markdown(res, plot_rel) -> str:
               "| tool | one way GB/s | other way GB/s | per direction GB/s |", "|---|---:|---:|---:|"]
         for k, what in (("iperf3", "iperf3 `--bidir` (one thread per process sends and receives)"),
                         ("threads", "`bench/tcp_bidir.py` (two processes, a sending and a receiving thread per "
-                                    "connection, 64 MiB `sendall`)")):
+                                    "connection, 64 MiB `sendall`)"),
+                        ("c", "`bench/tcp_bidir.c` (the same in C with pthreads, 64 MiB `send`/`recv`)")):
             if k in tb:
                 t = tb[k]
                 rr = t.get("rounds") or []
                 rng = f" ({min(rr):.2f}–{max(rr):.2f})" if len(rr) > 1 else ""
                 L.append(f"| {what} | {t['forward_GBps']:.2f} | {t['reverse_GBps']:.2f} | "
                          f"{t['per_direction_GBps']:.2f}{rng} |")
-        L += ["", f"The reference for the targets is the higher per-direction figure: **{tb['per_direction_GBps']:.2f} "
+        L += ["", f"The reference for the targets is the highest per-direction figure: **{tb['per_direction_GBps']:.2f} "
               f"GB/s** ({tb['reference']}).", ""]
         L += [f"- failed once: {e}" for e in tb.get("errors") or []]
         if tb.get("errors"):

@@ -234,19 +234,25 @@ def parse_go_bench(out: str) -> list[dict]:
 
 # --- TCP loopback, both directions at once ------------------------------------
 
-def tcp_bidir(seconds, timeout, script, streams=1) -> dict:
+PROBES = ("iperf3", "threads", "c")
+
+
+def tcp_bidir(seconds, timeout, script, streams=1, cprog=None) -> dict:
     """Both loopback measurements with `streams` connections (the daemon's
     streams per link); the higher per-direction rate is the reference (the
     limit a 2-node ring could reach)."""
     out = {"seconds": seconds, "streams": streams}
     errs = []
-    for name, fn in (("iperf3", lambda: iperf3_bidir(seconds, timeout, streams)),
-                     ("threads", lambda: threaded_bidir(script, seconds, timeout, streams))):
+    probes = [("iperf3", lambda: iperf3_bidir(seconds, timeout, streams)),
+              ("threads", lambda: threaded_bidir(["/usr/bin/python3", script], seconds, timeout, streams))]
+    if cprog:
+        probes.append(("c", lambda: threaded_bidir([cprog], seconds, timeout, streams)))
+    for name, fn in probes:
         try:
             out[name] = fn()
         except (RunError, OSError, KeyError, ValueError, json.JSONDecodeError) as e:
             errs.append(f"{name}: {e}")
-    got = [(out[k]["per_direction_GBps"], k) for k in ("iperf3", "threads") if k in out]
+    got = [(out[k]["per_direction_GBps"], k) for k in PROBES if k in out]
     if not got:
         raise RunError("; ".join(errs))
     out["per_direction_GBps"], out["reference"] = max(got)
@@ -293,13 +299,13 @@ def iperf3_bidir(seconds, timeout, streams=1, attempts=3) -> dict:
     raise RunError(f"iperf3 --bidir failed {attempts} times: " + " | ".join(errs))
 
 
-def threaded_bidir(script, seconds, timeout, streams=1) -> dict:
-    """bench/tcp_bidir.py: two processes, a sending and a receiving thread
-    per connection, 64 MiB sendall calls both ways at once."""
+def threaded_bidir(prog, seconds, timeout, streams=1) -> dict:
+    """bench/tcp_bidir.py or bench/tcp_bidir.c (prog is the argv prefix):
+    two processes, a sending and a receiving thread per connection, 64 MiB
+    buffers both ways at once."""
     port = free_port()
-    py = "/usr/bin/python3"
-    la = [py, script, "--listen", port, "--seconds", seconds, "--streams", streams]
-    ca = [py, script, "--connect", port, "--seconds", seconds, "--streams", streams]
+    la = [*prog, "--listen", port, "--seconds", seconds, "--streams", streams]
+    ca = [*prog, "--connect", port, "--seconds", seconds, "--streams", streams]
     COMMANDS.append(f"{shlex.join(map(str, la))} & {shlex.join(map(str, ca))}; wait")
     lp = subprocess.Popen([str(x) for x in la], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True)

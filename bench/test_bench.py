@@ -311,6 +311,19 @@ class WorkerArgsTest(unittest.TestCase):
         self.assertEqual(b["recv_bytes"], a["sent_bytes"])
         self.assertGreater(a["recv_bytes"], 0)
 
+    @unittest.skipUnless(shutil.which("gcc"), "gcc not installed")
+    def test_c_probe_moves_bytes_both_ways_on_each_stream(self):
+        binary = os.path.join(HERE, ".build", "tcp_bidir_test")
+        os.makedirs(os.path.dirname(binary), exist_ok=True)
+        subprocess.run(["gcc", "-O2", "-Wall", "-pthread", "-o", binary, os.path.join(HERE, "tcp_bidir.c")], check=True)
+        got = runners.threaded_bidir([binary], 0.3, 60, streams=2)
+        self.assertGreater(got["forward_GBps"], 0)
+        self.assertGreater(got["reverse_GBps"], 0)
+        p = subprocess.run([binary, "--connect", "1", "--seconds", "1", "--streams", "17"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--streams: want 1 to 16", p.stderr)
+
     def test_tcp_bidir_refuses_nonpositive_seconds(self):
         p = subprocess.run([sys.executable, os.path.join(HERE, "tcp_bidir.py"), "--connect", "1", "--seconds", "0"],
                            capture_output=True, text=True, timeout=60)
