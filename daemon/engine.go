@@ -316,7 +316,7 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 	// Only a collective that some trainer somewhere had called can be owed:
 	// a failure while the whole ring was idle (a node died between
 	// collectives) fails nobody's call.
-	started := len(heads) > 0 || startedElsewhere(msg)
+	started := len(heads) > 0 || startedElsewhere(cause)
 	scratch = scratch[:0]
 	for l := range d.slots {
 		sl := &d.slots[l]
@@ -424,11 +424,16 @@ func (d *Daemon) explainRing(cause error) string {
 	return s
 }
 
-// startedElsewhere reads from a failure's text whether the collective had
-// begun on some node: the ring names an op ("allreduce seq 3 step 1") when
-// its rank was inside one, and the core's own tags (a mismatch, a local
-// timeout, a trainer lost mid-collective) are raised only once calls were
-// made. A rank that was idle says "idle".
-func startedElsewhere(msg string) bool {
-	return hasTag(msg, " seq ") || hasTag(msg, "[mismatch]") || hasTag(msg, "[timeout]") || hasTag(msg, "[trainer-lost]")
+// startedElsewhere tells whether the failed collective had begun on some
+// node: the ring knows whether a rank was inside an op when it failed, and
+// the core's own tags (a mismatch, a local timeout, a trainer lost
+// mid-collective), which travel in abort reasons, are raised only once
+// calls were made.
+func startedElsewhere(cause error) bool {
+	var re *ring.Error
+	if errors.As(cause, &re) && re.InOp() {
+		return true
+	}
+	msg := cause.Error()
+	return hasTag(msg, "[mismatch]") || hasTag(msg, "[timeout]") || hasTag(msg, "[trainer-lost]")
 }

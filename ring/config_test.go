@@ -26,6 +26,9 @@ func TestConfigVerify(t *testing.T) {
 		"max_gather_bytes 0":      func(c *Config) { c.MaxGatherBytes = 0 },
 		"socket_buffer -1":        func(c *Config) { c.SocketBuffer = -1 },
 		"abort_wait 0s":           func(c *Config) { c.AbortWait = 0 },
+		"stripe_bytes -1":         func(c *Config) { c.StripeBytes = -1 },
+		"spin 20ms":               func(c *Config) { c.Spin = 20 * time.Millisecond },
+		"spin -1ns":               func(c *Config) { c.Spin = -1 },
 	}
 	for want, mutate := range cases {
 		c := DefaultConfig()

@@ -59,3 +59,25 @@ func TestAbortAfterCompletedOp(t *testing.T) {
 		})
 	}
 }
+
+// InOp says whether a collective was under way where the failure began:
+// here, at an abort's origin, or, for a call made on a ring that had
+// already failed, in that earlier failure.
+func TestErrorInOp(t *testing.T) {
+	idle := &Error{Op: collective.OpInvalid, Err: ErrPeerClosed}
+	for name, c := range map[string]struct {
+		e    *Error
+		want bool
+	}{
+		"idle here":                  {idle, false},
+		"in an op here":              {&Error{Op: collective.OpAllReduce, Err: ErrPeerHung}, true},
+		"abort from an origin in op": {&Error{Op: collective.OpInvalid, abortSet: true, abortOp: collective.OpBroadcast}, true},
+		"abort from an idle origin":  {&Error{Op: collective.OpInvalid, abortSet: true, abortOp: collective.OpInvalid}, false},
+		"call after an idle failure": {&Error{Op: collective.OpAllReduce, Err: idle}, false},
+		"call after a failure in op": {&Error{Op: collective.OpBarrier, Err: &Error{Op: collective.OpAllReduce}}, true},
+	} {
+		if got := c.e.InOp(); got != c.want {
+			t.Errorf("%s: InOp() = %v, want %v", name, got, c.want)
+		}
+	}
+}

@@ -52,6 +52,18 @@ type Error struct {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// InOp reports whether the failure came while a rank was inside an op:
+// this rank, or, for an abort received, its origin (as the abort frame
+// said). A failure while the ranks concerned were idle (a neighbour dying
+// between ops) interrupted no collective. For a call refused because the
+// ring had already failed, it is the earlier failure that counts.
+func (e *Error) InOp() bool {
+	if inner, ok := e.Err.(*Error); ok {
+		return inner.InOp()
+	}
+	return e.Op != collective.OpInvalid || (e.abortSet && e.abortOp != collective.OpInvalid)
+}
+
 func (e *Error) Error() string {
 	return "ring rank " + strconv.Itoa(e.Rank) + ": " + e.detail()
 }

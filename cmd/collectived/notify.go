@@ -33,8 +33,8 @@ func (n *notifier) stopping() { n.send(sd.SdNotifyStopping) }
 func (n *notifier) status(line string) { n.send("STATUS=" + line) }
 
 // watchdog pings systemd at half the configured interval for as long as
-// the daemon answers a status query, which takes its main lock: a daemon
-// wedged on that lock stops the pings and systemd restarts it.
+// the daemon's main lock can be taken: a daemon wedged on that lock stops
+// the pings and systemd restarts it.
 func (n *notifier) watchdog(d *daemon.Daemon) (stop func()) {
 	interval, err := sd.SdWatchdogEnabled(false)
 	if err != nil || interval <= 0 {
@@ -52,8 +52,9 @@ func (n *notifier) watchdog(d *daemon.Daemon) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				_ = d.Status()
-				n.send(sd.SdNotifyWatchdog)
+				if d.Alive() {
+					n.send(sd.SdNotifyWatchdog)
+				}
 			}
 		}
 	}()
