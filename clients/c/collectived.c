@@ -1225,10 +1225,36 @@ static seg *add_seg(cvd_client *c, uint32_t id, void *base, size_t size, int scr
 	return s;
 }
 
+/* control_request sends f, a request of fixed fields only (its id is set
+ * here), with fd attached when fd >= 0, and waits for the reply. On success
+ * it returns 0 and *out is the finished request, which the caller frees. On
+ * failure it returns the error code; the request is freed, or, if the wait
+ * timed out, left for its late reply to free. */
+static int control_request(cvd_client *c, cvd_frame *f, uint8_t reply, int fd, cvd_request **out,
+			   cvd_error *err)
+{
+	uint8_t buf[CVD_HEADER_SIZE + 16];
+	struct iovec iov;
+	cvd_request *r;
+	int rc;
+	*out = NULL;
+	if (!(r = new_req(c, reply, err)))
+		return err ? err->code : CVD_E_CLOSED;
+	f->id = r->id;
+	iov.iov_base = buf;
+	iov.iov_len = cvd_frame_encode(f, buf, sizeof buf);
+	rc = request_sync(c, r, &iov, 1, fd, err);
+	if (rc != 0) {
+		if (!r->orphan)
+			free_req(r);
+		return rc;
+	}
+	*out = r;
+	return 0;
+}
+
 static seg *alloc_seg(cvd_client *c, size_t size, int scratch, cvd_error *err)
 {
-	uint8_t buf[CVD_HEADER_SIZE + 8];
-	struct iovec iov;
 	cvd_frame f;
 	cvd_request *r;
 	seg *s;
@@ -1236,19 +1262,11 @@ static seg *alloc_seg(cvd_client *c, size_t size, int scratch, cvd_error *err)
 		set_err(err, CVD_E_INVALID, "cvd_alloc: size 0");
 		return NULL;
 	}
-	if (!(r = new_req(c, CVD_T_ALLOC_OK, err)))
-		return NULL;
 	memset(&f, 0, sizeof f);
 	f.type = CVD_T_ALLOC;
-	f.id = r->id;
 	f.size = size;
-	iov.iov_base = buf;
-	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
-	if (request_sync(c, r, &iov, 1, -1, err) != 0) {
-		if (!r->orphan)
-			free_req(r);
+	if (control_request(c, &f, CVD_T_ALLOC_OK, -1, &r, err) != 0)
 		return NULL;
-	}
 	s = add_seg(c, r->segment, r->map, (size_t)r->size, scratch, err);
 	if (s)
 		r->map = NULL; /* now owned by the segment list */
@@ -1264,12 +1282,10 @@ void *cvd_alloc(cvd_client *c, size_t size, cvd_error *err)
 
 void *cvd_register(cvd_client *c, size_t size, cvd_error *err)
 {
-	uint8_t buf[CVD_HEADER_SIZE + 8];
-	struct iovec iov;
 	cvd_frame f;
 	cvd_request *r;
 	void *m;
-	int fd;
+	int fd, rc;
 	if (size == 0) {
 		set_err(err, CVD_E_INVALID, "cvd_register: size 0");
 		return NULL;
@@ -1293,25 +1309,15 @@ void *cvd_register(cvd_client *c, size_t size, cvd_error *err)
 		close(fd);
 		return NULL;
 	}
-	if (!(r = new_req(c, CVD_T_REGISTER_OK, err))) {
-		munmap(m, size);
-		close(fd);
-		return NULL;
-	}
 	memset(&f, 0, sizeof f);
 	f.type = CVD_T_REGISTER;
-	f.id = r->id;
 	f.size = size;
-	iov.iov_base = buf;
-	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
-	if (request_sync(c, r, &iov, 1, fd, err) != 0) {
-		close(fd);
+	rc = control_request(c, &f, CVD_T_REGISTER_OK, fd, &r, err);
+	close(fd);
+	if (rc != 0) {
 		munmap(m, size);
-		if (!r->orphan)
-			free_req(r);
 		return NULL;
 	}
-	close(fd);
 	if (!add_seg(c, r->segment, m, size, 0, err)) {
 		munmap(m, size);
 		m = NULL;
@@ -1322,24 +1328,16 @@ void *cvd_register(cvd_client *c, size_t size, cvd_error *err)
 
 static int free_seg(cvd_client *c, seg *s, cvd_error *err)
 {
-	uint8_t buf[CVD_HEADER_SIZE + 8];
-	struct iovec iov;
 	cvd_frame f;
 	cvd_request *r;
 	seg **pp;
 	int rc;
-	if (!(r = new_req(c, CVD_T_FREE_OK, err)))
-		return err ? err->code : CVD_E_CLOSED;
 	memset(&f, 0, sizeof f);
 	f.type = CVD_T_FREE;
-	f.id = r->id;
 	f.segment = s->id;
-	iov.iov_base = buf;
-	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
-	rc = request_sync(c, r, &iov, 1, -1, err);
-	if (r->orphan)
-		return rc;
-	free_req(r);
+	rc = control_request(c, &f, CVD_T_FREE_OK, -1, &r, err);
+	if (r)
+		free_req(r);
 	if (rc == 0 || rc == CVD_E_BAD_SEGMENT) {
 		for (pp = &c->segs; *pp; pp = &(*pp)->next) {
 			if (*pp == s) {
@@ -1584,23 +1582,13 @@ int cvd_barrier(cvd_client *c, cvd_error *err)
 
 char *cvd_status(cvd_client *c, size_t *len, cvd_error *err)
 {
-	uint8_t buf[CVD_HEADER_SIZE];
-	struct iovec iov;
 	cvd_frame f;
 	cvd_request *r;
 	char *json;
-	if (!(r = new_req(c, CVD_T_STATUS_OK, err)))
-		return NULL;
 	memset(&f, 0, sizeof f);
 	f.type = CVD_T_STATUS;
-	f.id = r->id;
-	iov.iov_base = buf;
-	iov.iov_len = cvd_frame_encode(&f, buf, sizeof buf);
-	if (request_sync(c, r, &iov, 1, -1, err) != 0) {
-		if (!r->orphan)
-			free_req(r);
+	if (control_request(c, &f, CVD_T_STATUS_OK, -1, &r, err) != 0)
 		return NULL;
-	}
 	json = r->json;
 	if (len)
 		*len = r->json_len;
