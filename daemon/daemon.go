@@ -73,18 +73,7 @@ func New(cfg Config) (*Daemon, error) {
 		state:  "forming",
 	}
 
-	rcfg := rendezvous.DefaultConfig()
-	rcfg.Job = cfg.Job
-	rcfg.Token = cfg.Token
-	rcfg.Peers = cfg.Peers
-	rcfg.Rank = cfg.Rank
-	rcfg.Listen = cfg.Listen
-	rcfg.Streams = cfg.Streams
-	rcfg.Digest = cfg.Digest
-	rcfg.ConnectTimeout = cfg.ConnectTimeout
-	rcfg.HandshakeTimeout = cfg.HelloTimeout
-	rcfg.Logger = d.log
-	rv, err := rendezvous.Listen(rcfg)
+	rv, err := rendezvous.Listen(cfg.RendezvousConfig(d.log))
 	if err != nil {
 		return nil, fmt.Errorf("collectived node %d: ring listener: %w", cfg.Rank, err)
 	}

@@ -90,24 +90,7 @@ func (d *Daemon) form() (*ring.Ring, error) {
 		d.log.Warn("ring formation failed", "generation", proposal, "err", err)
 		return nil, err
 	}
-	rc := ring.DefaultConfig()
-	rc.Rank, rc.Size = d.cfg.Rank, len(d.cfg.Peers)
-	rc.Generation = proposal
-	rc.SegmentBytes = d.cfg.SegmentBytes
-	rc.SmallBytes = d.cfg.SmallBytes
-	// The ring's no-progress timeout is longer than the local collective
-	// timeouts, so that the node whose trainers are late reports the
-	// precise cause (who has not called) before its neighbours time out.
-	rc.OpTimeout = max(d.cfg.CollectiveTimeout, d.cfg.FirstCallTimeout)*5/4 + time.Second
-	rc.HeartbeatInterval = d.cfg.HeartbeatInterval
-	rc.HeartbeatTimeout = d.cfg.HeartbeatTimeout
-	rc.Spin = d.cfg.Spin
-	// Derived from settings the shape digest covers, so that every node
-	// stripes the same ops: ranks that disagreed would wait on different
-	// streams. Measured: 2 streams double busbw from 16 MiB up but double
-	// latency at 1 MiB and below (docs/TUNING.md).
-	rc.StripeBytes = 8 * d.cfg.SegmentBytes
-	rc.Logger = d.log
+	rc := d.cfg.RingConfig(proposal, d.log)
 	r, err := ring.New(rc, ring.Links{Next: links.Next, Prev: links.Prev, NextAddr: links.NextAddr, PrevAddr: links.PrevAddr})
 	if err != nil {
 		closeLinks(links.Next, links.Prev)

@@ -57,6 +57,12 @@ const (
 	maxSmallBytes   = 1 << 20
 )
 
+// StripeSegments is the stripe threshold collectived derives from the
+// segment size (StripeBytes = StripeSegments × SegmentBytes): measured on
+// loopback, several streams double busbw from 16 MiB up but double latency
+// at 1 MiB and below (docs/TUNING.md).
+const StripeSegments = 8
+
 // DefaultConfig returns a Config for a single rank with the defaults
 // measured on loopback (see BenchmarkAllReduce).
 func DefaultConfig() Config {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,8 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
+			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
+			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "with --ring-only: how long the whole run may take"},
 		},
 		Action: runBench,
 	}
@@ -87,6 +90,12 @@ func runBench(c *cli.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	if c.Bool("ring-only") {
+		if local != 1 {
+			return exitf("bench: --ring-only runs one ring rank per node and no trainers: --local is %d, want 1", local)
+		}
+		return runBenchRingOnly(c, self, dir, nodes, len(sizes))
+	}
 	w, err := localworld.Start(localworld.Options{Bin: self, Dir: dir, Nodes: nodes, Local: local,
 		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), OpenWait: 20 * time.Second})
 	if err != nil {
@@ -128,18 +137,11 @@ func runBench(c *cli.Context) error {
 		}
 	}
 
-	out := c.App.Writer
 	tty := isTerminal(os.Stderr)
-	if !c.Bool("json") {
-		fmt.Fprintf(out, "collectived bench: %d nodes x %d trainers (world %d) on loopback, %s %s, %d iterations per size\n",
-			nodes, local, nodes*local, c.String("dtype"), c.String("op"), iters)
-		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
-	}
-	enc := json.NewEncoder(out)
+	p := newBenchPrinter(c, nodes, local, "trainers")
 	sc := bufio.NewScanner(rank0)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	done := 0
-	W := float64(nodes * local)
 	for sc.Scan() {
 		var r sizeResult
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
@@ -147,15 +149,10 @@ func runBench(c *cli.Context) error {
 			return fmt.Errorf("bench: trainer 0 printed %q: %w", sc.Text(), err)
 		}
 		done++
-		row := summarize(r, nodes, local, W, c.String("dtype"), c.String("op"))
 		if tty {
 			fmt.Fprint(os.Stderr, "\r\033[K")
 		}
-		if c.Bool("json") {
-			enc.Encode(row)
-		} else {
-			fmt.Fprintf(out, "%12d %7s %12.1f %12.1f %12.3f %12.3f %9v\n", row.Bytes, row.Path, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)
-		}
+		p.row(r)
 		if tty && done < len(sizes) {
 			fmt.Fprintf(os.Stderr, "[%s] size %d/%d", bar(done, len(sizes), 30), done+1, len(sizes))
 		}
@@ -170,7 +167,74 @@ func runBench(c *cli.Context) error {
 		return exitf("bench failed after %d of %d sizes:\n%s\ndaemon 0 log:\n%s", done, len(sizes), strings.Join(failed, "\n"), localworld.Tail(w.Logs[0]))
 	}
 	if !c.Bool("json") {
-		fmt.Fprintf(out, "all %d sizes verified on all %d trainers\n", len(sizes), nodes*local)
+		fmt.Fprintf(c.App.Writer, "all %d sizes verified on all %d trainers\n", len(sizes), nodes*local)
+	}
+	return nil
+}
+
+// benchPrinter prints bench results as a table or as JSON lines.
+type benchPrinter struct {
+	c            *cli.Context
+	nodes, local int
+	enc          *json.Encoder
+}
+
+func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter {
+	out := c.App.Writer
+	if !c.Bool("json") {
+		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size\n",
+			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"))
+		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
+	}
+	return &benchPrinter{c: c, nodes: nodes, local: local, enc: json.NewEncoder(out)}
+}
+
+func (p *benchPrinter) row(r sizeResult) {
+	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+	if p.c.Bool("json") {
+		p.enc.Encode(row)
+		return
+	}
+	fmt.Fprintf(p.c.App.Writer, "%12d %7s %12.1f %12.1f %12.3f %12.3f %9v\n", row.Bytes, row.Path, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)
+}
+
+// runBenchRingOnly runs the sizes on each node's ring engine alone, one
+// process per node (bench-ring), and prints what ring rank 0 measured.
+func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error {
+	results := filepath.Join(dir, "ring-results.json")
+	w, err := localworld.Start(localworld.Options{Bin: self, Dir: dir, Nodes: nodes, Local: 1,
+		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), Command: "bench-ring",
+		Args: []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
+			"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")), "--out", results}})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	p := newBenchPrinter(c, nodes, 1, "ring engines, no daemon")
+	if err := w.Wait(c.Duration("timeout")); err != nil {
+		return exitf("bench --ring-only: %v", err)
+	}
+	f, err := os.Open(results)
+	if err != nil {
+		return exitf("bench --ring-only: ring rank 0 left no results: %v", err)
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	done := 0
+	for ; ; done++ {
+		var r sizeResult
+		if err := dec.Decode(&r); err == io.EOF {
+			break
+		} else if err != nil {
+			return exitf("bench --ring-only: results of ring rank 0 (%s): %v", results, err)
+		}
+		p.row(r)
+	}
+	if done != nsizes {
+		return exitf("bench --ring-only: ring rank 0 reported %d of %d sizes; its log:\n%s", done, nsizes, localworld.Tail(w.Logs[0]))
+	}
+	if !c.Bool("json") {
+		fmt.Fprintf(c.App.Writer, "all %d sizes verified on all %d ring ranks\n", nsizes, nodes)
 	}
 	return nil
 }

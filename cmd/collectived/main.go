@@ -32,6 +32,7 @@ func newApp() *cli.App {
 			benchCommand(),
 			versionCommand(),
 			benchTrainerCommand(),
+			benchRingCommand(),
 		},
 		HideVersion: true,
 	}

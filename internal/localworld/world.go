@@ -26,6 +26,12 @@ type Options struct {
 	OpenWait     time.Duration
 	StopGrace    time.Duration
 	Warn         io.Writer // where Stop reports daemons that had to be killed; default os.Stderr
+	// Command is the subcommand every node runs, with --config and --rank
+	// (and, for "run", --socket); default "run". Another command (such as
+	// bench-ring) opens no Unix socket: Start does not wait for one, and
+	// the caller waits for the processes with Wait.
+	Command string
+	Args    []string // appended to every node's arguments
 }
 
 // World is a running set of daemons.
@@ -55,6 +61,9 @@ type proc struct {
 func Start(o Options) (*World, error) {
 	if o.Job == "" {
 		o.Job = "bench"
+	}
+	if o.Command == "" {
+		o.Command = "run"
 	}
 	if o.TokenEnv == "" {
 		o.TokenEnv = "COLLECTIVED_LOCAL_TOKEN"
@@ -101,7 +110,11 @@ func Start(o Options) (*World, error) {
 			return nil, err
 		}
 		p := &proc{done: make(chan struct{})}
-		p.cmd = exec.Command(o.Bin, "run", "--config", w.Config, "--rank", fmt.Sprint(i), "--socket", sock)
+		args := []string{o.Command, "--config", w.Config, "--rank", fmt.Sprint(i)}
+		if o.Command == "run" {
+			args = append(args, "--socket", sock)
+		}
+		p.cmd = exec.Command(o.Bin, append(args, o.Args...)...)
 		p.cmd.Env = env
 		p.cmd.Stdout, p.cmd.Stderr = logf, logf
 		// If the caller is killed outright, its daemons go with it.
@@ -114,6 +127,9 @@ func Start(o Options) (*World, error) {
 		}
 		w.Sockets, w.Logs, w.procs = append(w.Sockets, sock), append(w.Logs, logPath), append(w.procs, p)
 		go w.reap(i, p)
+	}
+	if o.Command != "run" {
+		return w, nil
 	}
 	deadline := time.Now().Add(o.OpenWait)
 	for i, p := range w.procs {
@@ -158,6 +174,24 @@ func (w *World) Died(r int) error {
 	p := w.procs[r]
 	<-p.done
 	return fmt.Errorf("daemon %d (pid %d) died: %v; its log ends:\n%s", r, w.PID(r), p.err, Tail(w.Logs[r]))
+}
+
+// Wait waits up to d for every node to exit by itself, and returns the
+// first failure: a node that exited with an error (with its log), or the
+// timeout. The caller still calls Stop, which then ends what is left.
+func (w *World) Wait(d time.Duration) error {
+	deadline := time.After(d)
+	for r, p := range w.procs {
+		select {
+		case <-p.done:
+			if p.err != nil {
+				return fmt.Errorf("localworld: node %d (pid %d) failed: %v; its log ends:\n%s", r, w.PID(r), p.err, Tail(w.Logs[r]))
+			}
+		case <-deadline:
+			return fmt.Errorf("localworld: node %d (pid %d) still running after %v; its log ends:\n%s", r, w.PID(r), d, Tail(w.Logs[r]))
+		}
+	}
+	return nil
 }
 
 // Stop ends every daemon by its PID: SIGTERM, then SIGKILL after the

@@ -81,3 +81,40 @@ func TestStartErrors(t *testing.T) {
 		t.Fatalf("a daemon that exits at once: %v", err)
 	}
 }
+
+// A node command other than run opens no socket: Start returns at once and
+// Wait reports how the nodes ended, naming the first that failed.
+func TestWaitCommand(t *testing.T) {
+	bin := build(t)
+	w, err := Start(Options{Bin: bin, Dir: shortDir(t), Nodes: 2, Local: 1, Command: "bench-ring", Args: []string{"--sizes", "4", "--iters", "2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Wait(time.Minute); err != nil {
+		t.Fatalf("bench-ring nodes: %v", err)
+	}
+	w.Stop()
+
+	w, err = Start(Options{Bin: bin, Dir: shortDir(t), Nodes: 2, Local: 1, Command: "bench-ring", Args: []string{"--sizes", "lots"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := w.Wait(time.Minute); err == nil || !strings.Contains(err.Error(), "node 0 (pid") || !strings.Contains(err.Error(), "--sizes") {
+		t.Fatalf("nodes given bad sizes: %v, want node 0's failure and its log naming --sizes", err)
+	}
+
+	dir := shortDir(t)
+	sleeper := filepath.Join(dir, "sleeper")
+	if err := os.WriteFile(sleeper, []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err = Start(Options{Bin: sleeper, Dir: dir, Nodes: 1, Local: 1, Command: "sleep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := w.Wait(100 * time.Millisecond); err == nil || !strings.Contains(err.Error(), "still running after 100ms") {
+		t.Fatalf("a node that does not end: %v", err)
+	}
+}

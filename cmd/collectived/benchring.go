@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/rendezvous"
+	"github.com/collectived/collectived/ring"
+)
+
+// benchRingCommand is one node of `collectived bench --ring-only`: the
+// ring engine called in this process, on the ring settings a daemon with
+// the same config would use (daemon.Config.RingConfig), with no trainers,
+// Unix socket or shared memory. Set against `collectived bench` on the
+// same config, it isolates what the sidecar costs.
+func benchRingCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "bench-ring",
+		Hidden: true,
+		Flags: []cli.Flag{configFlag, rankFlag,
+			&cli.StringFlag{Name: "sizes", Required: true},
+			&cli.StringFlag{Name: "dtype", Value: "float32"},
+			&cli.StringFlag{Name: "op", Value: "sum"},
+			&cli.IntFlag{Name: "iters", Value: 20},
+			&cli.IntFlag{Name: "warmup", Value: 3},
+			&cli.StringFlag{Name: "out", Usage: "where ring rank 0 writes one JSON result per size (default stdout)"},
+		},
+		Action: runBenchRing,
+	}
+}
+
+func runBenchRing(c *cli.Context) error {
+	sizes, err := parseSizes(c.String("sizes"))
+	if err != nil {
+		return err
+	}
+	dt, err := collective.ParseDType(c.String("dtype"))
+	if err != nil {
+		return err
+	}
+	op, err := collective.ParseReduceOp(c.String("op"))
+	if err != nil {
+		return err
+	}
+	cfg, rank, err := loadConfig(c)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log).With("job", cfg.Job.Name, "node", rank)
+	dc, err := daemonConfig(cfg, rank, log)
+	if err != nil {
+		return err
+	}
+	rv, err := rendezvous.Listen(dc.RendezvousConfig(log))
+	if err != nil {
+		return fmt.Errorf("bench-ring node %d: ring listener: %w", rank, err)
+	}
+	defer rv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), dc.ConnectTimeout)
+	links, err := rv.Form(ctx, 0)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("bench-ring node %d: %w", rank, err)
+	}
+	r, err := ring.New(dc.RingConfig(0, log), ring.Links{Next: links.Next, Prev: links.Prev, NextAddr: links.NextAddr, PrevAddr: links.PrevAddr})
+	if err != nil {
+		links.Close()
+		return err
+	}
+	defer r.Close()
+	if _, err := r.Start(); err != nil {
+		return fmt.Errorf("bench-ring node %d: %w", rank, err)
+	}
+	var out io.Writer = os.Stdout
+	if p := c.String("out"); p != "" && rank == 0 {
+		f, err := os.Create(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		out = f
+	}
+	enc := json.NewEncoder(out)
+	for _, size := range sizes {
+		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"))
+		if err != nil {
+			return fmt.Errorf("bench-ring node %d, size %d: %w", rank, size, err)
+		}
+		if rank == 0 {
+			if err := enc.Encode(res); err != nil {
+				return err
+			}
+		}
+	}
+	// Every rank passes this barrier only once all have timed every size,
+	// so none closes its links under a neighbour still measuring.
+	return r.Barrier(collective.Desc{Op: collective.OpBarrier})
+}
+
+// benchRingSize is benchOneSize for the ring engine itself: the same
+// fill, verification and timing, so that the two are comparable.
+func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int) (sizeResult, error) {
+	es := int64(dt.Size())
+	count := max(size/es, 1)
+	buf := make([]byte, count*es)
+	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
+	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
+	run := func() (time.Duration, error) {
+		t0 := time.Now()
+		err := r.AllReduce(d, buf)
+		return time.Since(t0), err
+	}
+	fill(buf, dt, op, rank)
+	if _, err := run(); err != nil {
+		return res, err
+	}
+	if err := verify(buf, dt, op, world); err != nil {
+		return res, err
+	}
+	for i := 0; i < warmup; i++ {
+		if _, err := run(); err != nil {
+			return res, err
+		}
+	}
+	for i := 0; i < iters; i++ {
+		if i == iters-1 {
+			fill(buf, dt, op, rank)
+		}
+		took, err := run()
+		if err != nil {
+			return res, err
+		}
+		res.TimesNS = append(res.TimesNS, took.Nanoseconds())
+	}
+	return res, verify(buf, dt, op, world)
+}
