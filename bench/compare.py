@@ -1,7 +1,8 @@
 """bench/compare: collectived against OpenMPI (TCP and shared memory) and
 torch.distributed Gloo, in one run, on the same sizes and worlds, plus the
-sidecar's own cost (daemon vs in-process ring), the loopback TCP limit
-and the daemons' idle memory. Prints a ratio table and the targets'
+sidecar's own cost (daemon vs the ring engine alone, one process per node:
+`collectived bench --ring-only`), the loopback TCP limit and the daemons'
+idle memory. Prints a ratio table and the targets'
 verdicts; writes docs/BENCHMARKS.md and its plots.
 
 Run it through bench/compare (the shell wrapper), which installs the
@@ -30,12 +31,14 @@ REPO = os.path.dirname(HERE)
 DEFAULT_SIZES = "4,4KiB,64KiB,1MiB,16MiB,64MiB"
 QUICK_SIZES = "4,64KiB,64MiB"
 SMALL = 1 << 20  # sizes up to this get the "small" iteration count
-SYSTEMS = ["collectived", "mpi-tcp", "mpi-shm", "gloo"]
-# collectived with the in-process ring benchmark's streams and segment size
-# (read from the measured tree by srcconfig), so that the sidecar's cost is
-# measured on the same ring configuration as the benchmark it is set against.
-SEG_SYSTEM = "collectived-benchcfg"
-RING_SIZES = {4, 64 << 10, 1 << 20, 64 << 20}  # the sizes BenchmarkAllReduce runs
+# ring-only follows collectived so that, with the order rotated each round,
+# the sidecar's baseline mostly runs right next to the daemon it is set against.
+SYSTEMS = ["collectived", "ring-only", "mpi-tcp", "mpi-shm", "gloo"]
+# The sidecar's baseline: `collectived bench --ring-only`, one process per
+# node running its ring engine directly with the daemon's default ring
+# settings. It has the daemons' topology only in world 2 (2 nodes x 1).
+RING_ONLY = "ring-only"
+WORLD2_ONLY = {RING_ONLY}
 
 
 def parse_sizes(s: str) -> list[int]:
@@ -110,9 +113,10 @@ def measure_system(system, world, sizes_groups, warmup, bins, timeout):
         t0 = time.monotonic()
         if system == "collectived":
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout)
-        elif system == SEG_SYSTEM:
-            got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
-                                      extra_config=bins["benchcfg"])
+        elif system == RING_ONLY:
+            if world != 2:
+                raise ValueError(f"{system}: only world 2 (2 nodes x 1) is defined, not {world}")
+            got = runners.collectived(bins["collectived"], 2, 1, sizes, iters, warmup, timeout, ring_only=True)
         elif system in ("mpi-tcp", "mpi-shm"):
             got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout)
         elif system == "gloo":
@@ -136,7 +140,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per size (default 5)")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
-    ap.add_argument("--no-extras", action="store_true", help="skip the in-process ring, TCP and RSS measurements")
+    ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
     ap.add_argument("--no-doc", action="store_true", help="print only; write no report or plots")
     ap.add_argument("--report-only", metavar="RESULTS_JSON", help="rewrite report and plots from a saved run")
@@ -174,12 +178,13 @@ def main() -> int:
     src = os.path.join(HERE, ".build", "src") if a.from_head else REPO
     if a.from_head and not os.path.isdir(os.path.join(src, "ring")):
         raise SystemExit(f"compare: --from-head: {src} holds no source tree; run through bench/compare")
-    rc = srcconfig.read(src)
-    bins["benchcfg"] = (f"ring:\n  streams: {rc['bench_streams'] or 1}\n"
-                        f"  segment_bytes: {rc['bench_segment_bytes'] or 64 << 10}\n")
-    res = {"meta": dict(machine(), ring_config=rc, benchcfg_yaml=bins["benchcfg"]), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds, "rounds": a.rounds,
+    # The daemon's default ring settings, for the report to state (both
+    # collectived and ring-only run on them).
+    rc = {k: v for k, v in srcconfig.read(src).items() if k.startswith("daemon_")}
+    res = {"meta": dict(machine(), ring_config=rc), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds,
+           "rounds": a.rounds,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL, "warmup": a.warmup},
-           "rows": [], "ring": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
+           "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
 
     def step(name, fn):
         log(f"{name} ...")
@@ -193,30 +198,19 @@ def main() -> int:
             res["errors"].append(f"{name}: {e}")
             return None
 
-    # The in-process ring, the equal-segment daemon and the loopback limit
-    # are all compared with world 2's collectived, so they run with it.
+    # ring-only and the loopback limit are compared with world 2's
+    # collectived, so they run in its rounds, on its sizes and iterations.
     for rnd in range(a.rounds):
-        got = {"rows": [], "ring": [], "tcp_bidir": None}
+        got = {"rows": [], "tcp_bidir": None}
         for w in worlds:
-            items = list(systems)
-            if w == 2 and not a.no_extras:
-                items[1:1] = ["ring", SEG_SYSTEM, "tcp"]
+            items = round_items(systems, w, not a.no_extras)
             k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
             for item in items[k:] + items[:k]:
                 name = f"round {rnd + 1}/{a.rounds}, world {w}: {item}"
-                if item == "ring":
-                    pat = "BenchmarkAllReduce/world2/" if a.quick else "BenchmarkAllReduce"
-                    got["ring"] = step(name, lambda: runners.ring_inprocess(
-                        src, pat, "5x" if a.quick else "20x", a.timeout)) or []
-                elif item == "tcp":
+                if item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
-                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc["daemon_streams"] or 1,
+                        3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc.get("daemon_streams") or 1,
                         bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
-                elif item == SEG_SYSTEM:
-                    seg = groups([x for x in sizes if x in RING_SIZES], it_small, it_large)
-                    if seg:
-                        got["rows"] += step(name, lambda: measure_system(item, w, seg, a.warmup, bins,
-                                                                         a.timeout)) or []
                 else:
                     got["rows"] += step(name, lambda: measure_system(item, w, sg, a.warmup, bins, a.timeout)) or []
         res["per_round"].append(got)
@@ -252,6 +246,16 @@ def main() -> int:
     return finish(res, a)
 
 
+def round_items(systems, world, extras):
+    """What one round measures in one world, before rotation: the chosen
+    systems (ring-only only in world 2), and in world 2 the TCP loopback
+    probe right after the sidecar's pair."""
+    items = [s for s in systems if world == 2 or s not in WORLD2_ONLY]
+    if world == 2 and extras:
+        items.insert(items.index(RING_ONLY) + 1 if RING_ONLY in items else 1, "tcp")
+    return items
+
+
 def aggregate(res):
     """One figure per (system, world, size): the median over rounds of each
     round's median (and of its p99), so one disturbed round does not decide
@@ -269,15 +273,6 @@ def aggregate(res):
                             "path": rs[0].get("path"),
                             "rounds": [{k: r.get(k) for k in ("median_us", "p99_us", "busbw_GBps", "load_before",
                                                               "load_after")} for r in rs]})
-    ring = {}
-    for rnd in res["per_round"]:
-        for r in rnd["ring"] or []:
-            ring.setdefault((r["world"], r["bytes"]), []).append(r)
-    for (w, size), rs in ring.items():
-        mean = statistics.median(r["mean_us"] for r in rs)
-        alg = size / (mean * 1e3)
-        res["ring"].append({"world": w, "bytes": size, "iters": rs[0]["iters"], "mean_us": mean, "algbw_GBps": alg,
-                            "busbw_GBps": alg * 2 * (w - 1) / w, "rounds": [r["mean_us"] for r in rs]})
     tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]
     if tcp:
         out = {"seconds": tcp[0]["seconds"], "streams": tcp[0].get("streams", 1), "rounds": len(tcp),

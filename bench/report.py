@@ -7,9 +7,11 @@ import srcconfig
 
 PEERS = ["gloo", "mpi-tcp", "mpi-shm"]
 LABEL = {"collectived": "collectived", "gloo": "Gloo", "mpi-tcp": "OpenMPI TCP", "mpi-shm": "OpenMPI shm",
-         "ring": "ring in-process", "tcp": "TCP bidir"}
+         "ring-only": "ring-only", "tcp": "TCP bidir"}
 MIB64 = 64 << 20
-SEG = "collectived-benchcfg"  # collectived with the in-process benchmark's ring config
+RING_ONLY = "ring-only"  # `collectived bench --ring-only`: the sidecar's baseline, world 2 only
+SIDECAR_TARGET = ("64 MiB, world 2: sidecar overhead (daemon median ÷ ring-only median − 1, same default ring "
+                  "config, both one process per node)")
 REPO_PREFIX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
 
@@ -23,13 +25,6 @@ def size_name(n: int) -> str:
 def row(res, system, world, size):
     for r in res["rows"]:
         if r["system"] == system and r["world"] == world and r["bytes"] == size:
-            return r
-    return None
-
-
-def ring_row(res, world, size):
-    for r in res.get("ring") or []:
-        if r["world"] == world and r["bytes"] == size:
             return r
     return None
 
@@ -56,24 +51,24 @@ def ratio_rows(res, w):
         c = row(res, "collectived", w, size)
         if not c:
             continue
-        ring = ring_row(res, w, size)
+        ring = row(res, RING_ONLY, w, size) if w == 2 else None
         r = {"size": size, "busbw": c["busbw_GBps"], "median_us": c["median_us"], "bus": {}, "lat": {}}
         for p in PEERS:
             pr = row(res, p, w, size)
             r["bus"][p] = _ratio(c["busbw_GBps"], pr and pr["busbw_GBps"])
             r["lat"][p] = _ratio(c["median_us"], pr and pr["median_us"])
-        r["bus"]["ring"] = _ratio(c["busbw_GBps"], ring and ring["busbw_GBps"])
-        r["lat"]["ring"] = _ratio(c["median_us"], ring and ring["mean_us"])
+        r["bus"][RING_ONLY] = _ratio(c["busbw_GBps"], ring and ring["busbw_GBps"])
+        r["lat"][RING_ONLY] = _ratio(c["median_us"], ring and ring["median_us"])
         r["bus"]["tcp"] = _ratio(c["busbw_GBps"], tcp) if w == 2 else None
         out.append(r)
     return out
 
 
 def _ratio_table(res, w, md):
-    """Two tables: busbw ratios, then latency ratios. The in-process ring is
-    a column only in world 2, where it has the daemons' topology (2 ring
-    ranks); its world 4 is 4 ring ranks, not 2 nodes x 2 trainers."""
-    peers = PEERS + (["ring"] if w == 2 else [])
+    """Two tables: busbw ratios, then latency ratios. ring-only is a column
+    only in world 2, the one world where it is measured (one ring rank per
+    node and no trainers is the daemons' topology only with 1 trainer)."""
+    peers = PEERS + ([RING_ONLY] if w == 2 and any(r["system"] == RING_ONLY for r in res["rows"]) else [])
     rows = ratio_rows(res, w)
     bcols = ["size", "cvd busbw GB/s"] + [f"÷ {LABEL[p]}" for p in peers] + (["÷ TCP bidir"] if w == 2 else [])
     blines = []
@@ -141,16 +136,20 @@ def targets(res) -> list[dict]:
     add("64 MiB, world 4 (2x2): busbw ÷ Gloo (4 ranks)", _ratio(bus(c4), bus(row(res, "gloo", 4, MIB64))), ">=", 2.0)
     add("64 MiB, world 4 (2x2): busbw ÷ OpenMPI TCP (4 ranks)", _ratio(bus(c4), bus(row(res, "mpi-tcp", 4, MIB64))),
         ">=", 2.0)
-    ring = ring_row(res, 2, MIB64)
-    seg = row(res, SEG, 2, MIB64)
-    over = _ratio(lat(seg or c2), ring and ring["mean_us"])
-    add("64 MiB, world 2: sidecar overhead (daemon median ÷ in-process ring mean - 1, "
-        + ("same ring config)" if seg or not c2 else "daemon's default ring config)"),
-        None if over is None else (over - 1) * 100, "<=", 5.0, unit="%")
+    add(SIDECAR_TARGET, sidecar_overhead(res, MIB64), "<=", 5.0, unit="%")
     rs = res.get("rss")
     add("daemon RSS at idle (largest daemon, fresh and after work)",
         rs and rs["max_rss_bytes"] / (1 << 20), "<=", 30.0, unit=" MiB")
     return out
+
+
+def sidecar_overhead(res, size):
+    """World 2 at size: collectived's median ÷ ring-only's median − 1, in
+    percent, both the median over rounds of each round's median (as every
+    other target's figures); None unless both were measured."""
+    c, ro = row(res, "collectived", 2, size), row(res, RING_ONLY, 2, size)
+    over = _ratio(c and c["median_us"], ro and ro["median_us"])
+    return None if over is None else (over - 1) * 100
 
 
 def _tval(t):
@@ -190,7 +189,7 @@ def _summary(ts) -> str:
 # --- plots --------------------------------------------------------------------
 
 STYLE = {"collectived": ("tab:red", "o"), "gloo": ("tab:blue", "s"), "mpi-tcp": ("tab:green", "^"),
-         "mpi-shm": ("tab:olive", "v"), "ring": ("tab:purple", "D")}
+         "mpi-shm": ("tab:olive", "v"), "ring-only": ("tab:purple", "D")}
 
 
 def plots(res, d):
@@ -203,24 +202,18 @@ def plots(res, d):
     for kind in ("busbw", "latency"):
         fig, axes = plt.subplots(1, len(worlds), figsize=(6.5 * len(worlds), 4.6), squeeze=False)
         for ax, w in zip(axes[0], worlds):
-            for s in ["collectived"] + PEERS:
+            for s in ["collectived"] + PEERS + [RING_ONLY]:
                 rs = sorted((r for r in res["rows"] if r["system"] == s and r["world"] == w), key=lambda r: r["bytes"])
                 if not rs:
                     continue
                 col, mk = STYLE[s]
+                ls = "--" if s == RING_ONLY else "-"  # a baseline, not a peer
                 x = [r["bytes"] for r in rs]
                 if kind == "busbw":
-                    ax.plot(x, [r["busbw_GBps"] for r in rs], color=col, marker=mk, label=LABEL[s])
+                    ax.plot(x, [r["busbw_GBps"] for r in rs], color=col, marker=mk, ls=ls, label=LABEL[s])
                 else:
-                    ax.plot(x, [r["median_us"] for r in rs], color=col, marker=mk, label=f"{LABEL[s]} median")
+                    ax.plot(x, [r["median_us"] for r in rs], color=col, marker=mk, ls=ls, label=f"{LABEL[s]} median")
                     ax.plot(x, [r["p99_us"] for r in rs], color=col, ls=":", lw=1, label=f"{LABEL[s]} p99")
-            ring = sorted((r for r in res.get("ring") or [] if r["world"] == w), key=lambda r: r["bytes"])
-            if ring:
-                col, mk = STYLE["ring"]
-                y = [r["busbw_GBps"] if kind == "busbw" else r["mean_us"] for r in ring]
-                ax.plot([r["bytes"] for r in ring], y, color=col, marker=mk, ls="--",
-                        label=("ring engine in-process" if w == 2 else f"ring engine in-process, {w} ring ranks")
-                        + (" (mean)" if kind == "latency" else ""))
             tcp = (res.get("tcp_bidir") or {}).get("per_direction_GBps")
             if kind == "busbw" and w == 2 and tcp:
                 ax.axhline(tcp, color="gray", ls="--", lw=1, label=f"TCP loopback bidir, per direction ({tcp:.2f} GB/s)")
@@ -256,23 +249,19 @@ def _spread(r, key, spec):
 
 
 def _abs_tables(res, w):
-    systems = ["collectived"] + [p for p in PEERS if any(r["system"] == p for r in res["rows"])]
-    has_ring = any(r["world"] == w for r in res.get("ring") or [])
-    ring_label = "ring in-process" if w == 2 else f"ring in-process, {w} ring ranks"
+    systems = ["collectived"] + [p for p in PEERS + [RING_ONLY]
+                                 if any(r["system"] == p and r["world"] == w for r in res["rows"])]
     out = []
-    for title, key, ring_key, spec in (("busbw, GB/s (higher is better)", "busbw_GBps", "busbw_GBps", ".3g"),
-                                       ("median time per allreduce, µs (lower is better)", "median_us", "mean_us", ".1f"),
-                                       ("p99 time per allreduce, µs", "p99_us", None, ".1f")):
-        cols = ["size"] + [LABEL[s] for s in systems] + ([ring_label] if has_ring and ring_key else [])
+    for title, key, spec in (("busbw, GB/s (higher is better)", "busbw_GBps", ".3g"),
+                             ("median time per allreduce, µs (lower is better)", "median_us", ".1f"),
+                             ("p99 time per allreduce, µs", "p99_us", ".1f")):
+        cols = ["size"] + [LABEL[s] for s in systems]
         lines = []
         for size in res["sizes"]:
             cells = [size_name(size)]
             for s in systems:
                 r = row(res, s, w, size)
                 cells.append(_spread(r, key, spec))
-            if has_ring and ring_key:
-                rr = ring_row(res, w, size)
-                cells.append(_spread(rr, ring_key, spec) if ring_key == "mean_us" else _fmt(rr and rr[ring_key], spec))
             lines.append(cells)
         out += [f"**{title}**", "", _table(cols, lines, md=True), ""]
     return "\n".join(out)
@@ -288,32 +277,39 @@ def _cfg(res, who) -> str:
     return srcconfig.describe(rc.get(f"{who}_streams"), rc.get(f"{who}_segment_bytes"))
 
 
-def _sidecar(res) -> list[str]:
-    """World 2: the daemon path against the ring engine in-process, at the
-    sizes BenchmarkAllReduce runs, on the same and on the default segments."""
-    lines = []
+SIDECAR_SIDES = (
+    "Both sides run the same float32 sum allreduce on 2 nodes over the same loopback TCP links, with the same "
+    "ring settings (the daemon's defaults: {cfg}), one process per node, in the same rounds, on the same sizes "
+    "and iterations. **ring-only** (`collectived bench --ring-only`) is each node's ring engine called directly "
+    "in its own process: no daemon, no trainer, no Unix socket, no shared memory. **collectived** "
+    "(`collectived bench`) adds everything the sidecar puts around that engine: a trainer process per node, its "
+    "Unix socket calls to the daemon, the buffer in a memfd shared with the daemon, the daemon's engine loop and "
+    "its local fold of the trainers' buffers. The overhead is collectived's median ÷ ring-only's median − 1, "
+    "each the median of the rounds' own medians (the ranges in brackets are the lowest and highest round); "
+    "a negative overhead means the daemon measured faster than its baseline in this run (noise).")
+
+
+def sidecar_rows(res) -> list[dict]:
+    """World 2, every size both collectived and ring-only measured: the two
+    rows and the overhead in percent."""
+    out = []
     for size in res["sizes"]:
-        rr = ring_row(res, 2, size)
-        if not rr:
-            continue
-        cells = [size_name(size), _spread(rr, "mean_us", ".1f")]
-        for system in (SEG, "collectived"):
-            r = row(res, system, 2, size)
-            over = _ratio(r and r["median_us"], rr["mean_us"])
-            cells += [_spread(r, "median_us", ".1f"), "-" if over is None else f"{(over - 1) * 100:+.0f}%"]
-        lines.append(cells)
-    if not lines:
-        return []
-    bench, dflt = _cfg(res, "bench"), _cfg(res, "daemon")
-    cols = ["size", "ring in-process, mean µs", f"collectived, benchmark's config, median µs", "overhead",
-            "collectived, default config, median µs", "overhead"]
-    extra = " ".join((res["meta"].get("benchcfg_yaml") or "").split())
-    return ["## Sidecar cost (world 2)", "",
-            "The same float32 sum allreduce with 2 ring ranks: through the daemons (`collectived bench`: trainer "
-            "processes, Unix socket calls, memfd buffers, daemon processes) against every rank's ring engine called "
-            "in one process (`go test -bench BenchmarkAllReduce ./ring/`). The daemon ran once with the in-process "
-            f"benchmark's ring config ({bench}; `--extra-config` `{extra}`), which isolates the sidecar's cost and "
-            f"is what the target uses, and once with its defaults ({dflt}).", "",
+        ro, c = row(res, RING_ONLY, 2, size), row(res, "collectived", 2, size)
+        if ro and c:
+            out.append({"size": size, "ring_only": ro, "collectived": c, "overhead": sidecar_overhead(res, size)})
+    return out
+
+
+def _sidecar(res) -> list[str]:
+    """World 2: the daemon path against ring-only, per size."""
+    rows = sidecar_rows(res)
+    if not rows:
+        return ["## Sidecar cost (world 2)", "", "not measured in this run (it needs collectived and ring-only "
+                "in world 2)", ""]
+    cols = ["size", "ring-only, median µs", "collectived, median µs", "overhead"]
+    lines = [[size_name(r["size"]), _spread(r["ring_only"], "median_us", ".1f"),
+              _spread(r["collectived"], "median_us", ".1f"), _fmt(r["overhead"], "+.1f") + "%"] for r in rows]
+    return ["## Sidecar cost (world 2)", "", SIDECAR_SIDES.format(cfg=_cfg(res, "daemon")), "",
             _table(cols, lines, md=True), ""]
 
 
@@ -362,11 +358,9 @@ def markdown(res, plot_rel) -> str:
           "(the highest is used; see below). Its *per-direction* rate is the reference, "
           "because in a 2-rank ring allreduce each rank sends the whole buffer once (half in reduce-scatter, half in "
           "all-gather), so busbw equals the bytes each direction carries per second. "
-          "The sidecar overhead compares `collectived bench`'s median (trainers in their own processes, buffers in "
-          "memfd shared memory, daemons as separate processes) with `BenchmarkAllReduce` in `ring/` (all ranks' "
-          f"ring engines in one `go test` process on loopback TCP, mean ns/op), with the daemon on the benchmark's "
-          f"ring config ({_cfg(res, 'bench')}); a negative overhead means the daemon measured faster than the "
-          "in-process benchmark in this run. "
+          "The sidecar overhead compares `collectived bench`'s median with `collectived bench --ring-only`'s "
+          "(each node's ring engine alone in its own process, no daemon or trainer), both one process per node on "
+          f"the daemon's default ring config ({_cfg(res, 'daemon')}); see \"Sidecar cost\" below. "
           "Verdicts on a loaded 2-core machine move between runs: read them with the ranges in the tables below.", ""]
     tcp_t = [t for t in ts if "bidirectional TCP" in t["target"]]
     if tcp_t and tcp_t[0]["value"] is not None and tcp_t[0]["value"] > 1:
@@ -416,14 +410,16 @@ def markdown(res, plot_rel) -> str:
           "Both run `bench/mpi_allreduce.c` (MPI_Allreduce with MPI_IN_PLACE, OpenMPI's default algorithm selection).",
           "- Gloo: `torch.distributed` with the gloo backend, CPU tensors, `dist.all_reduce`, tcp:// store on "
           "127.0.0.1, `GLOO_SOCKET_IFNAME=lo` (`bench/gloo_allreduce.py`).",
-          "- In-process ring: `go test -bench BenchmarkAllReduce ./ring/`: every rank's ring engine in one process, "
-          f"TCP loopback links, {_cfg(res, 'bench')} (its test config), mean time per call over the `-benchtime` "
-          "calls.",
+          "- ring-only (world 2 only, the sidecar's baseline): `collectived bench --ring-only`: one process per node "
+          "running its ring engine directly, on the ring settings a daemon with the same (default) config uses, "
+          "over the same loopback TCP links; no daemon, trainers, Unix socket or shared memory. Timed and reported "
+          "exactly like `collectived bench` (rank 0's per-call times, median and p99).",
           ""]
 
     L += ["## collectived ÷ each peer", "",
-          "busbw ratio above 1 and latency ratio below 1 mean collectived is faster. \"ring\" is the in-process ring "
-          "engine (its latency is a mean), \"TCP bidir\" the per-direction loopback limit.", ""]
+          "busbw ratio above 1 and latency ratio below 1 mean collectived is faster. \"ring-only\" (world 2) is the "
+          "ring engine without the sidecar (see \"Sidecar cost\"), \"TCP bidir\" the per-direction loopback limit.",
+          ""]
     for w in res["worlds"]:
         L += [f"### {world_title(w)}", "", _ratio_table(res, w, md=True), ""]
 
@@ -494,6 +490,10 @@ def markdown(res, plot_rel) -> str:
           "bench/compare --from-head   # the same, measuring the committed HEAD rather than the work tree",
           "bench/compare --quick       # sizes 4 B, 64 KiB, 64 MiB, fewer calls, 1 round: about 1 minute",
           "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",
+          "bench/compare --systems collectived,ring-only --worlds 2 --no-extras --no-doc   # the sidecar cost alone",
+          "# the sidecar's baseline by hand (what the ring-only rows run):",
+          "bench/.build/collectived bench --ring-only --nodes 2 --local 1 --sizes 4,65536,1048576,67108864 "
+          "--iters 30 --warmup 5 --json",
           "```", "",
           f"This run: `bench/compare {' '.join(res.get('argv') or [])}`. The commands it executed, in order:", "",
           "```sh"] + _commands(res) + ["```", ""]

@@ -9,7 +9,6 @@ process group by the id of the process this module started.
 
 import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -106,21 +105,43 @@ def _expect(rows, sizes, what):
 
 # --- collectived -----------------------------------------------------------
 
-def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None) -> list[dict]:
-    argv = [binary, "bench", "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
-            "--iters", iters, "--warmup", warmup, "--json"]
+def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None, ring_only=False) -> list[dict]:
+    """`collectived bench --json`: daemons and trainers as processes. With
+    ring_only, `--ring-only`: one process per node calling its ring engine
+    directly, on the ring settings a daemon with the same config uses (the
+    sidecar's baseline); it prints the same rows with "path": "ring"."""
+    argv = [binary, "bench"] + (["--ring-only"] if ring_only else []) + [
+        "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
+        "--iters", iters, "--warmup", warmup, "--json"]
     if extra_config:
         argv += ["--extra-config", extra_config]
+    what = "collectived bench --ring-only" if ring_only else "collectived bench"
     out = run(argv, timeout=timeout)
+    rows = parse_collectived(out, nodes * local, what)
+    if ring_only:
+        bad = [r["bytes"] for r in rows if r.get("path") != "ring"]
+        if bad:
+            raise RunError(f"{what}: sizes {bad} did not report \"path\": \"ring\"")
+    _expect(rows, sizes, what)
+    return rows
+
+
+def parse_collectived(out: str, world: int, what: str) -> list[dict]:
+    """The JSON lines of `collectived bench --json` (with or without
+    --ring-only); a size whose result was not verified is an error."""
     rows = []
     for line in out.splitlines():
-        if line.startswith("{"):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
             r = json.loads(line)
-            if not r.get("verified"):
-                raise RunError(f"collectived bench: size {r['bytes']} not verified")
-            r["world"] = nodes * local
-            rows.append(r)
-    _expect(rows, sizes, "collectived bench")
+        except json.JSONDecodeError as e:
+            raise RunError(f"{what}: printed {line[:200]!r}: {e}") from e
+        if not r.get("verified"):
+            raise RunError(f"{what}: size {r.get('bytes')} not verified")
+        r["world"] = world
+        rows.append(r)
     return rows
 
 
@@ -197,38 +218,6 @@ def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs) -> list[dict]:
     procs[0][1].seek(0)
     rows = _parse_times(procs[0][1].read(), world, "gloo")
     _expect(rows, sizes, "gloo")
-    return rows
-
-
-# --- the ring engine in-process ---------------------------------------------
-
-_BENCH_LINE = re.compile(r"^BenchmarkAllReduce/world(\d+)/(\d+)(B|KiB|MiB)(?:-\d+)?\s+(\d+)\s+([\d.]+) ns/op(.*)$")
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
-
-
-def ring_inprocess(repo, pattern, benchtime, timeout) -> list[dict]:
-    argv = ["go", "test", "-run", "^$", "-bench", pattern, "-benchtime", benchtime, "./ring/"]
-    out = run(argv, timeout=timeout, cwd=repo)
-    rows = parse_go_bench(out)
-    if not rows:
-        raise RunError(f"{shlex.join(argv)}: no BenchmarkAllReduce lines in its output:\n{out[-2000:]}")
-    return rows
-
-
-def parse_go_bench(out: str) -> list[dict]:
-    """BenchmarkAllReduce/worldN/SIZE lines: ns/op is a mean over the calls;
-    busbw_GB/s is the benchmark's own metric when it reports one."""
-    rows = []
-    for line in out.splitlines():
-        m = _BENCH_LINE.match(line.strip())
-        if not m:
-            continue
-        world, num, unit, n, nsop, rest = m.groups()
-        world, size, nsop = int(world), int(num) * _UNITS[unit], float(nsop)
-        bus = re.search(r"([\d.]+) busbw_GB/s", rest)
-        alg = size / nsop
-        rows.append({"bytes": size, "world": world, "iters": int(n), "mean_us": nsop / 1e3, "algbw_GBps": alg,
-                     "busbw_GBps": float(bus.group(1)) if bus else alg * 2 * (world - 1) / world})
     return rows
 
 

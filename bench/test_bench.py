@@ -76,22 +76,12 @@ class StatsTest(unittest.TestCase):
             runners._expect([{"bytes": 4}], [4, 4096], "gloo")
         self.assertIn("gloo: reported sizes [4], want [4, 4096]", str(cm.exception))
 
-    def test_go_bench_lines(self):
-        out = ("goos: linux\n"
-               "BenchmarkAllReduce/world2/4B-2         \t      20\t     24019 ns/op\t   0.00 MB/s\t 0.0001665 busbw_GB/s\t"
-               "       0 B/op\t       0 allocs/op\n"
-               "BenchmarkAllReduce/world4/64MiB-2 \t 20\t 249320158 ns/op\t 269.17 MB/s\t 0.4038 busbw_GB/s\n"
-               "BenchmarkKernel/float32/sum-2 \t 100\t 1000 ns/op\nPASS\n")
-        rows = runners.parse_go_bench(out)
-        self.assertEqual([(r["world"], r["bytes"], r["iters"]) for r in rows], [(2, 4, 20), (4, MIB64, 20)])
-        self.assertAlmostEqual(rows[1]["mean_us"], 249320.158)
-        self.assertEqual(rows[1]["busbw_GBps"], 0.4038)
-
 
 def fake_res(cvd2=1.0, gloo2=0.5, mpi2=0.5, tcp=1.0, ring_us=None, cvd4=1.0, peer4=0.4, lat4b=(30.0, 200.0, 20.0),
              rss_mib=12.0):
     """A results dict as compare.py builds it, from busbw figures at 64 MiB
-    (GB/s) and 4 B latencies (collectived, Gloo, OpenMPI TCP, in µs)."""
+    (GB/s) and 4 B latencies (collectived, Gloo, OpenMPI TCP, in µs);
+    ring-only's 64 MiB median is ring_us (default: collectived's)."""
     def r(system, w, size, busbw=None, median_us=None):
         if median_us is None:
             median_us = size / (busbw / (2 * (w - 1) / w)) / 1e3
@@ -102,10 +92,8 @@ def fake_res(cvd2=1.0, gloo2=0.5, mpi2=0.5, tcp=1.0, ring_us=None, cvd4=1.0, pee
             r("collectived", 4, MIB64, cvd4), r("gloo", 4, MIB64, peer4), r("mpi-tcp", 4, MIB64, peer4),
             r("collectived", 2, 4, median_us=lat4b[0]), r("gloo", 2, 4, median_us=lat4b[1]),
             r("mpi-tcp", 2, 4, median_us=lat4b[2])]
-    c2 = rows[0]["median_us"]
-    ring = [{"world": 2, "bytes": MIB64, "mean_us": ring_us or c2, "busbw_GBps": MIB64 / ((ring_us or c2) * 1e3),
-             "iters": 20}]
-    return {"sizes": [4, MIB64], "worlds": [2, 4], "rows": rows, "ring": ring, "rounds": 1,
+    rows.append(r(report.RING_ONLY, 2, MIB64, median_us=ring_us or rows[0]["median_us"]))
+    return {"sizes": [4, MIB64], "worlds": [2, 4], "rows": rows, "rounds": 1,
             "tcp_bidir": {"per_direction_GBps": tcp, "seconds": 5, "reference": "threads",
                           "threads": {"forward_GBps": tcp, "reverse_GBps": tcp, "per_direction_GBps": tcp}},
             "rss": {"max_rss_bytes": int(rss_mib * (1 << 20)), "settle_s": 3, "fresh": [], "after_work": []},
@@ -114,6 +102,21 @@ def fake_res(cvd2=1.0, gloo2=0.5, mpi2=0.5, tcp=1.0, ring_us=None, cvd4=1.0, pee
                      "kernel": "k", "os": "o", "go": "g", "openmpi": "m", "torch": "t", "iperf3": "i",
                      "commit": "abc", "dirty_paths": [], "loadavg_start": "1 1 1 1/1 1"},
             "errors": [], "per_round": [], "commands": ["bench/compare"]}
+
+
+def rounds_res(medians, sizes=(MIB64,)):
+    """fake_res's frame with world 2 rows aggregated by compare from rounds:
+    medians maps a system to its per-round medians (µs), the same at every
+    size."""
+    res = fake_res()
+    res["sizes"], res["worlds"] = list(sizes), [2]
+    res["rows"], res["per_round"] = [], []
+    for i in range(len(next(iter(medians.values())))):
+        res["per_round"].append({"tcp_bidir": None, "rows": [
+            {"system": s, "world": 2, "bytes": size, "iters": 30, "median_us": m[i], "p99_us": m[i] * 2}
+            for s, m in medians.items() for size in sizes]})
+    compare.aggregate(res)
+    return res
 
 
 def verdicts(res):
@@ -130,30 +133,75 @@ class TargetsTest(unittest.TestCase):
                               ring_us=MIB64 / 1e3 / 1.1, rss_mib=31))
         self.assertEqual(set(v.values()), {"FAIL"}, v)
 
-    def test_sidecar_overhead_is_percent_over_the_ring(self):
+    def test_sidecar_overhead_is_percent_over_ring_only(self):
         res = fake_res(cvd2=1.0)
         c2 = res["rows"][0]["median_us"]
-        res["ring"][0]["mean_us"] = c2 / 1.04  # daemon 4% slower: within 5%
-        t = [t for t in report.targets(res) if "sidecar" in t["target"]][0]
+        res = fake_res(cvd2=1.0, ring_us=c2 / 1.04)  # daemon 4% slower than its baseline: within 5%
+        (t,) = [t for t in report.targets(res) if "sidecar" in t["target"]]
+        self.assertEqual(t["target"], report.SIDECAR_TARGET)
+        self.assertIn("daemon median ÷ ring-only median − 1", t["target"])
         self.assertAlmostEqual(t["value"], 4.0, places=6)
-        self.assertEqual(t["verdict"], "PASS")
+        self.assertEqual((t["verdict"], t["unit"]), ("PASS", "%"))
+        res = fake_res(cvd2=1.0, ring_us=c2 / 1.06)
+        self.assertEqual(verdicts(res)[report.SIDECAR_TARGET], "FAIL")
 
-    def test_sidecar_uses_the_equal_config_run_when_there_is_one(self):
-        res = fake_res(cvd2=1.0)
-        c2 = dict(res["rows"][0])
-        res["ring"][0]["mean_us"] = c2["median_us"]  # default config: 0% over the ring
-        res["rows"].append(dict(c2, system=report.SEG, median_us=c2["median_us"] * 1.2))
-        t = [t for t in report.targets(res) if "sidecar" in t["target"]][0]
-        self.assertAlmostEqual(t["value"], 20.0, places=6)
-        self.assertIn("same ring config", t["target"])
+    def test_sidecar_overhead_uses_the_medians_across_rounds(self):
+        # The target divides the median of collectived's round medians by the
+        # median of ring-only's (110 / 100), like every other target; the
+        # median of the per-round ratios (1.0, 2.88, 2.2) would be 2.2.
+        res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
+        (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
+        self.assertAlmostEqual(t["value"], 10.0, places=6)
         self.assertEqual(t["verdict"], "FAIL")
-        self.assertIn("## Sidecar cost (world 2)", report.markdown(res, "bench"))
+
+    def test_sidecar_without_ring_only_is_not_measured(self):
+        res = fake_res()
+        res["rows"] = [r for r in res["rows"] if r["system"] != report.RING_ONLY]
+        self.assertEqual(verdicts(res)[report.SIDECAR_TARGET], "n/a")
+        md = report.markdown(res, "bench")
+        self.assertIn("## Sidecar cost (world 2)\n\nnot measured in this run", md)
+        self.assertNotIn("÷ ring-only", report.ratio_text(res))
+
+    def test_sidecar_section_lists_every_size_both_measured(self):
+        res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]},
+                         sizes=(4, 64 << 10, 1 << 20, MIB64))
+        res["sizes"].append(16 << 20)  # collectived only: no sidecar row
+        res["meta"]["ring_config"] = {"daemon_streams": 1, "daemon_segment_bytes": 512 << 10}
+        res["rows"].append(dict(res["rows"][0], system="collectived", bytes=16 << 20, rounds=[]))
+        got = report.sidecar_rows(res)
+        self.assertEqual([r["size"] for r in got], [4, 64 << 10, 1 << 20, MIB64])
+        self.assertAlmostEqual(got[-1]["overhead"], 10.0, places=6)
+        md = report.markdown(res, "bench")
+        sec = md[md.index("## Sidecar cost (world 2)"):]
+        sec = sec[:sec.index("\n## ", 5)]
+        self.assertIn("| size | ring-only, median µs | collectived, median µs | overhead |", sec)
+        for name in ("4 B", "64 KiB", "1 MiB", "64 MiB"):
+            self.assertIn(f"| {name} | 100.0 (50.0–104.0) | 110.0 (100.0–300.0) | +10.0% |", sec)
+        self.assertNotIn("16 MiB", sec)
+        for side in ("`collectived bench --ring-only`", "its own process", "Unix socket", "memfd", "local fold",
+                     "1 TCP stream per link, 512 KiB segments"):
+            self.assertIn(side, sec)
+        self.assertNotIn("go test", md)
+
+    def test_ring_only_is_a_world2_column(self):
+        res = fake_res(ring_us=None)
+        text = report.ratio_text(res)
+        w2, w4 = text.split(report.world_title(4))
+        self.assertIn("÷ ring-only", w2)
+        self.assertNotIn("÷ ring-only", w4)
+        (r,) = [r for r in report.ratio_rows(res, 2) if r["size"] == MIB64]
+        self.assertAlmostEqual(r["lat"][report.RING_ONLY], 1.0)
+        md = report.markdown(res, "bench")
+        self.assertIn("| size | collectived | Gloo | OpenMPI TCP | ring-only |", md)
+
+    def test_reproduce_shows_the_ring_only_command(self):
+        md = report.markdown(fake_res(), "bench")
+        self.assertIn("collectived bench --ring-only --nodes 2 --local 1", md[md.index("## Reproduce"):])
 
     def test_unmeasured_is_not_a_pass(self):
         res = fake_res()
         res["rows"] = [r for r in res["rows"] if r["system"] != "gloo"]
         res["tcp_bidir"] = res["rss"] = None
-        res["ring"] = []
         v = verdicts(res)
         self.assertEqual(v["64 MiB, world 2: busbw ÷ Gloo"], "n/a")
         self.assertEqual(v["daemon RSS at idle (largest daemon, fresh and after work)"], "n/a")
@@ -181,18 +229,82 @@ class AggregateTest(unittest.TestCase):
     def test_median_of_round_medians(self):
         def row(med, p99):
             return {"system": "gloo", "world": 2, "bytes": 1000, "iters": 5, "median_us": med, "p99_us": p99}
-        res = {"rows": [], "ring": [], "tcp_bidir": None, "per_round": [
-            {"rows": [row(10.0, 50.0)], "ring": [{"world": 2, "bytes": 1000, "iters": 20, "mean_us": 3.0}],
-             "tcp_bidir": None},
-            {"rows": [row(30.0, 40.0)], "ring": [{"world": 2, "bytes": 1000, "iters": 20, "mean_us": 5.0}],
-             "tcp_bidir": None},
-            {"rows": [row(20.0, 90.0)], "ring": [], "tcp_bidir": None}]}
+        res = {"rows": [], "tcp_bidir": None, "per_round": [
+            {"rows": [row(10.0, 50.0)], "tcp_bidir": None},
+            {"rows": [row(30.0, 40.0)], "tcp_bidir": None},
+            {"rows": [row(20.0, 90.0)], "tcp_bidir": None}]}
         compare.aggregate(res)
         (r,) = res["rows"]
         self.assertEqual((r["median_us"], r["p99_us"]), (20.0, 50.0))
         self.assertAlmostEqual(r["busbw_GBps"], 1000 / 20e3)
         self.assertEqual([x["median_us"] for x in r["rounds"]], [10.0, 30.0, 20.0])
-        self.assertEqual(res["ring"][0]["mean_us"], 4.0)
+
+
+class RoundsTest(unittest.TestCase):
+    def test_ring_only_runs_next_to_collectived_in_world2_only(self):
+        self.assertEqual(compare.round_items(compare.SYSTEMS, 2, True),
+                         ["collectived", "ring-only", "tcp", "mpi-tcp", "mpi-shm", "gloo"])
+        self.assertEqual(compare.round_items(compare.SYSTEMS, 4, True), ["collectived", "mpi-tcp", "mpi-shm", "gloo"])
+        self.assertEqual(compare.round_items(["collectived", "ring-only"], 2, False), ["collectived", "ring-only"])
+        self.assertEqual(compare.round_items(["collectived", "gloo"], 2, True), ["collectived", "tcp", "gloo"])
+
+    def test_ring_only_refuses_world4(self):
+        with self.assertRaises(ValueError) as cm:
+            compare.measure_system("ring-only", 4, [([4], 5)], 1, {"collectived": "/nonexistent"}, 10)
+        self.assertIn("ring-only: only world 2", str(cm.exception))
+
+
+class CollectivedRunnerTest(unittest.TestCase):
+    def fake(self, d, line):
+        """A stand-in binary printing one JSON row and the argv it got."""
+        path = os.path.join(d, "fake_collectived")
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable}\nimport sys\nprint(' '.join(sys.argv[1:]), file=sys.stderr)\n"
+                    f"print({line!r})\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def test_ring_only_row_must_say_path_ring(self):
+        with tempfile.TemporaryDirectory() as d:
+            b = self.fake(d, '{"bytes": 4, "path": "inline", "median_us": 1, "verified": true}')
+            with self.assertRaises(runners.RunError) as cm:
+                runners.collectived(b, 2, 1, [4], 5, 1, 30, ring_only=True)
+            self.assertIn('collectived bench --ring-only: sizes [4] did not report "path": "ring"', str(cm.exception))
+            self.assertEqual(len(runners.collectived(b, 2, 1, [4], 5, 1, 30)), 1)  # the daemon's path is its own
+
+    def test_unverified_and_garbled_rows_are_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            b = self.fake(d, '{"bytes": 4, "path": "ring", "median_us": 1, "verified": false}')
+            with self.assertRaises(runners.RunError) as cm:
+                runners.collectived(b, 2, 1, [4], 5, 1, 30, ring_only=True)
+            self.assertIn("collectived bench --ring-only: size 4 not verified", str(cm.exception))
+        with self.assertRaises(runners.RunError) as cm:
+            runners.parse_collectived('{"bytes": 4, "pa', 2, "collectived bench")
+        self.assertIn("collectived bench: printed", str(cm.exception))
+
+
+def _collectived_bin():
+    """The checkout's bin/collectived (make build), if it has --ring-only."""
+    b = os.environ.get("COLLECTIVED_BIN") or os.path.join(os.path.dirname(HERE), "bin", "collectived")
+    if not os.access(b, os.X_OK):
+        return None
+    try:
+        h = subprocess.run([b, "bench", "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return b if "--ring-only" in h.stdout + h.stderr else None
+
+
+@unittest.skipUnless(_collectived_bin(), "bin/collectived with bench --ring-only not built (make build)")
+class RingOnlyRealTest(unittest.TestCase):
+    def test_real_ring_only_rows(self):
+        n = len(runners.COMMANDS)
+        rows = runners.collectived(_collectived_bin(), 2, 1, [4, 65536], 5, 1, 120, ring_only=True)
+        self.assertEqual([(r["bytes"], r["world"], r["path"], r["iters"]) for r in rows],
+                         [(4, 2, "ring", 5), (65536, 2, "ring", 5)])
+        self.assertTrue(all(r["median_us"] > 0 and r["verified"] for r in rows))
+        self.assertIn("bench --ring-only --nodes 2 --local 1 --sizes 4,65536 --iters 5 --warmup 1 --json",
+                      runners.COMMANDS[n])
 
 
 @unittest.skipUnless(shutil.which("mpirun") and shutil.which("mpicc"), "OpenMPI not installed")
@@ -239,8 +351,11 @@ class SrcConfigTest(unittest.TestCase):
             self.assertEqual(srcconfig.describe(None, None), "? streams, ? segments")
 
     def test_this_tree_parses(self):
+        # compare uses the daemon's defaults (stated in the report, streams
+        # for the TCP probe); they must be found in this tree.
         got = srcconfig.read(os.path.dirname(HERE))
-        self.assertTrue(all(v is not None for v in got.values()), got)
+        self.assertIsNotNone(got["daemon_streams"], got)
+        self.assertIsNotNone(got["daemon_segment_bytes"], got)
         self.assertEqual(srcconfig.describe(1, 64 << 10), "1 TCP stream per link, 64 KiB segments")
 
 
