@@ -63,6 +63,7 @@ type Client struct {
 
 	readerDone chan struct{}
 	closeOnce  sync.Once
+	spin       time.Duration // how long Wait polls for its reply before parking
 }
 
 // Dial connects to the daemon and says HELLO.
@@ -94,12 +95,14 @@ func Dial(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("collectived: hello to %s: %w", opts.Socket, err)
 	}
 	conn.SetMaxFrame(info.MaxFrame)
+	spin := opts.Spin
 	switch {
-	case opts.Spin == 0:
-		conn.SetSpin(DefaultSpin)
-	case opts.Spin > 0:
-		conn.SetSpin(opts.Spin)
+	case spin == 0:
+		spin = DefaultSpin
+	case spin < 0:
+		spin = 0
 	}
+	conn.SetSpin(spin)
 	c := &Client{
 		conn:       conn,
 		info:       info,
@@ -108,6 +111,7 @@ func Dial(opts Options) (*Client, error) {
 		nextID:     2,
 		pending:    make(map[uint64]*Handle),
 		readerDone: make(chan struct{}),
+		spin:       spin,
 	}
 	if c.timeout <= 0 {
 		c.timeout = info.Timeout() + 10*time.Second
