@@ -37,7 +37,7 @@ gotest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./...
 
 pytest: build
-	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests
+	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests bench/test_bench.py
 
 ctest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(MAKE) -C clients/c test

@@ -1,11 +1,9 @@
 """The ring settings of the tree being measured, read from its source.
 
-The daemon's defaults (config/config.go) and the in-process benchmark's
-(ring/helpers_test.go testConfig, ring/alloc_test.go BenchmarkAllReduce)
-change as collectived is tuned; bench/compare reads them from the tree it
-builds so that the report states them and the equal-config daemon run uses
-the benchmark's. A value the patterns no longer find is None, and the
-report says so rather than guessing.
+The daemon's defaults (config/config.go) change as collectived is tuned;
+bench/compare reads them from the tree it builds so that the report states
+them. A value the patterns no longer find is None, and the report says so
+rather than guessing.
 """
 
 import os
@@ -39,24 +37,11 @@ _EXPR = r"(\d+)\s*(?:(<<|\*)\s*(\d+|KiB|MiB))?"
 
 def read(src: str) -> dict:
     cfg = _read(os.path.join(src, "config", "config.go"))
-    helpers = _read(os.path.join(src, "ring", "helpers_test.go"))
-    alloc = _read(os.path.join(src, "ring", "alloc_test.go"))
-    ring_cfg = _read(os.path.join(src, "ring", "config.go"))
-
     d_streams = re.search(r"DefaultStreams\s*=\s*(\d+)", cfg)
     d_seg = re.search(r"DefaultSegmentBytes\s*=\s*" + _EXPR, cfg)
-    # testConfig overrides the ring package's default segment size.
-    tc = re.search(r"func testConfig\(.*?\n}", helpers, re.S)
-    b_seg = re.search(r"c\.SegmentBytes\s*=\s*" + _EXPR, tc.group(0)) if tc else None
-    if b_seg is None:
-        b_seg = re.search(r"SegmentBytes:\s*" + _EXPR, ring_cfg)
-    ba = re.search(r"func BenchmarkAllReduce\(.*?\n}", alloc, re.S)
-    b_streams = re.search(r"benchAllReduce\(b,\s*n,\s*(\d+),", ba.group(0)) if ba else None
     return {
         "daemon_streams": int(d_streams.group(1)) if d_streams else None,
         "daemon_segment_bytes": _size(d_seg),
-        "bench_streams": int(b_streams.group(1)) if b_streams else None,
-        "bench_segment_bytes": _size(b_seg),
     }
 
 

@@ -327,26 +327,21 @@ class MPIProgramTest(unittest.TestCase):
 
 
 class SrcConfigTest(unittest.TestCase):
-    def write_tree(self, d, config_go, helpers, alloc):
-        for rel, text in (("config/config.go", config_go), ("ring/helpers_test.go", helpers),
-                          ("ring/alloc_test.go", alloc), ("ring/config.go", "SegmentBytes:      256 << 10,\n")):
-            os.makedirs(os.path.join(d, os.path.dirname(rel)), exist_ok=True)
-            with open(os.path.join(d, rel), "w") as f:
-                f.write(text)
+    def write_config(self, d, config_go):
+        os.makedirs(os.path.join(d, "config"), exist_ok=True)
+        with open(os.path.join(d, "config", "config.go"), "w") as f:
+            f.write(config_go)
 
-    def test_reads_defaults_and_benchmark_config(self):
+    def test_reads_the_daemon_defaults(self):
         with tempfile.TemporaryDirectory() as d:
-            self.write_tree(d, "\tDefaultStreams      = 2\n\tDefaultSegmentBytes = 512 * KiB\n",
-                            "func testConfig(rank, size int) Config {\n\tc.SegmentBytes = 64 << 10\n\treturn c\n}\n",
-                            "func BenchmarkAllReduce(b *testing.B) {\n\t\tbenchAllReduce(b, n, 3, size, nil)\n}\n")
-            self.assertEqual(srcconfig.read(d), {"daemon_streams": 2, "daemon_segment_bytes": 512 << 10,
-                                                 "bench_streams": 3, "bench_segment_bytes": 64 << 10})
+            self.write_config(d, "\tDefaultStreams      = 2\n\tDefaultSegmentBytes = 512 * KiB\n")
+            self.assertEqual(srcconfig.read(d), {"daemon_streams": 2, "daemon_segment_bytes": 512 << 10})
 
-    def test_falls_back_to_the_ring_default_segment(self):
+    def test_missing_values_are_none_and_said_so(self):
         with tempfile.TemporaryDirectory() as d:
-            self.write_tree(d, "DefaultSegmentBytes = 1048576\n", "func testConfig() Config {\n}\n", "")
+            self.write_config(d, "DefaultSegmentBytes = 1048576\n")
             got = srcconfig.read(d)
-            self.assertEqual((got["daemon_segment_bytes"], got["bench_segment_bytes"]), (1 << 20, 256 << 10))
+            self.assertEqual(got["daemon_segment_bytes"], 1 << 20)
             self.assertIsNone(got["daemon_streams"])
             self.assertEqual(srcconfig.describe(None, None), "? streams, ? segments")
 

@@ -11,6 +11,8 @@ have iptables      || need_pkgs+=(iptables)
 have gcc           || need_pkgs+=(gcc)
 have make          || need_pkgs+=(make)
 have systemd-analyze || need_pkgs+=(systemd)
+# bench/test_bench.py runs the OpenMPI side of bench/compare once.
+have mpicc         || need_pkgs+=(openmpi-bin libopenmpi-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
