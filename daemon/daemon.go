@@ -31,6 +31,10 @@ type Daemon struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// localBufs is the engine's scratch list of a collective's local
+	// buffers (owned by the engine goroutine).
+	localBufs [][]byte
+
 	// notify wakes the engine: a call arrived, a trainer left.
 	notify chan struct{}
 

@@ -15,9 +15,11 @@
 //
 // Allreduce folds the local buffers in local-rank order into local rank 0's
 // buffer (((b0 op b1) op b2) ...), runs the ring allreduce on that buffer
-// (whose order ring/doc.go documents), then copies the result into the other
-// local trainers' buffers. The order depends only on the world, so every
-// trainer gets bit-identical results, run after run.
+// (whose order ring/doc.go documents), and copies the result into the other
+// local trainers' buffers; the ring does the fold and the copies a segment
+// at a time as it goes (Ring.AllReduceLocal), which changes no arithmetic.
+// The order depends only on the world, so every trainer gets bit-identical
+// results, run after run.
 //
 // # Generations
 //

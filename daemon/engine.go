@@ -206,15 +206,14 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 	var err error
 	switch desc.Op {
 	case collective.OpAllReduce:
-		acc := calls[0].req.Buf
-		for l := 1; l < len(calls); l++ {
-			ring.Reduce(acc, calls[l].req.Buf, desc.DType, desc.Reduce)
+		// The ring folds the local buffers in local-rank order and writes
+		// the result back into each, segment by segment as it goes.
+		d.localBufs = d.localBufs[:0]
+		for _, c := range calls {
+			d.localBufs = append(d.localBufs, c.req.Buf)
 		}
-		if err = r.AllReduce(desc, acc); err == nil {
-			for l := 1; l < len(calls); l++ {
-				copy(calls[l].req.Buf, acc)
-			}
-		}
+		err = r.AllReduceLocal(desc, d.localBufs)
+		clear(d.localBufs) // do not keep trainers' buffers reachable
 	case collective.OpBroadcast:
 		L := d.cfg.LocalSize
 		rootNode, rootLocal := int(desc.Root)/L, int(desc.Root)%L

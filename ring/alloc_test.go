@@ -62,7 +62,14 @@ func TestZeroAllocs(t *testing.T) {
 				bufs[i] = make([]byte, size)
 			}
 			outs := make([][][]byte, n)
+			locals := make([][][]byte, n)
+			for i := range locals {
+				locals[i] = [][]byte{bufs[i], make([]byte, size), make([]byte, size)}
+			}
 			ops := map[string]func(i int, r *Ring) error{
+				"allreduce-local": func(i int, r *Ring) error {
+					return r.AllReduceLocal(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, locals[i])
+				},
 				"allreduce": func(i int, r *Ring) error {
 					return r.AllReduce(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, bufs[i])
 				},

@@ -75,32 +75,80 @@ func (r *Ring) Start() (generation uint32, err error) {
 // rank's buf holds the same bytes, reduced in the order doc.go fixes.
 // buf holds d.Count native little-endian elements of d.DType.
 func (r *Ring) AllReduce(d collective.Desc, buf []byte) error {
+	return r.allReduce(d, buf, nil)
+}
+
+// AllReduceLocal is AllReduce of several buffers of this rank: the value
+// this rank contributes is the fold bufs[0] (op) bufs[1] (op) ... taken
+// left to right, and every buffer ends holding the result. The fold and
+// the copies back happen segment by segment, when the ring first reads
+// and last writes each, so that they overlap the transfers instead of
+// costing whole-buffer passes before and after them. The results are the
+// bytes that folding first and calling AllReduce would give.
+func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
+	if len(bufs) == 0 {
+		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, collective.OpAllReduce, collective.ErrInvalid)
+	}
+	for i, b := range bufs[1:] {
+		if len(b) != len(bufs[0]) {
+			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, buffer 0 is %d: %w",
+				r.rank, collective.OpAllReduce, i+1, len(b), len(bufs[0]), collective.ErrInvalid)
+		}
+	}
+	return r.allReduce(d, bufs[0], bufs[1:])
+}
+
+func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte) error {
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
 	if err := r.begin(&d); err != nil {
 		return err
 	}
+	k := kernelFor(d.DType, d.Reduce)
+	f := localFold{k: k, others: others}
 	var err error
-	if r.size > 1 {
-		if err = r.healthy(); err == nil {
-			k := kernelFor(d.DType, d.Reduce)
-			es := d.DType.Size()
-			if len(buf) < r.cfg.SmallBytes || len(buf)/es < r.size {
-				err = r.allReduceSmall(buf, k)
-			} else {
-				err = r.allReduceRing(buf, es, k)
-			}
+	if r.size == 1 {
+		f.fold(buf, 0)
+		f.copyBack(buf, 0)
+	} else if err = r.healthy(); err == nil {
+		es := d.DType.Size()
+		if len(buf) < r.cfg.SmallBytes || len(buf)/es < r.size {
+			err = r.allReduceSmall(buf, k, f)
+		} else {
+			err = r.allReduceRing(buf, es, k, f)
 		}
 	}
 	return r.end(err)
 }
 
+// localFold is AllReduceLocal's other buffers, folded into the first and
+// written back from it a range at a time.
+type localFold struct {
+	k      kernel
+	others [][]byte
+}
+
+// fold folds the others' bytes at off into seg, the first buffer's.
+func (f localFold) fold(seg []byte, off int) {
+	for _, o := range f.others {
+		f.k(seg, seg, o[off:off+len(seg)])
+	}
+}
+
+// copyBack writes seg, a final range of the first buffer, into the others.
+func (f localFold) copyBack(seg []byte, off int) {
+	for _, o := range f.others {
+		copy(o[off:off+len(seg)], seg)
+	}
+}
+
 // allReduceSmall circulates every rank's whole buffer once, then each
 // rank folds the N buffers in rank order 0..N-1 (the same arithmetic on
 // every rank, so the results are bit-identical).
-func (r *Ring) allReduceSmall(buf []byte, k kernel) error {
+func (r *Ring) allReduceSmall(buf []byte, k kernel, f localFold) error {
 	n, L := r.size, len(buf)
+	f.fold(buf, 0)
 	slot := func(i int) []byte { return r.scratch[i*L : (i+1)*L] }
 	copy(slot(r.rank), buf)
 	for s := 0; s < n-1; s++ {
@@ -122,6 +170,7 @@ func (r *Ring) allReduceSmall(buf []byte, k kernel) error {
 	for i := 1; i < n; i++ {
 		k(buf, buf, slot(i))
 	}
+	f.copyBack(buf, 0)
 	return nil
 }
 
@@ -130,7 +179,13 @@ func (r *Ring) allReduceSmall(buf []byte, k kernel) error {
 // reduce-scatter rank r sends chunk r-s and folds the chunk r-s-1 it
 // receives into its own (received value on the left); in step t of the
 // allgather it sends chunk r+1-t and overwrites chunk r-t.
-func (r *Ring) allReduceRing(buf []byte, es int, k kernel) error {
+//
+// Local buffers (AllReduceLocal) are folded into a segment when the ring
+// first touches it: the own chunk r when step 0 sends it, every other
+// chunk when its partial sum arrives. A segment's final value is copied
+// back when it is known: chunk r+1 as allgather step 0 sends it, every
+// other chunk as it arrives.
+func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 	n := r.size
 	p := newPartition(len(buf)/es, n, es, r.cfg.SegmentBytes)
 	for step := 0; step < 2*(n-1); step++ {
@@ -145,8 +200,14 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel) error {
 		}
 		for j := 0; j < p.nseg; j++ {
 			so, sl := p.segment(sendC, j)
+			if step == 0 {
+				f.fold(buf[so:so+sl], so)
+			}
 			if err := r.send(kindData, buf[so:so+sl], 0); err != nil {
 				return err
+			}
+			if step == n-1 {
+				f.copyBack(buf[so:so+sl], so)
 			}
 			b, err := r.recv(kindData)
 			if err != nil {
@@ -158,6 +219,7 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel) error {
 			}
 			dst := buf[ro : ro+rl]
 			if !gather {
+				f.fold(dst, ro)
 				k(dst, b.data, dst)
 			} else {
 				// The bytes overwritten here were sent in reduce-scatter
@@ -167,6 +229,7 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel) error {
 					return err
 				}
 				copy(dst, b.data)
+				f.copyBack(dst, ro)
 			}
 			r.release(b)
 		}

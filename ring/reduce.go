@@ -8,9 +8,9 @@ import (
 
 // Reduce folds src into dst in place, dst[i] = dst[i] (op) src[i], with
 // the same kernels and semantics as AllReduce (native little-endian
-// elements, wrapping integers, NaN-propagating max and min). The daemon
-// uses it to combine its local trainers' buffers in local-rank order
-// before the ring runs. It allocates nothing.
+// elements, wrapping integers, NaN-propagating max and min): it is the
+// fold AllReduceLocal applies to a rank's local buffers, left to right.
+// It allocates nothing.
 func Reduce(dst, src []byte, dt collective.DType, op collective.ReduceOp) error {
 	k := kernelFor(dt, op)
 	if k == nil {
