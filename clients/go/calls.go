@@ -22,6 +22,12 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	}
 	var call ipc.Call
 	call.Desc = d
+	h.bulk = len(buf) > pollMaxBytes
+	spin := c.spin
+	if h.bulk {
+		spin = 0
+	}
+	c.conn.SetSpin(spin)
 	if seg, off, ok := c.locate(buf); ok {
 		call.SHM, call.Segment, call.Offset = true, seg.id, off
 		return c.sendWith(h, call.Append, nil)

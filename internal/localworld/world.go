@@ -177,18 +177,26 @@ func (w *World) Died(r int) error {
 }
 
 // Wait waits up to d for every node to exit by itself, and returns the
-// first failure: a node that exited with an error (with its log), or the
-// timeout. The caller still calls Stop, which then ends what is left.
+// first failure as it happens: a node that exited with an error (with its
+// log), or the timeout naming a node still running. It consumes Exited.
+// The caller still calls Stop, which then ends what is left.
 func (w *World) Wait(d time.Duration) error {
 	deadline := time.After(d)
-	for r, p := range w.procs {
+	for left := len(w.procs); left > 0; left-- {
 		select {
-		case <-p.done:
-			if p.err != nil {
+		case r := <-w.exited:
+			if p := w.procs[r]; p.err != nil {
 				return fmt.Errorf("localworld: node %d (pid %d) failed: %v; its log ends:\n%s", r, w.PID(r), p.err, Tail(w.Logs[r]))
 			}
 		case <-deadline:
-			return fmt.Errorf("localworld: node %d (pid %d) still running after %v; its log ends:\n%s", r, w.PID(r), d, Tail(w.Logs[r]))
+			for r, p := range w.procs {
+				select {
+				case <-p.done:
+				default:
+					return fmt.Errorf("localworld: node %d (pid %d) still running after %v; its log ends:\n%s", r, w.PID(r), d, Tail(w.Logs[r]))
+				}
+			}
+			return nil // all ended just now
 		}
 	}
 	return nil

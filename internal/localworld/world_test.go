@@ -100,8 +100,8 @@ func TestWaitCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	if err := w.Wait(time.Minute); err == nil || !strings.Contains(err.Error(), "node 0 (pid") || !strings.Contains(err.Error(), "--sizes") {
-		t.Fatalf("nodes given bad sizes: %v, want node 0's failure and its log naming --sizes", err)
+	if err := w.Wait(time.Minute); err == nil || !strings.Contains(err.Error(), ") failed: exit status") || !strings.Contains(err.Error(), "--sizes") {
+		t.Fatalf("nodes given bad sizes: %v, want the first node's failure and its log naming --sizes", err)
 	}
 
 	dir := shortDir(t)
