@@ -37,7 +37,7 @@ type Handle struct {
 // larger one takes longer than the spin here, and polling through it only
 // takes CPU from the daemons doing the work (measured: polling through
 // 64 MiB calls doubled their time on two CPUs).
-const pollMaxBytes = 256 << 10
+const pollMaxBytes = ipc.PollMaxBytes
 
 // Wait blocks until the request completes or the client's timeout passes.
 func (h *Handle) Wait() error {
