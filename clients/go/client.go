@@ -36,8 +36,9 @@ type Options struct {
 	Observer bool
 	// Spin is how long the client polls its connection for a reply before
 	// it sleeps: a small collective then avoids a thread wake-up, which
-	// costs tens of microseconds on virtual machines. 0 means DefaultSpin;
-	// a negative value never polls.
+	// costs tens of microseconds on virtual machines. Calls larger than
+	// ipc.PollMaxBytes never poll (their polling would only take CPU from
+	// the daemons). 0 means DefaultSpin; a negative value never polls.
 	Spin time.Duration
 }
 
