@@ -60,13 +60,7 @@ func unixPair(dir string) (*net.UnixConn, *net.UnixConn, error) {
 // surfacing as an error, and the next frame arrives. On a connection that
 // does not poll, Rearm does nothing; a real deadline still fails the read.
 func TestRearm(t *testing.T) {
-	ua, ub, err := unixPair(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
-	defer ub.Close()
-	a, b := NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
+	a, b := connPair(t)
 	a.SetSpin(time.Millisecond)
 	got := make(chan error, 1)
 	go func() {
@@ -93,13 +87,7 @@ func TestRearm(t *testing.T) {
 		t.Fatal("the frame sent after Rearm was never read")
 	}
 
-	uc, ud, err := unixPair(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer uc.Close()
-	defer ud.Close()
-	c := NewConn(uc, DaemonSide)
+	c, _ := connPair(t)
 	c.Rearm() // spin 0: no-op
 	if err := c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
 		t.Fatal(err)
@@ -107,4 +95,16 @@ func TestRearm(t *testing.T) {
 	if _, err := c.ReadFrame(); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("ReadFrame past a real deadline: %v, want os.ErrDeadlineExceeded", err)
 	}
+}
+
+// connPair is a connected daemon-side and client-side Conn, closed with
+// the test.
+func connPair(t *testing.T) (daemon, client *Conn) {
+	t.Helper()
+	ua, ub, err := unixPair(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ua.Close(); ub.Close() })
+	return NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/internal/localworld"
 )
 
@@ -67,14 +66,8 @@ func runBench(c *cli.Context) error {
 	if nodes < 1 || local < 1 || nodes*local > 64 {
 		return exitf("bench: --nodes %d x --local %d: want at least 1 x 1 and at most 64 trainers", nodes, local)
 	}
-	sizes, err := parseSizes(c.String("sizes"))
+	sizes, _, _, err := parseWorkload(c)
 	if err != nil {
-		return err
-	}
-	if _, err := collective.ParseDType(c.String("dtype")); err != nil {
-		return err
-	}
-	if _, err := collective.ParseReduceOp(c.String("op")); err != nil {
 		return err
 	}
 	iters := c.Int("iters")

@@ -37,15 +37,7 @@ func benchRingCommand() *cli.Command {
 }
 
 func runBenchRing(c *cli.Context) error {
-	sizes, err := parseSizes(c.String("sizes"))
-	if err != nil {
-		return err
-	}
-	dt, err := collective.ParseDType(c.String("dtype"))
-	if err != nil {
-		return err
-	}
-	op, err := collective.ParseReduceOp(c.String("op"))
+	sizes, dt, op, err := parseWorkload(c)
 	if err != nil {
 		return err
 	}

@@ -37,15 +37,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.DurationFlag{Name: "spin"},
 		},
 		Action: func(c *cli.Context) error {
-			sizes, err := parseSizes(c.String("sizes"))
-			if err != nil {
-				return err
-			}
-			dt, err := collective.ParseDType(c.String("dtype"))
-			if err != nil {
-				return err
-			}
-			op, err := collective.ParseReduceOp(c.String("op"))
+			sizes, dt, op, err := parseWorkload(c)
 			if err != nil {
 				return err
 			}
@@ -69,6 +61,19 @@ func benchTrainerCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// parseWorkload reads what every bench command measures: --sizes,
+// --dtype and --op.
+func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op collective.ReduceOp, err error) {
+	if sizes, err = parseSizes(c.String("sizes")); err != nil {
+		return
+	}
+	if dt, err = collective.ParseDType(c.String("dtype")); err != nil {
+		return
+	}
+	op, err = collective.ParseReduceOp(c.String("op"))
+	return
 }
 
 func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int) (sizeResult, error) {
