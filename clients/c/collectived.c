@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -449,6 +450,7 @@ struct cvd_request {
 	void *map;           /* ALLOC_OK mapping */
 	char *json;          /* STATUS_OK */
 	size_t json_len;
+	uint64_t call_bytes; /* CALL: its buffer's size, which decides polling */
 	cvd_request *next;
 };
 
@@ -457,6 +459,7 @@ struct cvd_client {
 	cvd_info info;
 	int observer;
 	int64_t timeout_ms;
+	int64_t spin_ns; /* cvd_options.spin_us; 0: never poll */
 	uint64_t next_id;
 	uint64_t bytes_sent;
 	uint8_t *rbuf;
@@ -470,6 +473,20 @@ struct cvd_client {
 	cvd_error broken_err;
 	pid_t pid; /* the process that connected */
 };
+
+/* Calls up to this size poll for their reply (as the daemon's
+ * ipc.PollMaxBytes); a longer call outlasts the poll, which would only take
+ * CPU from the daemons doing it. */
+#define POLL_MAX_BYTES (256u << 10)
+#define DEFAULT_SPIN_NS 200000
+#define MAX_SPIN_US 10000
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static int64_t now_ms(void)
 {
@@ -731,9 +748,11 @@ unmatched:
 	return -1;
 }
 
-/* Read what is there (waiting until deadline_ms) and dispatch whole frames.
- * Returns 0 after progress, CVD_E_WAIT_TIMEOUT, or the broken connection's code. */
-static int progress(cvd_client *c, int64_t deadline_ms, cvd_error *err)
+/* Read what is there (waiting until deadline_ms; polling without sleeping
+ * until spin_until_ns first, if that is later than now) and dispatch whole
+ * frames. Returns 0 after progress, CVD_E_WAIT_TIMEOUT, or the broken
+ * connection's code. */
+static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, cvd_error *err)
 {
 	union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } u;
 	struct pollfd pfd;
@@ -750,6 +769,8 @@ static int progress(cvd_client *c, int64_t deadline_ms, cvd_error *err)
 	for (;;) {
 		int64_t rem = deadline_ms - now_ms();
 		left = rem < 0 ? 0 : (rem > 1000000000 ? 1000000000 : (int)rem);
+		if (rem > 0 && spin_until_ns > 0 && now_ns() < spin_until_ns)
+			left = 0; /* poll: look, yield the CPU, look again */
 		pfd.fd = c->fd;
 		pfd.events = POLLIN;
 		pfd.revents = 0;
@@ -761,6 +782,14 @@ static int progress(cvd_client *c, int64_t deadline_ms, cvd_error *err)
 			break_conn(c, &e);
 			copy_err(err, &e);
 			return e.code;
+		}
+		if (n == 0 && rem > 0 && spin_until_ns > 0 && now_ns() < spin_until_ns) {
+			sched_yield();
+			continue;
+		}
+		if (n == 0 && rem > 0 && spin_until_ns > 0) {
+			spin_until_ns = 0; /* the poll ran out: sleep until readable */
+			continue;
 		}
 		if (n == 0) {
 			set_err(err, CVD_E_WAIT_TIMEOUT, "no reply from the daemon in time");
@@ -865,7 +894,7 @@ static int submit(cvd_client *c, cvd_request *r, struct iovec *iov, int n, int f
 	if (c->info.max_in_flight) {
 		int64_t deadline = now_ms() + c->timeout_ms;
 		while (c->in_flight >= c->info.max_in_flight) {
-			rc = progress(c, deadline, err);
+			rc = progress(c, deadline, 0, err);
 			if (rc == CVD_E_WAIT_TIMEOUT)
 				set_err(err, rc, "%lu requests already in flight for %lld ms",
 					(unsigned long)c->in_flight, (long long)c->timeout_ms);
@@ -889,12 +918,14 @@ static int submit(cvd_client *c, cvd_request *r, struct iovec *iov, int n, int f
 static int wait_req(cvd_request *r, int64_t timeout_ms, cvd_error *err)
 {
 	cvd_client *c = r->c;
-	int64_t deadline;
+	int64_t deadline, spin_until = 0;
 	if (c == NULL || r->done)
 		goto done;
 	deadline = now_ms() + (timeout_ms < 0 ? c->timeout_ms : timeout_ms);
+	if (c->spin_ns > 0 && r->reply_type == CVD_T_CALL_OK && r->call_bytes <= POLL_MAX_BYTES)
+		spin_until = now_ns() + c->spin_ns;
 	while (!r->done) {
-		int rc = progress(c, deadline, err);
+		int rc = progress(c, deadline, spin_until, err);
 		if (rc != 0 && rc != CVD_E_WAIT_TIMEOUT && !r->done) {
 			cvd_error e;
 			copy_err(&e, err);
@@ -1115,6 +1146,10 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 		return NULL;
 	}
 	c->timeout_ms = opt->timeout_ms > 0 ? opt->timeout_ms : default_timeout(c->info.timeout_ms);
+	if (opt->spin_us == 0)
+		c->spin_ns = DEFAULT_SPIN_NS;
+	else if (opt->spin_us > 0)
+		c->spin_ns = (opt->spin_us > MAX_SPIN_US ? MAX_SPIN_US : opt->spin_us) * 1000;
 	tv.tv_sec = (time_t)(c->timeout_ms / 1000);
 	tv.tv_usec = (long)(c->timeout_ms % 1000) * 1000;
 	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -1439,6 +1474,7 @@ cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
 	if (!(r = new_req(c, CVD_T_CALL_OK, err)))
 		return NULL;
 	r->user = 1;
+	r->call_bytes = nbytes;
 	memset(&f, 0, sizeof f);
 	f.type = CVD_T_CALL;
 	f.id = r->id;
@@ -1525,7 +1561,7 @@ int cvd_wait(cvd_request *req, int64_t timeout_ms, cvd_error *err)
 int cvd_test(cvd_request *req)
 {
 	if (!req->done && req->c && !req->c->broken)
-		progress(req->c, now_ms(), NULL);
+		progress(req->c, now_ms(), 0, NULL);
 	return req->done;
 }
 

@@ -134,6 +134,11 @@ typedef struct cvd_options {
 	int64_t rank_retry_ms;      /* keep retrying while the daemon answers RANK_TAKEN or
 				     * FULL (a restarted trainer whose predecessor's exit the
 				     * daemon has not noticed yet); <= 0: fail at once */
+	int64_t spin_us;            /* how long waiting for the reply to a call of at most
+				     * 256 KiB polls the socket (yielding the CPU between
+				     * looks) before it sleeps, which saves a small call a
+				     * thread wake-up; 0: 200; < 0: never poll; at most
+				     * 10000 */
 } cvd_options;
 
 /* Fill *opt with the defaults (local_rank -1, everything else 0/NULL). */

@@ -188,6 +188,9 @@ static int world_start(world *w, const char *bin, int nodes, int local)
 
 typedef void (*trainer_fn)(cvd_client *c, const world *w);
 
+/* cvd_options.spin_us of the trainers run_trainers starts. */
+static int64_t trainer_spin_us;
+
 /* Fork one trainer per world rank; each runs fn and reports its counters. */
 static void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s)
 {
@@ -215,6 +218,7 @@ static void run_trainers(const world *w, trainer_fn fn, const char *what, int ti
 			o.job = JOB;
 			o.local_rank = i % w->local;
 			o.label = "ctest trainer";
+			o.spin_us = trainer_spin_us;
 			/* The daemon frees a local rank when it notices the previous
 			 * holder's disconnect, which can lag its exit: retry briefly. */
 			o.rank_retry_ms = 5000;
@@ -531,6 +535,12 @@ int run_daemon_tests(const char *bin)
 		run_trainers(&w, every_dtype_op, "every_dtype_op", 180);
 		run_trainers(&w, broadcast_barrier, "broadcast_barrier", 120);
 		run_trainers(&w, mismatch_then_recover, "mismatch_then_recover", 120);
+		/* Waiting without polling, and polling for as long as allowed. */
+		trainer_spin_us = -1;
+		run_trainers(&w, every_dtype_op, "every_dtype_op, never polling", 180);
+		trainer_spin_us = 1000000; /* capped at 10 ms */
+		run_trainers(&w, info_and_async, "info_and_async, polling 10 ms", 120);
+		trainer_spin_us = 0;
 		if (w.size > 1)
 			run_example(&w, "build/allreduce");
 		world_stop(&w);
