@@ -100,16 +100,8 @@ func (c ServerConfig) maxFrame() uint32 {
 	return uint32(max(c.InlineLimit+FrameOverhead, minMaxFrame))
 }
 
-// Call sizes that decide who polls, measured on loopback with two CPUs
-// (docs/TUNING.md, section 9):
-const (
-	// PollMaxBytes is the largest call whose answer comes within a poll
-	// (SetSpin), as a rule. The Go client does not poll for the reply to
-	// a larger one: that would only take CPU from the collective.
-	PollMaxBytes = 256 << 10
-	// RearmMinBytes is the smallest call after whose answer the daemon
-	// re-arms its reader's poll (Conn.Rearm): after a long call the reader
-	// is parked, and the trainer's next call comes right after the answer.
-	// Below it, the re-armed poll competes with the trainer's own wake-up.
-	RearmMinBytes = 4 << 20
-)
+// PollMaxBytes is the largest call whose answer comes within a poll
+// (SetSpin), as a rule here (docs/TUNING.md, section 9). The Go client does
+// not poll for the reply to a larger one: that would only take CPU from
+// the collective.
+const PollMaxBytes = 256 << 10

@@ -77,7 +77,6 @@ type Conn struct {
 	recvFn            func(uintptr) bool
 	pollUntil         int64        // unix nanoseconds; 0: do not poll
 	spin              atomic.Int64 // nanoseconds to poll a quiet socket (SetSpin)
-	rearm             atomic.Bool  // Rearm asked the parked reader to poll again
 	msg               unix.Msghdr
 	iov               unix.Iovec
 	rp                []byte
@@ -116,22 +115,6 @@ func NewConn(uc *net.UnixConn, side Side) *Conn {
 // other processes (sched_yield); it saves a small request the thread
 // wake-up that parking costs, tens of microseconds on virtual machines.
 func (c *Conn) SetSpin(d time.Duration) { c.spin.Store(int64(max(d, 0))) }
-
-// Rearm makes a reader that stopped polling (its spin ran out and it is
-// parked in the netpoller) poll again for up to the spin, as when a frame
-// has just been read. A daemon calls it when it answers a long call: the
-// client's next request is likely to follow at once, and a parked reader
-// would cost it a thread wake-up, which on a busy machine can wait a
-// scheduler slice. It works by a read deadline in the past, which the
-// reader takes as the signal; use it only on connections whose reads
-// have no deadline of their own.
-func (c *Conn) Rearm() {
-	if c.spin.Load() == 0 {
-		return
-	}
-	c.rearm.Store(true)
-	_ = c.uc.SetReadDeadline(time.Unix(1, 0))
-}
 
 // SetMaxFrame sets the largest payload accepted from now on.
 func (c *Conn) SetMaxFrame(n uint32) { c.maxFrame.Store(n) }

@@ -1,9 +1,7 @@
 package ipc
 
 import (
-	"errors"
 	"net"
-	"os"
 	"testing"
 	"time"
 )
@@ -53,58 +51,4 @@ func unixPair(dir string) (*net.UnixConn, *net.UnixConn, error) {
 		return nil, nil, err
 	}
 	return a, b, nil
-}
-
-// Rearm wakes a reader parked after its poll ran out and sends it back to
-// polling: the read goes on, without the deadline Rearm signals with
-// surfacing as an error, and the next frame arrives. On a connection that
-// does not poll, Rearm does nothing; a real deadline still fails the read.
-func TestRearm(t *testing.T) {
-	a, b := connPair(t)
-	a.SetSpin(time.Millisecond)
-	got := make(chan error, 1)
-	go func() {
-		_, err := a.ReadFrame()
-		got <- err
-	}()
-	time.Sleep(50 * time.Millisecond) // the poll has run out: parked
-	a.Rearm()
-	time.Sleep(50 * time.Millisecond)
-	select {
-	case err := <-got:
-		t.Fatalf("ReadFrame returned %v after Rearm, before any frame was sent", err)
-	default:
-	}
-	if err := b.WriteFrame(AppendEmpty(nil, TypeStatus, 7), -1); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("ReadFrame after Rearm: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the frame sent after Rearm was never read")
-	}
-
-	c, _ := connPair(t)
-	c.Rearm() // spin 0: no-op
-	if err := c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.ReadFrame(); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("ReadFrame past a real deadline: %v, want os.ErrDeadlineExceeded", err)
-	}
-}
-
-// connPair is a connected daemon-side and client-side Conn, closed with
-// the test.
-func connPair(t *testing.T) (daemon, client *Conn) {
-	t.Helper()
-	ua, ub, err := unixPair(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ua.Close(); ub.Close() })
-	return NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
 }

@@ -1,7 +1,6 @@
 package ipc
 
 import (
-	"errors"
 	"os"
 	"runtime"
 	"time"
@@ -29,18 +28,10 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 	} else {
 		c.pollUntil = 0
 	}
-	for {
-		err := c.raw.Read(c.recvFn)
-		if err == nil {
-			return c.rn, c.roobn, c.rflags, c.rerr
-		}
-		if !c.rearm.Swap(false) || !errors.Is(err, os.ErrDeadlineExceeded) {
-			return 0, 0, 0, err
-		}
-		// Rearm's signal, not a deadline: poll again.
-		_ = c.uc.SetReadDeadline(time.Time{})
-		c.pollUntil = time.Now().UnixNano() + c.spin.Load()
+	if err := c.raw.Read(c.recvFn); err != nil {
+		return 0, 0, 0, err
 	}
+	return c.rn, c.roobn, c.rflags, c.rerr
 }
 
 // recvOnce is the RawConn.Read callback; false means "wait until
