@@ -74,6 +74,9 @@ func runBench(c *cli.Context) error {
 	if iters < 1 {
 		return exitf("bench: --iters %d: want at least 1", iters)
 	}
+	if d := c.Duration("timeout"); d <= 0 {
+		return exitf("bench: --timeout %v: want more than 0", d)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err

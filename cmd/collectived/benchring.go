@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -104,32 +103,7 @@ func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DTyp
 	buf := make([]byte, count*es)
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
-	run := func() (time.Duration, error) {
-		t0 := time.Now()
-		err := r.AllReduce(d, buf)
-		return time.Since(t0), err
-	}
-	fill(buf, dt, op, rank)
-	if _, err := run(); err != nil {
-		return res, err
-	}
-	if err := verify(buf, dt, op, world); err != nil {
-		return res, err
-	}
-	for i := 0; i < warmup; i++ {
-		if _, err := run(); err != nil {
-			return res, err
-		}
-	}
-	for i := 0; i < iters; i++ {
-		if i == iters-1 {
-			fill(buf, dt, op, rank)
-		}
-		took, err := run()
-		if err != nil {
-			return res, err
-		}
-		res.TimesNS = append(res.TimesNS, took.Nanoseconds())
-	}
-	return res, verify(buf, dt, op, world)
+	var err error
+	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, func() error { return r.AllReduce(d, buf) })
+	return res, err
 }

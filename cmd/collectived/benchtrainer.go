@@ -96,37 +96,43 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 	} else {
 		buf = make([]byte, n)
 	}
-	run := func() (time.Duration, error) {
-		t0 := time.Now()
-		err := cl.AllReduce(buf, dt, op)
-		return time.Since(t0), err
+	var err error
+	res.TimesNS, err = measure(buf, dt, op, cl.Rank(), cl.Size(), iters, warmup,
+		func() error { return cl.AllReduce(buf, dt, op) })
+	return res, err
+}
+
+// measure is the protocol of every bench command for one size: a checked
+// call on known values, warmup calls, then iters timed calls, the last of
+// them on known values again and checked too. allreduce runs one call on
+// buf, which holds elements of dt on world rank rank of world.
+func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, allreduce func() error) ([]int64, error) {
+	fill(buf, dt, op, rank)
+	if err := allreduce(); err != nil {
+		return nil, err
 	}
-	check := func() error {
-		fill(buf, dt, op, cl.Rank())
-		if _, err := run(); err != nil {
-			return err
-		}
-		return verify(buf, dt, op, cl.Size())
-	}
-	if err := check(); err != nil {
-		return res, err
+	if err := verify(buf, dt, op, world); err != nil {
+		return nil, err
 	}
 	for i := 0; i < warmup; i++ {
-		if _, err := run(); err != nil {
-			return res, err
+		if err := allreduce(); err != nil {
+			return nil, err
 		}
 	}
+	times := make([]int64, 0, iters)
 	for i := 0; i < iters; i++ {
 		if i == iters-1 {
-			fill(buf, dt, op, cl.Rank())
+			fill(buf, dt, op, rank)
 		}
-		d, err := run()
+		t0 := time.Now()
+		err := allreduce()
+		took := time.Since(t0)
 		if err != nil {
-			return res, err
+			return nil, err
 		}
-		res.TimesNS = append(res.TimesNS, d.Nanoseconds())
+		times = append(times, took.Nanoseconds())
 	}
-	return res, verify(buf, dt, op, cl.Size())
+	return times, verify(buf, dt, op, world)
 }
 
 // value is what rank w contributes at element i; exact in every dtype for

@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/collectived/collectived/collective"
 )
 
 func TestParseSizes(t *testing.T) {
@@ -29,6 +32,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		"unknown dtype \"bf16\"":  {"--dtype", "bf16"},
 		"unknown reduce op \"avg": {"--op", "avg"},
 		"--iters 0":               {"--iters", "0"},
+		"--timeout 0s: want more": {"--ring-only", "--timeout", "0s"},
 	} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // report, do not os.Exit
@@ -47,5 +51,25 @@ func TestVersion(t *testing.T) {
 	app.Writer = &out
 	if err := app.Run([]string{"collectived", "version"}); err != nil || !strings.Contains(out.String(), "client protocol 1") {
 		t.Fatalf("version: %v %q", err, out.String())
+	}
+}
+
+// The bench commands check their results: a call that leaves the buffer
+// as it was (here, no allreduce at all in a world of 2) is caught, by
+// element, before any timing is reported; a working one passes.
+func TestMeasureChecksResults(t *testing.T) {
+	buf := make([]byte, 16)
+	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, func() error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "wrong result at element 0") {
+		t.Fatalf("measure of a call that does nothing: %v, want a wrong result at element 0", err)
+	}
+	// In a world of 1 the buffer itself is the sum.
+	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, func() error { return nil })
+	if err != nil || len(times) != 3 {
+		t.Fatalf("measure in a world of one: %v, %d times, want 3", err, len(times))
+	}
+	boom := errors.New("boom")
+	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, func() error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("measure of a failing call: %v, want its error", err)
 	}
 }
