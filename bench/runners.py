@@ -82,18 +82,21 @@ def stats(bytes_: int, times_ns: list[int], world: int) -> dict:
             "algbw_GBps": alg, "busbw_GBps": bus}
 
 
-def _parse_times(out: str, world: int, what: str) -> list[dict]:
-    rows = []
+def _json_lines(out: str, what: str):
+    """The JSON objects a benchmark printed one per line, in order; other
+    lines are progress. A garbled object is an error naming its printer."""
     for line in out.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
-            r = json.loads(line)
+            yield json.loads(line)
         except json.JSONDecodeError as e:
-            raise RunError(f"{what}: rank 0 printed {line[:200]!r}: {e}") from e
-        rows.append(stats(r["bytes"], r["times_ns"], world))
-    return rows
+            raise RunError(f"{what}: printed {line[:200]!r}: {e}") from e
+
+
+def _parse_times(out: str, world: int, what: str) -> list[dict]:
+    return [stats(r["bytes"], r["times_ns"], world) for r in _json_lines(out, f"{what}: rank 0")]
 
 
 def _expect(rows, sizes, what):
@@ -130,14 +133,7 @@ def parse_collectived(out: str, world: int, what: str) -> list[dict]:
     """The JSON lines of `collectived bench --json` (with or without
     --ring-only); a size whose result was not verified is an error."""
     rows = []
-    for line in out.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RunError(f"{what}: printed {line[:200]!r}: {e}") from e
+    for r in _json_lines(out, what):
         if not r.get("verified"):
             raise RunError(f"{what}: size {r.get('bytes')} not verified")
         r["world"] = world

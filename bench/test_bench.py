@@ -68,7 +68,7 @@ class StatsTest(unittest.TestCase):
         self.assertEqual([(r["bytes"], r["median_us"]) for r in rows], [(8, 0.02)])
         with self.assertRaises(runners.RunError) as cm:
             runners._parse_times('{"bytes": 8, "times_ns": [1,', 2, "mpi-tcp")
-        self.assertIn("mpi-tcp: rank 0 printed", str(cm.exception))
+        self.assertIn("mpi-tcp: rank 0: printed", str(cm.exception))
 
     def test_missing_sizes_are_an_error(self):
         runners._expect([{"bytes": 4}, {"bytes": 4096}], [1, 4096], "gloo")  # 1 B is sent as one float
