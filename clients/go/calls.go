@@ -22,6 +22,10 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	}
 	var call ipc.Call
 	call.Desc = d
+	// The reader polls after each frame only while the latest call is
+	// small: the reply to a bulk call comes too late for a poll to catch.
+	// (With calls of both kinds in flight the latest decides; that costs
+	// at most a wake-up or a spin, never a reply.)
 	h.bulk = len(buf) > pollMaxBytes
 	spin := c.spin
 	if h.bulk {
