@@ -111,12 +111,25 @@ def torch_allreduce(c: collectived.Client) -> Any:
     import collectived.torch as ct
 
     t = torch.full((10,), float(c.rank))
-    c.allreduce(t)
+    assert c.allreduce(t) is t  # in place, the tensor itself returned
+    h = c.allreduce_async(torch.ones(3, dtype=torch.int64), op="max")
+    assert h.wait().tolist() == [1, 1, 1]
     z = ct.zeros(c, 1000, torch.float64)
+    assert float(z.abs().max()) == 0.0, "collectived.torch.zeros gave non-zero memory"
+    e = ct.empty(c, 10, torch.int32)
+    assert e.dtype == torch.int32 and e.shape == (10,)
     z += c.rank
     before = c.bytes_sent
     c.allreduce(z, op="max")
-    return t.tolist(), float(z.max()), c.bytes_sent - before
+    sent = c.bytes_sent - before
+    # as_tensor over an array from Client.empty shares its segment too
+    a = ct.as_tensor(c.empty(1000, "float32"))
+    a.fill_(1.0)
+    before = c.bytes_sent
+    c.allreduce(a)
+    sent = max(sent, c.bytes_sent - before)
+    assert float(a.min()) == float(a.max()) == float(c.size)
+    return t.tolist(), float(z.max()), sent
 
 
 def mismatch_rounds(c: collectived.Client, rounds: int) -> list:

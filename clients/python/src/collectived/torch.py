@@ -31,4 +31,8 @@ def empty(client: Client, shape: int | Sequence[int], dtype: "torch.dtype" = tor
 
 def zeros(client: Client, shape: int | Sequence[int], dtype: "torch.dtype" = torch.float32) -> "torch.Tensor":
     """A zero CPU tensor in a shared segment of ``client``'s daemon."""
-    return empty(client, shape, dtype)
+    if dtype not in _NUMPY_NAMES:
+        raise TypeError(f"dtype {dtype} unsupported (float32, float64, int32, int64)")
+    # Client.zeros fills the memory: a segment's bytes are zero only while
+    # the daemon hands out fresh memfds, which the protocol does not promise.
+    return torch.from_numpy(client.zeros(shape, _NUMPY_NAMES[dtype]))
