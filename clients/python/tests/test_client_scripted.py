@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import gc
 import os
+import re
 import time
 from typing import Iterator
 
@@ -49,6 +50,23 @@ def test_env_defaults(fake: ScriptedDaemon, monkeypatch: pytest.MonkeyPatch) -> 
         collectived.Client()
     assert ei.value.code == 3 and ei.value.fatal
     assert '"default"' in ei.value.message and '"demo"' in ei.value.message
+
+
+def test_socket_argument_then_env_then_default(fake: ScriptedDaemon, tmp_path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLECTIVED_SOCKET", str(tmp_path / "elsewhere.sock"))
+    with collectived.Client(fake.path, job="demo") as c:  # the argument beats the env
+        assert c.path == fake.path
+    # Without either, the daemon's own default path (config.DefaultSocketPath).
+    config_go = os.path.join(os.path.dirname(__file__), "..", "..", "..", "config", "config.go")
+    with open(config_go, encoding="utf-8") as f:
+        m = re.search(r'DefaultSocketPath\s*=\s*"([^"]+)"', f.read())
+    assert m and collectived.DEFAULT_SOCKET == m.group(1), m
+    monkeypatch.delenv("COLLECTIVED_SOCKET")
+    if not os.path.exists(collectived.DEFAULT_SOCKET):  # no system daemon to reach by accident
+        with pytest.raises(collectived.ConnectionLostError,
+                           match=re.escape(collectived.DEFAULT_SOCKET)):
+            collectived.Client(job="demo", connect_timeout=1.0)
 
 
 def test_rank_retry(fake: ScriptedDaemon) -> None:
