@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 
@@ -49,11 +50,31 @@ def test_vectors_cover_the_brief() -> None:
         assert c in checks
 
 
+def test_committed_vectors_are_the_generators() -> None:
+    # vectors.json (Go, Python) and vectors.txt (C) must be one set: both
+    # exactly what gen_vectors.py writes, so no codec checks a stale copy.
+    spec = importlib.util.spec_from_file_location("gen_vectors", os.path.join(
+        os.path.dirname(VECTORS), "gen_vectors.py"))
+    assert spec and spec.loader
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.build()
+    with open(VECTORS, encoding="utf-8") as f:
+        assert json.load(f) == gen.valid + gen.invalid
+    with open(os.path.join(os.path.dirname(VECTORS), "vectors.txt"), encoding="utf-8") as f:
+        assert f.read() == "\n".join(gen.txt_lines()) + "\n"
+
+
+# The frames that carry an fd (SCM_RIGHTS), as this client sends and expects them.
+_FD_TYPES = {"ALLOC_OK", "REGISTER"}
+
+
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
 def test_decode_valid(vec: dict) -> None:
     msg = P.decode(bytes.fromhex(vec["hex"]))
     assert _as_decoded(msg) == vec["decoded"]
     assert (vec["direction"] == "d2c") == bool(P.type_code(msg) & 0x80)
+    assert vec["fd"] == (vec["decoded"]["type"] in _FD_TYPES)
 
 
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
