@@ -81,8 +81,9 @@ class World:
 
     def __init__(self, binary: str, nodes: int, local_size: int, *,
                  collective_timeout: str = "20s", inline_bytes: str = "64KiB",
-                 shm_quota: str = "4GiB", extra: str = "") -> None:
+                 shm_quota: str = "4GiB", extra: str = "", job: str = JOB) -> None:
         self.binary = binary
+        self.job = job
         self.nodes = nodes
         self.local_size = local_size
         self.size = nodes * local_size
@@ -96,7 +97,7 @@ class World:
         peers = "\n".join(f"  - 127.0.0.1:{p}" for p in ports)
         with open(self.config, "w") as f:
             f.write(f"""job:
-  name: {JOB}
+  name: {job}
   token_env: {TOKEN_ENV}
   local_size: {local_size}
 peers:
@@ -136,7 +137,7 @@ log:
                 raise RuntimeError(f"daemon {r} exited with {self.procs[r].returncode}:\n"
                                    f"{self.log(r)}")
             try:
-                with collectived.Client(self.sockets[r], job=JOB, observer=True,
+                with collectived.Client(self.sockets[r], job=self.job, observer=True,
                                         connect_timeout=2.0):
                     return
             except (collectived.CollectivedError, OSError) as e:
