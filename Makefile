@@ -10,6 +10,9 @@ GO      ?= go
 BIN     := bin/collectived
 VENV    := .venv
 PY      := $(VENV)/bin/python
+# Debian's python3 with Debian's python3-torch: the PyTorch tests (torch
+# helpers, train_torch.py), which .venv, without torch, skips.
+TORCH_PY := .venv-torch/bin/python
 SETUP   := .setup-done
 GOTEST_FLAGS ?= -race -timeout 20m
 
@@ -38,6 +41,8 @@ gotest: build
 
 pytest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests bench/test_bench.py
+	$(TORCH_PY) -c 'import torch' || { echo "no torch in $(TORCH_PY): run scripts/setup.sh"; exit 1; }
+	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(TORCH_PY) -m pytest -q -k torch clients/python/tests
 
 ctest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(MAKE) -C clients/c test
@@ -68,5 +73,5 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./ring/ ./collective/
 
 clean:
-	rm -rf bin $(SETUP) $(VENV)
+	rm -rf bin $(SETUP) $(VENV) .venv-torch
 	$(MAKE) -C clients/c clean

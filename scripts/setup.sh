@@ -14,6 +14,11 @@ have systemd-analyze || need_pkgs+=(systemd)
 # bench/test_bench.py runs the OpenMPI side of bench/compare once.
 have mpicc         || need_pkgs+=(openmpi-bin libopenmpi-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+# The Python client's PyTorch tests and train_torch.py run on Debian's own
+# Python with Debian's torch (the PyPI wheel pulls gigabytes of CUDA).
+[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+/usr/bin/python3 -c 'import torch' 2>/dev/null || need_pkgs+=(python3-torch)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "setup: missing Debian packages ${need_pkgs[*]}; run as root or install them" >&2
@@ -35,4 +40,11 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q numpy pytest
 .venv/bin/python -m pip install -q -e ./clients/python
+
+echo "setup: Python venv .venv-torch (Debian's python3 and torch, for the PyTorch tests)"
+if [ ! -x .venv-torch/bin/python ]; then
+	/usr/bin/python3 -m venv --system-site-packages .venv-torch
+fi
+.venv-torch/bin/python -m pip install -q pytest
+.venv-torch/bin/python -c 'import torch, numpy, pytest'
 echo "setup: done"
