@@ -98,7 +98,10 @@ func (r *rawClient) expectError(code ipc.Code, want string, fatal bool) {
 
 // TestBadClientsWhileTrainersRun: while a 2x1 world allreduces, bad
 // clients connect to daemon 0 and are refused with named errors; the
-// trainers' results are unaffected and the daemon holds no fd of theirs.
+// trainers' results are unaffected. On a second daemon, a pipe and an
+// unsealed memfd offered as segments are refused and closed at once (its
+// fd count is its baseline plus the still-open connection), and an fd
+// sent with a CALL is closed with the connection.
 func TestBadClientsWhileTrainersRun(t *testing.T) {
 	w := startWorld(t, 2, 1, "")
 	sock := w.sockets[0]
@@ -131,6 +134,7 @@ func TestBadClientsWhileTrainersRun(t *testing.T) {
 	// trainer holds: use node 0 of a world of one of their own.
 	w1 := startWorld(t, 1, 4, "")
 	sock1 := w1.sockets[0]
+	base := stableProc(t, sock1)
 	t.Run("pipe as segment", func(t *testing.T) {
 		r := dialRaw(t, sock1)
 		r.hello()
@@ -142,6 +146,7 @@ func TestBadClientsWhileTrainersRun(t *testing.T) {
 		defer unix.Close(p[1])
 		r.send(ipc.Register{Size: 4096}.Encode(2), p[0])
 		r.expectError(ipc.CodeBadFD, "not a memfd", false)
+		expectProc(t, sock1, base.FDs+1, base.Memfds, "the pipe refused, its connection open")
 	})
 	t.Run("unsealed memfd", func(t *testing.T) {
 		r := dialRaw(t, sock1)
@@ -154,6 +159,7 @@ func TestBadClientsWhileTrainersRun(t *testing.T) {
 		unix.Ftruncate(fd, 4096)
 		r.send(ipc.Register{Size: 4096}.Encode(2), fd)
 		r.expectError(ipc.CodeBadFD, "SEAL_SHRINK", false)
+		expectProc(t, sock1, base.FDs+1, base.Memfds, "the unsealed memfd refused, its connection open")
 	})
 	t.Run("fd on a CALL", func(t *testing.T) {
 		r := dialRaw(t, sock1)
@@ -167,6 +173,7 @@ func TestBadClientsWhileTrainersRun(t *testing.T) {
 		call.Desc.Op = 4 // barrier
 		r.send(call.Encode(2), fd)
 		r.expectError(ipc.CodeBadFD, "", true)
+		expectProc(t, sock1, base.FDs, base.Memfds, "the CALL with an fd refused and its connection closed")
 	})
 
 	checkSameResults(t, trs, 4*4*3*2)
@@ -210,5 +217,44 @@ func TestSocketPermissions(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "PERMISSION") || !strings.Contains(string(out), "65534") {
 		t.Fatalf("refusal does not say PERMISSION for uid 65534: %s", out)
+	}
+}
+
+// stableProc returns a daemon's resource use once two readings 200 ms
+// apart agree on fds and memfds. Each reading is taken through an observer
+// connection of its own, so every reading counts one connection of ours.
+func stableProc(t *testing.T, sock string) procStatus {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var prev procStatus
+	for i := 0; ; i++ {
+		st, err := clusterStatus(sock)
+		if err == nil && i > 0 && st.Process.FDs == prev.FDs && st.Process.Memfds == prev.Memfds {
+			return st.Process
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon at %s: resource use never settled: %+v then %+v (%v)", sock, prev, st.Process, err)
+		}
+		prev = st.Process
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// expectProc waits (bounded) until the daemon at sock holds fds open fds
+// and memfds memfds, as counted from an observer's connection like
+// stableProc's: a refused fd the daemon kept open shows as one too many.
+func expectProc(t *testing.T, sock string, fds, memfds int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := clusterStatus(sock)
+		if err == nil && st.Process.FDs == fds && st.Process.Memfds == memfds {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: daemon holds %d fds and %d memfds, want %d and %d (status error %v)",
+				when, st.Process.FDs, st.Process.Memfds, fds, memfds, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
