@@ -44,6 +44,13 @@ def fresh_world_2x1(collectived_bin: str) -> Iterator[World]:
 
 
 @pytest.fixture
+def timeout_world_2x1(collectived_bin: str) -> Iterator[World]:
+    """2x1 whose collectives (the first included) time out after 3 s."""
+    yield from _world(collectived_bin, 2, 1, collective_timeout="3s", first_call="3s",
+                      stall_warning="1s")
+
+
+@pytest.fixture
 def small_quota_world(collectived_bin: str) -> Iterator[World]:
     """1x1 with a 10 MiB shared-memory quota."""
     yield from _world(collectived_bin, 1, 1, shm_quota="10MiB")

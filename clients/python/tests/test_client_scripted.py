@@ -7,6 +7,8 @@ import array
 import gc
 import os
 import re
+import subprocess
+import sys
 import time
 from typing import Iterator
 
@@ -161,6 +163,28 @@ def test_stdlib_buffers(client: collectived.Client, fake: ScriptedDaemon) -> Non
     client.allreduce(mv, op="sum")
     assert list(mv) == [10, 0, 0, 18]
     assert fake.calls[-1].flags == P.CALL_SHM
+
+
+def test_core_runs_without_numpy_or_torch(fake: ScriptedDaemon) -> None:
+    # The core is standard library only: with NumPy and PyTorch unimportable,
+    # a trainer still connects and reduces Python buffers inline and in a
+    # shared segment.
+    code = (
+        "import sys\n"
+        "sys.modules['numpy'] = sys.modules['torch'] = None  # importing them fails\n"
+        "import array, collectived\n"
+        "with collectived.Client(sys.argv[1], job='demo') as c:\n"
+        "    a = array.array('f', [1.0, 2.5])\n"
+        "    assert c.allreduce(a) is a and list(a) == [2.0, 5.0], list(a)\n"
+        "    b = c.buffer(8).cast('i')\n"
+        "    b[0], b[1] = 3, -4\n"
+        "    c.allreduce(b, op='sum')\n"
+        "    assert list(b) == [6, -8], list(b)\n"
+        "print('stdlib only: OK')\n")
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    r = subprocess.run([sys.executable, "-c", code, fake.path], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=src))
+    assert r.returncode == 0 and "stdlib only: OK" in r.stdout, r.stdout + r.stderr
 
 
 def test_broadcast_and_barrier_descriptions(client: collectived.Client,

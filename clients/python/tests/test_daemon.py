@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -187,6 +188,26 @@ def test_peer_lost(fresh_world_2x1: World) -> None:
             h.wait(60)
         assert isinstance(ei.value, (collectived.PeerLostError, collectived.AbortedError,
                                      collectived.CollectiveTimeoutError)), ei.value
+
+
+def test_collective_timeout_names_who_never_called(timeout_world_2x1: World) -> None:
+    # World rank 1 is attached but never calls: rank 0's call fails with the
+    # daemon's TIMEOUT, its message verbatim, before the client's own wait
+    # (timeout plus margin) runs out.
+    w = timeout_world_2x1
+    (s0, lr0), (s1, lr1) = w.trainer_args(0), w.trainer_args(1)
+    with collectived.Client(s0, job=JOB, local_rank=lr0) as c, \
+            collectived.Client(s1, job=JOB, local_rank=lr1) as idle:
+        assert idle.rank == 1
+        t0 = time.monotonic()
+        with pytest.raises(collectived.CollectiveTimeoutError) as ei:
+            c.allreduce(np.ones(16, np.float32), name="late")
+        took = time.monotonic() - t0
+    e = ei.value
+    assert isinstance(e, TimeoutError) and (e.code, e.code_name) == (16, "TIMEOUT")
+    assert "(world rank 1) sent nothing for this collective" in e.message, e.message
+    assert e.message in str(e)
+    assert 2.5 < took < c.timeout, took
 
 
 def test_own_daemon_lost(fresh_world_2x1: World) -> None:

@@ -80,7 +80,8 @@ class World:
     """``nodes`` daemons on loopback, each serving ``local_size`` trainers."""
 
     def __init__(self, binary: str, nodes: int, local_size: int, *,
-                 collective_timeout: str = "20s", inline_bytes: str = "64KiB",
+                 collective_timeout: str = "20s", first_call: str = "60s",
+                 stall_warning: str = "5s", inline_bytes: str = "64KiB",
                  shm_quota: str = "4GiB", extra: str = "", job: str = JOB) -> None:
         self.binary = binary
         self.job = job
@@ -107,8 +108,8 @@ socket:
 timeouts:
   connect: 30s
   collective: {collective_timeout}
-  first_call: 60s
-  stall_warning: 5s
+  first_call: {first_call}
+  stall_warning: {stall_warning}
 limits:
   inline_bytes: {inline_bytes}
   shm_quota_bytes: {shm_quota}

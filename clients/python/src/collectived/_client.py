@@ -229,18 +229,22 @@ class Client:
 
     @property
     def local_rank(self) -> int:
+        """Rank among this node's trainers, in ``[0, local_size)``; -1 for an observer."""
         return -1 if self._observer else self.info.local_rank
 
     @property
     def local_size(self) -> int:
+        """Trainers per node (the daemon's ``job.local_size``)."""
         return self.info.local_size
 
     @property
     def node_rank(self) -> int:
+        """This node's rank in the ring of daemons (its index in ``peers``)."""
         return self.info.node_rank
 
     @property
     def node_count(self) -> int:
+        """Nodes (daemons) in the world."""
         return self.info.node_count
 
     @property
@@ -291,6 +295,8 @@ class Client:
         return self.broadcast_async(x, root, name=name).wait(timeout)
 
     def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
+        """Start a broadcast from world rank ``root``; ``x`` must not be
+        touched until the handle is done. ``wait()`` returns ``x``."""
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast root {root} outside world of {self.size}")
         return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x)
@@ -300,6 +306,7 @@ class Client:
         self.barrier_async(name=name).wait(timeout)
 
     def barrier_async(self, *, name: str = "") -> Handle:
+        """Enter a barrier; the handle is done once every trainer has entered."""
         empty = Buffer(memoryview(bytearray(0)), 0, 0, 0, None)
         return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, empty, None)
 
