@@ -227,6 +227,20 @@ func (c *Config) ListenAddress(rank int) string {
 	return c.Peers[rank]
 }
 
+// SetByFlag records that key (such as "socket.path") was set by the
+// command-line flag (such as "--socket") after parsing. Errors about key
+// then name the flag instead of the file's line, which no longer holds the
+// value that was checked.
+func (c *Config) SetByFlag(key, flag string) {
+	if c.pos == nil {
+		c.pos = &origin{}
+	}
+	if c.pos.flags == nil {
+		c.pos.flags = map[string]string{}
+	}
+	c.pos.flags[key] = flag
+}
+
 // Source is the name the config was parsed from ("" if built in code).
 func (c *Config) Source() string {
 	if c.pos == nil {

@@ -94,6 +94,7 @@ type origin struct {
 	source string
 	lines  map[string]int
 	bad    map[string]bool
+	flags  map[string]string // key -> the command-line flag that set it after parsing
 }
 
 // line is the line of key, or of its nearest ancestor that was in the
@@ -120,6 +121,11 @@ func (o *origin) line(key string) int {
 
 // errAt builds an Error for key placed with c's origin.
 func (c *Config) errAt(key string, err error) *Error {
+	if c.pos != nil {
+		if f, ok := c.pos.flags[key]; ok {
+			return &Error{Source: f, Key: key, Err: err}
+		}
+	}
 	return &Error{Source: c.Source(), Line: c.pos.line(key), Key: key, Err: err}
 }
 

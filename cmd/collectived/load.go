@@ -27,9 +27,11 @@ func loadConfig(c *cli.Context) (*config.Config, int, error) {
 	}
 	if c.IsSet(socketFlag.Name) {
 		cfg.Socket.Path = c.String(socketFlag.Name)
+		cfg.SetByFlag("socket.path", "--"+socketFlag.Name)
 	}
 	if c.IsSet(listenFlag.Name) {
 		cfg.Listen = c.String(listenFlag.Name)
+		cfg.SetByFlag("listen", "--"+listenFlag.Name)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, 0, err
