@@ -71,13 +71,15 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{
 		cfg:    cfg,
-		log:    cfg.logger().With("node", cfg.Rank),
+		log:    cfg.logger().With("job", cfg.Job, "node", cfg.Rank),
 		notify: make(chan struct{}, 1),
 		slots:  make([]slot, cfg.LocalSize),
 		state:  "forming",
 	}
 
-	rv, err := rendezvous.Listen(cfg.RendezvousConfig(d.log))
+	// The rendezvous names the job and its rank itself: give it the
+	// caller's logger, so that its lines carry each key once.
+	rv, err := rendezvous.Listen(cfg.RendezvousConfig(cfg.logger()))
 	if err != nil {
 		return nil, fmt.Errorf("collectived node %d: ring listener: %w", cfg.Rank, err)
 	}
@@ -117,7 +119,7 @@ func (d *Daemon) Start() {
 		defer d.wg.Done()
 		d.engine()
 	}()
-	d.log.Info("collectived started", "job", d.cfg.Job, "node", d.cfg.Rank, "nodes", len(d.cfg.Peers),
+	d.log.Info("collectived started", "nodes", len(d.cfg.Peers),
 		"local_size", d.cfg.LocalSize, "socket", d.cfg.SocketPath, "listen", d.RingAddr())
 }
 

@@ -44,12 +44,14 @@ func runBenchRing(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg.Log).With("job", cfg.Job.Name, "node", rank)
+	base := newLogger(cfg.Log)
+	log := base.With("job", cfg.Job.Name, "node", rank)
 	dc, err := daemonConfig(cfg, rank, log)
 	if err != nil {
 		return err
 	}
-	rv, err := rendezvous.Listen(dc.RendezvousConfig(log))
+	// The rendezvous adds the job and its rank to its lines itself.
+	rv, err := rendezvous.Listen(dc.RendezvousConfig(base))
 	if err != nil {
 		return fmt.Errorf("bench-ring node %d: ring listener: %w", rank, err)
 	}

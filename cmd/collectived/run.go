@@ -20,8 +20,11 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			log := newLogger(cfg.Log).With("job", cfg.Job.Name)
-			dc, err := daemonConfig(cfg, rank, log)
+			// The daemon adds the job and node to every line it logs;
+			// this command's own lines add them here, once.
+			base := newLogger(cfg.Log)
+			log := base.With("job", cfg.Job.Name, "node", rank)
+			dc, err := daemonConfig(cfg, rank, base)
 			if err != nil {
 				return err
 			}
