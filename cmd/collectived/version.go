@@ -5,9 +5,9 @@ import (
 	"runtime"
 
 	"github.com/urfave/cli/v2"
-)
 
-const protocolVersion = 1
+	"github.com/collectived/collectived/ipc"
+)
 
 func versionCommand() *cli.Command {
 	return &cli.Command{
@@ -15,7 +15,7 @@ func versionCommand() *cli.Command {
 		Usage: "print the version and the protocol it speaks",
 		Action: func(c *cli.Context) error {
 			fmt.Fprintf(c.App.Writer, "collectived %s (client protocol %d, %s, %s/%s)\n",
-				version, protocolVersion, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+				version, ipc.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			return nil
 		},
 	}
