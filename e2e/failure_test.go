@@ -117,6 +117,7 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 	time.Sleep(1500 * time.Millisecond)
 	faultAt := time.Now()
 	fault(w)
+	var genBefore uint32 // the newest generation a call succeeded in before the fault
 	for i, tr := range survivors {
 		evs, err := tr.wait(t, 30*time.Second)
 		if err != nil {
@@ -128,6 +129,11 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 		last := evs[len(evs)-1]
 		if last.OK {
 			t.Fatalf("trainer on node %d never saw the fault", i)
+		}
+		for _, e := range evs {
+			if e.OK {
+				genBefore = max(genBefore, e.Gen)
+			}
 		}
 		if last.Code != "PEER_LOST" && last.Code != "TIMEOUT" {
 			t.Errorf("trainer on node %d: code %s, want PEER_LOST or TIMEOUT: %s", i, last.Code, last.Message)
@@ -165,6 +171,10 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 		}
 		if okCount == 0 || !evs[len(evs)-1].OK {
 			t.Fatalf("trainer on node %d after healing: %+v", i, evs)
+		}
+		// The failed generation is not reused: the ring re-formed.
+		if g := evs[len(evs)-1].Gen; g <= genBefore {
+			t.Errorf("trainer on node %d after healing ran in generation %d, not after the failed generation %d", i, g, genBefore)
 		}
 	}
 }

@@ -199,6 +199,13 @@ func (w *world) stop() {
 			<-done
 		}
 	}
+	// The job token is a secret: whatever a test did, no daemon's log
+	// (read whole, not the tail that log shows) may contain it.
+	for i, p := range w.logs {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(w.token)) {
+			w.t.Errorf("daemon %d's log %s contains the job token", i, p)
+		}
+	}
 	if w.t.Failed() {
 		for i := range w.logs {
 			w.t.Logf("daemon %d log:\n%s", i, w.log(i))
