@@ -1,5 +1,5 @@
 // Built and run by `make test` with the C++ compiler, linked against
-// libcollectived.a: "usable from C++" means the header's extern "C" names
+// libcollectived.so: "usable from C++" means the header's extern "C" names
 // resolve to the library's symbols, not only that the header parses as C++.
 #include <cstdio>
 #include <cstring>
