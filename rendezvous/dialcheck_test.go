@@ -182,3 +182,42 @@ func TestListenAllInterfacesAdvertiseOne(t *testing.T) {
 		}
 	}
 }
+
+// A recorded handshake played to a listener that never saw its nonce (here
+// another listener; in life, one whose nonce cache has since evicted it)
+// still fails: the dialer's proof covers the listener's fresh nonce, which
+// the recording cannot have.
+func TestReplayWithForgottenNonceFailsAuth(t *testing.T) {
+	first := newTarget(t, true, nil)
+	c, err := net.Dial("tcp", first.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rec := &recorder{Conn: c}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := dialHandshake(rec, craft(t, first.peers, 0)); err != nil {
+		t.Fatalf("genuine handshake: %v", err)
+	}
+
+	other := newTarget(t, true, nil)
+	r, err := net.Dial("tcp", other.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Write(rec.sent.Bytes())
+	r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf frameBuf
+	for _, want := range []frameType{frameHello, frameAuth, frameStatus} {
+		f, err := readFrame(r, &buf)
+		if err != nil || f.typ != want {
+			t.Fatalf("listener's answer: %v frame, %v; want %v", f.typ, err, want)
+		}
+		if want == frameStatus {
+			wantErr(t, "replayer", decodeStatus(f.payload), ErrAuth, "dialer's proof does not match")
+		}
+	}
+	rj := other.rejects.waitFor(t, ErrAuth, 5*time.Second)
+	wantErr(t, "listener", rj.err, ErrAuth, "dialer's proof does not match")
+}
