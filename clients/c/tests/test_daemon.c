@@ -436,6 +436,9 @@ static void mismatch_then_recover(cvd_client *c, const world *w)
 		CHECK(rc == CVD_E_MISMATCH && err.code == CVD_E_MISMATCH, "mismatch gave %d %s: %s", rc,
 		      cvd_strerror(rc), err.message);
 		CHECK(strstr(err.message, "MISMATCH") != NULL, "message %s", err.message);
+		/* the daemon's own text, naming both descriptions */
+		CHECK(strstr(err.message, "count=3") != NULL && strstr(err.message, "count=4") != NULL,
+		      "mismatch message does not carry the daemon's descriptions: %s", err.message);
 	}
 	g[0] = 1;
 	CHECK(cvd_allreduce(c, g, 1, CVD_FLOAT32, CVD_SUM, &err) == 0, "after mismatch: %s", err.message);
