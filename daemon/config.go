@@ -51,8 +51,10 @@ type Config struct {
 	OnState func(string)
 }
 
-// DefaultConfig returns a one-node world with the documented defaults;
-// callers fill in the job, token, peers and socket.
+// DefaultConfig returns a one-node world with the documented defaults
+// (config.yaml's; TestDefaultConfigMatchesFile keeps them equal), except
+// Spin: in-process daemons (tests, benchmarks of the core) never poll
+// unless asked. Callers fill in the job, token, peers and socket.
 func DefaultConfig() Config {
 	return Config{
 		LocalSize:         1,
@@ -62,7 +64,7 @@ func DefaultConfig() Config {
 		SmallBytes:        4096,
 		ConnectTimeout:    60 * time.Second,
 		CollectiveTimeout: 300 * time.Second,
-		FirstCallTimeout:  30 * time.Minute,
+		FirstCallTimeout:  10 * time.Minute,
 		StallWarning:      10 * time.Second,
 		HelloTimeout:      5 * time.Second,
 		HeartbeatInterval: time.Second,
