@@ -96,9 +96,36 @@ func TestCollectiveTimeout(t *testing.T) {
 	}
 }
 
-// TestShutdown: SIGTERM fails pending calls with SHUTDOWN, removes the
-// socket and exits 0.
+// TestLocalCollectiveTimeout: when the trainer that never calls is on the
+// caller's own node, TIMEOUT names it as the stall report does: world
+// rank, node, local rank and pid.
+func TestLocalCollectiveTimeout(t *testing.T) {
+	cfg := strings.NewReplacer("collective: 20s", "collective: 2s", "first_call: 20s", "first_call: 2s", "stall_warning: 2s", "stall_warning: 1s").Replace(fastTimeouts)
+	w := startWorld(t, 1, 2, cfg)
+	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	waitFor(t, 10*time.Second, "trainer 0 to attach", func() bool {
+		return strings.Contains(w.log(0), "world_rank=0")
+	})
+	idle := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16", "-pause", "1h")
+	evs, err := caller.wait(t, 30*time.Second)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("caller: %v %+v", err, evs)
+	}
+	want := "not called by world rank 1 (node 0, local rank 1, pid " + strconv.Itoa(idle.cmd.Process.Pid) + ")"
+	if e := evs[0]; e.Code != "TIMEOUT" || !strings.Contains(e.Message, want) {
+		t.Fatalf("caller got %s %q, want TIMEOUT saying %q", e.Code, e.Message, want)
+	}
+}
+
+// TestShutdown: SIGTERM and SIGINT fail pending calls with SHUTDOWN,
+// remove the socket and exit 0.
 func TestShutdown(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) { testShutdown(t, sig) })
+	}
+}
+
+func testShutdown(t *testing.T, sig syscall.Signal) {
 	w := startWorld(t, 1, 2, "")
 	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
 	waitFor(t, 10*time.Second, "the call to be queued", func() bool {
@@ -109,17 +136,17 @@ func TestShutdown(t *testing.T) {
 	d := w.daemons[0]
 	w.daemons[0] = nil
 	w.mu.Unlock()
-	d.Process.Signal(syscall.SIGTERM)
+	d.Process.Signal(sig)
 	done := make(chan error, 1)
 	go func() { done <- d.Wait() }()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("daemon exited with %v after SIGTERM; log:\n%s", err, w.log(0))
+			t.Fatalf("daemon exited with %v after %v; log:\n%s", err, sig, w.log(0))
 		}
 	case <-time.After(15 * time.Second):
 		d.Process.Kill()
-		t.Fatal("daemon did not exit within 15s of SIGTERM")
+		t.Fatalf("daemon did not exit within 15s of %v", sig)
 	}
 	if _, err := os.Stat(w.sockets[0]); !os.IsNotExist(err) {
 		t.Errorf("socket %s still there after shutdown: %v", w.sockets[0], err)
@@ -185,4 +212,47 @@ func TestStatusWaitingOnPeer(t *testing.T) {
 		t.Fatalf("plain status while waiting on the peer: %v\n%s", err, out)
 	}
 	caller.cmd.Process.Kill()
+}
+
+// TestLiveSocketNotTaken: a second daemon configured with a live daemon's
+// socket refuses to start, naming the socket, and the first one goes on
+// serving; once that one is killed (its socket file left behind, stale),
+// a new daemon replaces the file and serves.
+func TestLiveSocketNotTaken(t *testing.T) {
+	w := startWorld(t, 1, 1, "")
+	// A world of one binds no ring port: the socket is all the two share.
+	cmd := exec.Command(daemonBin, "run", "--config", w.cfgPath, "--rank", "0", "--socket", w.sockets[0])
+	cmd.Env = append(os.Environ(), "E2E_TOKEN="+w.token)
+	done := make(chan []byte, 1)
+	var runErr error
+	go func() {
+		out, err := cmd.CombinedOutput()
+		runErr = err
+		done <- out
+	}()
+	select {
+	case out := <-done:
+		if runErr == nil || !strings.Contains(string(out), w.sockets[0]) || !strings.Contains(string(out), "in use") {
+			t.Fatalf("second daemon on a live socket: %v\n%s", runErr, out)
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatal("a second daemon on a live socket was still running after 20s")
+	}
+	tr := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	if evs, err := tr.wait(t, 30*time.Second); err != nil || len(evs) != 1 || !evs[0].OK {
+		t.Fatalf("trainer of the first daemon: %v %+v", err, evs)
+	}
+
+	w.kill(0)
+	if st, err := os.Lstat(w.sockets[0]); err != nil || st.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("after kill -9 the socket file should be left behind: %v", err)
+	}
+	w.startDaemon(0)
+	w.waitSocket(0, 20*time.Second)
+	tr = w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	if evs, err := tr.wait(t, 30*time.Second); err != nil || len(evs) != 1 || !evs[0].OK {
+		t.Fatalf("trainer of the daemon that replaced a stale socket: %v %+v", err, evs)
+	}
 }
