@@ -125,3 +125,74 @@ func TestSystemdNotify(t *testing.T) {
 		t.Fatalf("daemon exit after SIGTERM: %v\n%s", err, log.String())
 	}
 }
+
+// TestSystemdNoReadyWhenStartFails: READY=1 means the config is valid and
+// the sockets are bound, so a daemon whose config is invalid, or whose
+// ring port is taken, exits non-zero without ever saying READY (systemd
+// then fails the start instead of reporting a service that is not there).
+func TestSystemdNoReadyWhenStartFails(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, tc := range []struct {
+		name, config, want string
+	}{
+		{"invalid config", "job:\n  name: e2e\n  token_env: E2E_TOKEN\n  bogus: 1\npeers:\n  - 127.0.0.1:1\n", "bogus"},
+		{"ring port taken", "job:\n  name: e2e\n  token_env: E2E_TOKEN\npeers:\n  - " + taken.Addr().String() + "\n  - 127.0.0.1:1\n", taken.Addr().String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "cvd-notify-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			nsPath := filepath.Join(dir, "notify")
+			ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: nsPath, Net: "unixgram"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ns.Close()
+			cfg := filepath.Join(dir, "c.yaml")
+			if err := os.WriteFile(cfg, []byte(tc.config), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(daemonBin, "run", "--config", cfg, "--rank", "0", "--socket", filepath.Join(dir, "d.sock"))
+			cmd.Env = append(os.Environ(), "E2E_TOKEN=0123456789abcdef0123", "NOTIFY_SOCKET="+nsPath)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			var log strings.Builder
+			cmd.Stderr = &log
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err = <-done:
+			case <-time.After(15 * time.Second):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("daemon still running 15s after a failed start; log:\n%s", log.String())
+			}
+			if err == nil {
+				t.Fatalf("daemon exited 0; log:\n%s", log.String())
+			}
+			if !strings.Contains(log.String(), tc.want) {
+				t.Errorf("exit %v; log does not name %q:\n%s", err, tc.want, log.String())
+			}
+			// Everything the daemon sent is queued on the socket by now.
+			buf := make([]byte, 4096)
+			for {
+				ns.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+				n, _, err := ns.ReadFromUnix(buf)
+				if err != nil {
+					break
+				}
+				if strings.Contains("\n"+string(buf[:n]), "\nREADY=1") {
+					t.Fatalf("daemon said READY=1 and then failed: %v; log:\n%s", err, log.String())
+				}
+			}
+		})
+	}
+}
