@@ -129,6 +129,14 @@ def torch_allreduce(c: collectived.Client) -> Any:
     c.allreduce(a)
     sent = max(sent, c.bytes_sent - before)
     assert float(a.min()) == float(a.max()) == float(c.size)
+    # refused before anything is sent: a strided view, an unsupported dtype
+    for bad, want in ((torch.ones(4, 4)[:, 1], ValueError), (torch.ones(4, dtype=torch.float16),
+                                                              TypeError)):
+        try:
+            c.allreduce(bad)
+            raise AssertionError(f"allreduce took a {bad.dtype} tensor of stride {bad.stride()}")
+        except want:
+            pass
     return t.tolist(), float(z.max()), sent
 
 
