@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"strconv"
@@ -220,4 +221,26 @@ func TestReplayWithForgottenNonceFailsAuth(t *testing.T) {
 	}
 	rj := other.rejects.waitFor(t, ErrAuth, 5*time.Second)
 	wantErr(t, "listener", rj.err, ErrAuth, "dialer's proof does not match")
+}
+
+// Listen in a world of one binds nothing: its own address may even be
+// taken by another socket, and Form still returns empty links at once.
+func TestListenWorldOfOneOpensNoSocket(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	l, err := Listen(testConfig(t, []string{held.Addr().String()}, 0, 2))
+	if err != nil {
+		t.Fatalf("world of one tried to bind: %v", err)
+	}
+	defer l.Close()
+	if l.Addr() != nil {
+		t.Fatalf("world of one bound %v", l.Addr())
+	}
+	k, err := l.Form(context.Background(), 3)
+	if err != nil || k.Next != nil || k.Prev != nil || k.NextGeneration != 3 || k.PrevGeneration != 3 {
+		t.Fatalf("world of one: %+v, %v", k, err)
+	}
 }
