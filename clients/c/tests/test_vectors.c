@@ -167,7 +167,7 @@ static uint8_t type_code(const char *name)
 	return 0;
 }
 
-static void test_valid(const char *name, const char *hexs, char *fields)
+static void test_valid(const char *name, const char *fd, const char *hexs, char *fields)
 {
 	blob raw, keep[32];
 	cvd_frame f, g;
@@ -227,6 +227,9 @@ static void test_valid(const char *name, const char *hexs, char *fields)
 		if (nkeep < 32)
 			CHECK(set_field(&g, k, v, &keep[nkeep++]) == 0, "%s: cannot set %s", name, k);
 	}
+	/* the frames this client passes an fd with (SCM_RIGHTS) */
+	CHECK(strcmp(fd, (g.type == CVD_T_ALLOC_OK || g.type == CVD_T_REGISTER) ? "1" : "0") == 0,
+	      "%s: vector's fd column %s disagrees with the frame type", name, fd);
 	/* encode from the vector's own fields, compare with the vector's bytes */
 	n = cvd_frame_encode(&g, out, sizeof out);
 	CHECK(n == raw.n, "%s: encoded %lu bytes, want %lu", name, (unsigned long)n, (unsigned long)raw.n);
@@ -320,7 +323,7 @@ int run_vector_tests(const char *path)
 			continue;
 		}
 		if (strcmp(col[0], "valid") == 0) {
-			test_valid(col[1], col[4], col[5]);
+			test_valid(col[1], col[3], col[4], col[5]);
 			nvalid++;
 		} else {
 			test_invalid(col[1], col[4], col[5]);
