@@ -16,9 +16,9 @@ TORCH_PY := .venv-torch/bin/python
 SETUP   := .setup-done
 GOTEST_FLAGS ?= -race -timeout 20m
 
-.PHONY: all build demo test setup lint gotest pytest ctest bench clean fuzz-short fuzz-long
+.PHONY: all build cclient demo test setup lint gotest pytest ctest bench clean fuzz-short fuzz-long
 
-all: build
+all: build cclient
 
 $(SETUP): scripts/setup.sh clients/python/pyproject.toml
 	bash scripts/setup.sh
@@ -28,6 +28,11 @@ setup: $(SETUP)
 
 build:
 	$(GO) build -o $(BIN) ./cmd/collectived
+
+# The C client: clients/c/build/libcollectived.a, libcollectived.so and the
+# example program.
+cclient:
+	$(MAKE) -C clients/c all
 
 demo: $(SETUP) build
 	./$(BIN) bench --nodes 3 --local 2 --sizes 4,4096,65536,1048576,16777216 --iters 20
