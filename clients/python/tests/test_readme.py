@@ -1,6 +1,7 @@
-"""The client snippets of README.md, clients/python/README.md and
-clients/c/README.md run as printed against a real daemon (a 1x1 world of
-job "demo", the job the snippets name): a snippet that no longer runs is a
+"""The client snippets of README.md, clients/python/README.md,
+clients/c/README.md and the collectived package's docstring run as printed
+against a real daemon (a 1x1 world of job "demo", the job the snippets
+name, also set as $COLLECTIVED_JOB): a snippet that no longer runs is a
 documentation bug a reader meets first.
 
 The C and Go snippets are statement lists; each is wrapped in ``main``
@@ -51,9 +52,18 @@ def _env(world: World) -> dict[str, str]:
                     "PYTHONPATH", "").split(os.pathsep) if p]))
 
 
-@pytest.mark.parametrize("path", [README, PY_README], ids=["README.md", "clients/python"])
+def docstring_example() -> str:
+    """The ``>>>`` example of the package's docstring, as a script."""
+    with open(os.path.join(REPO, "clients", "python", "src", "collectived", "__init__.py"),
+              encoding="utf-8") as f:
+        lines = re.findall(r"^(?:>>>|\.\.\.) ?(.*)$", f.read(), re.M)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("path", [README, PY_README, "docstring"],
+                         ids=["README.md", "clients/python", "collectived.__doc__"])
 def test_python_snippet_runs(demo_world: World, path: str) -> None:
-    (code,) = blocks(path, "python")
+    (code,) = [docstring_example()] if path == "docstring" else blocks(path, "python")
     assert "collectived.Client(" in code and "allreduce(" in code
     r = subprocess.run([sys.executable, "-c", code], env=_env(demo_world),
                        capture_output=True, text=True, timeout=120)
