@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,5 +61,21 @@ func TestFlagsOverrideFile(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("check %v: %v, want an error naming %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// A command's error names the program once, also when it comes from the
+// Go client, whose errors already begin with "collectived:".
+func TestErrorLineNamesProgramOnce(t *testing.T) {
+	_, err := runApp(t, "status", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--timeout", "1s")
+	if err == nil {
+		t.Fatal("status of a socket nobody serves succeeded")
+	}
+	line := errorLine(err)
+	if !strings.HasPrefix(line, "collectived: ") || strings.Count(line, "collectived:") != 1 || !strings.Contains(line, "none.sock") {
+		t.Errorf("status error line %q, want the program named once and the socket", line)
+	}
+	if line := errorLine(errors.New("config: bad")); line != "collectived: config: bad" {
+		t.Errorf("errorLine = %q", line)
 	}
 }

@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
@@ -15,9 +16,19 @@ var version = "0.1.0-dev"
 
 func main() {
 	if err := newApp().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "collectived:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is how a failed command reports err: prefixed with the
+// program's name once, as the Go client's errors (status) already are.
+func errorLine(err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, "collectived:") {
+		return msg
+	}
+	return "collectived: " + msg
 }
 
 func newApp() *cli.App {
