@@ -62,7 +62,7 @@ test: $(SETUP) lint gotest fuzz-short pytest ctest
 # bare "context deadline exceeded" and no crasher (golang/go#75804, fixed
 # only in Go 1.27); a count has no deadline to race.
 FUZZ_TARGETS := ipc:FuzzDecodeFrame:160000 ring:FuzzDecodeHeader:300000 \
-	rendezvous:FuzzDecodeHello:300000 config:FuzzParse:60000
+	ring:FuzzRingStream:20000 rendezvous:FuzzDecodeHello:300000 config:FuzzParse:60000
 FUZZMULT ?= 1
 fuzz-short:
 	@for t in $(FUZZ_TARGETS); do \
