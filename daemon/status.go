@@ -112,12 +112,3 @@ func (d *Daemon) Status() Status {
 }
 
 func (d *Daemon) statusJSON() ([]byte, error) { return json.Marshal(d.Status()) }
-
-// Alive reports that the daemon's main lock can be taken, which a wedged
-// daemon could not: the systemd watchdog's liveness check, cheaper than
-// Status (no /proc reads, no stop-the-world memory statistics).
-func (d *Daemon) Alive() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return !d.closed
-}

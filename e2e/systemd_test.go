@@ -61,8 +61,9 @@ func TestSystemdUnit(t *testing.T) {
 }
 
 // TestSystemdNotify: under a NOTIFY_SOCKET the daemon says READY=1 once its
-// sockets are bound, STATUS= with the ring's state, WATCHDOG=1 at half of
-// WATCHDOG_USEC, and STOPPING=1 on SIGTERM.
+// sockets are bound, STATUS= with the ring's state and then its progress
+// (trainers attached, calls made), WATCHDOG=1 at half of WATCHDOG_USEC,
+// and STOPPING=1 on SIGTERM.
 func TestSystemdNotify(t *testing.T) {
 	dir, err := os.MkdirTemp("", "cvd-notify-")
 	if err != nil {
@@ -91,7 +92,7 @@ func TestSystemdNotify(t *testing.T) {
 	seen := map[string]string{}
 	buf := make([]byte, 4096)
 	deadline := time.Now().Add(15 * time.Second)
-	stopped := false
+	stopped, ringUp, progress := false, false, false
 	for {
 		ns.SetReadDeadline(deadline)
 		n, _, err := ns.ReadFromUnix(buf)
@@ -109,8 +110,14 @@ func TestSystemdNotify(t *testing.T) {
 				}
 			}
 			seen[k] = v
+			if k == "STATUS" {
+				ringUp = ringUp || strings.HasPrefix(v, "ring up")
+				// The watchdog's tick (100 ms here) refreshes STATUS= with
+				// the daemon's progress between state changes.
+				progress = progress || strings.Contains(v, "trainers 0/1 attached, 0 calls")
+			}
 		}
-		if !stopped && seen["READY"] == "1" && seen["WATCHDOG"] == "1" && strings.Contains(seen["STATUS"], "ring up") {
+		if !stopped && seen["READY"] == "1" && seen["WATCHDOG"] == "1" && ringUp && progress {
 			stopped = true
 			cmd.Process.Signal(syscall.SIGTERM)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -12,8 +13,8 @@ import (
 
 // notifier speaks systemd's notify protocol (NOTIFY_SOCKET) through
 // go-systemd: READY=1 once the sockets are bound, STATUS= with the ring's
-// state, WATCHDOG=1 while the daemon answers, STOPPING=1 on shutdown.
-// Outside systemd every call is a no-op.
+// state and progress, WATCHDOG=1 while the daemon answers, STOPPING=1 on
+// shutdown. Outside systemd every call is a no-op.
 type notifier struct {
 	log *slog.Logger
 }
@@ -32,30 +33,43 @@ func (n *notifier) stopping() { n.send(sd.SdNotifyStopping) }
 // status forwards a one-line ring state; it must not block the daemon.
 func (n *notifier) status(line string) { n.send("STATUS=" + line) }
 
-// watchdog pings systemd at half the configured interval for as long as
-// the daemon's main lock can be taken: a daemon wedged on that lock stops
-// the pings and systemd restarts it.
+// progressEvery is how often STATUS= is refreshed with the daemon's
+// progress (calls made, the collective under way) between state changes.
+const progressEvery = 5 * time.Second
+
+// watchdog runs, under systemd, a ticker that refreshes STATUS= with
+// d.Progress every progressEvery and, if the unit has WatchdogSec=, pings
+// WATCHDOG=1 at half its interval (the ticker then runs at the shorter of
+// the two). Both go out only once Progress has taken the daemon's main
+// lock: a daemon wedged on that lock stops the pings and systemd restarts
+// it.
 func (n *notifier) watchdog(d *daemon.Daemon) (stop func()) {
-	interval, err := sd.SdWatchdogEnabled(false)
-	if err != nil || interval <= 0 {
+	if os.Getenv("NOTIFY_SOCKET") == "" {
 		return func() {}
+	}
+	every, ping := progressEvery, false
+	if interval, err := sd.SdWatchdogEnabled(false); err == nil && interval > 0 {
+		ping = true
+		every = min(every, interval/2)
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(interval / 2)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				if d.Alive() {
-					n.send(sd.SdNotifyWatchdog)
-				}
 			}
+			msg := "STATUS=" + d.Progress()
+			if ping {
+				msg = sd.SdNotifyWatchdog + "\n" + msg
+			}
+			n.send(msg)
 		}
 	}()
 	return func() { close(done); wg.Wait() }
