@@ -283,8 +283,9 @@ func (r *relay) delayedCopy(dst io.WriteCloser, src io.Reader) {
 }
 
 // TestNetnsDelayLoss: the link from node 1 to node 2 goes through a relay
-// adding 20 ms ± 10 ms each way, and 1% of the packets on it are dropped
-// (iptables statistic, both directions; the kernel has no netem). Every
+// adding 20 ms ± 10 ms each way, and 1% of the (wire-sized: no
+// segmentation offload) packets on it are dropped (iptables statistic,
+// both directions; the kernel has no netem). Every
 // trainer still gets bit-identical, exact results for every dtype, op,
 // size and path of a reduced sweep.
 func TestNetnsDelayLoss(t *testing.T) {
@@ -299,6 +300,12 @@ func TestNetnsDelayLoss(t *testing.T) {
 	// except the relay's own (marked) ones.
 	c.iptables(from, "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", c.nodeIP(to), "--dport", strconv.Itoa(ringPort),
 		"-m", "mark", "!", "--mark", strconv.Itoa(mark), "-j", "DNAT", "--to-destination", rl.addr())
+	// TCP segmentation offload would hand the veths 64 KiB super-packets,
+	// and 1% of those is not 1% of the packets a wire carries: one MSS per
+	// packet at both ends of the link.
+	for _, n := range []int{from, to} {
+		c.ipn(c.netns[n], "link", "set", "dev", "eth0", "gso_max_segs", "1")
+	}
 	// Count, then drop 1%, of the link's packets at each end.
 	for _, e := range []struct{ at, peer int }{{to, from}, {from, to}} {
 		c.iptables(e.at, "-A", "INPUT", "-p", "tcp", "-s", c.nodeIP(e.peer))
@@ -330,10 +337,14 @@ func TestNetnsDelayLoss(t *testing.T) {
 	}
 	t.Logf("relay: %d connections, %d bytes delayed 20±10 ms; iptables: %d packets on the link, %d dropped",
 		rl.accepted.Load(), rl.bytes.Load(), seen, dropped)
-	// With p = 0.01 per packet, no drop at all in 1000 packets has
-	// probability 0.99^1000 < 5e-5.
-	if seen >= 1000 && dropped == 0 {
-		t.Errorf("%d packets crossed the link and none was dropped: the loss rule did not act", seen)
+	// About 14,000 wire-sized packets cross the link: the loss rule drops
+	// 1% of them, about 140 (standard deviation 12); the bounds below are
+	// 7 standard deviations away.
+	if seen < 5000 {
+		t.Fatalf("only %d packets crossed the link: too few for 1%% loss to be exercised (offload not off?)", seen)
+	}
+	if rate := float64(dropped) / float64(seen); rate < 0.004 || rate > 0.02 {
+		t.Errorf("%d of %d packets dropped (%.2f%%), want about 1%%: the loss rule did not act as configured", dropped, seen, 100*rate)
 	}
 	c.checkBaselines(bs, 20*time.Second)
 }
