@@ -18,8 +18,8 @@ import (
 var ErrShutdown = errors.New("collectived is shutting down")
 
 // Daemon serves one node: the Unix socket for its trainers and its place in
-// the ring. It owns two goroutines, the socket server and the engine, both
-// started by Start and both stopped by Close.
+// the ring. It owns three goroutines, the socket server, the engine and the
+// ring-stall watcher, all started by Start and stopped by Close.
 type Daemon struct {
 	cfg Config
 	log *slog.Logger
@@ -108,7 +108,7 @@ func New(cfg Config) (*Daemon, error) {
 
 // Start begins serving trainers and forming the ring.
 func (d *Daemon) Start() {
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()
 		if err := d.srv.Serve(handler{d}); err != nil && !d.isClosed() {
@@ -118,6 +118,10 @@ func (d *Daemon) Start() {
 	go func() {
 		defer d.wg.Done()
 		d.engine()
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.watchRing()
 	}()
 	d.log.Info("collectived started", "nodes", len(d.cfg.Peers),
 		"local_size", d.cfg.LocalSize, "socket", d.cfg.SocketPath, "listen", d.RingAddr())

@@ -127,6 +127,11 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 	nextWarn := d.cfg.StallWarning
 	started := false
 	for {
+		// A neighbour already inside collective seq means the world has
+		// begun it while no local trainer has called: this node's missing
+		// trainers are the stall, and only this daemon can name their pids.
+		peer, peerIn := r.PeerInOp()
+		peerIn = peerIn && peer.Seq == seq
 		d.mu.Lock()
 		if d.lost != nil {
 			err := d.lost
@@ -141,13 +146,17 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			d.mu.Unlock()
 			return heads, nil
 		}
-		if any && !started {
+		begun := any || peerIn
+		if !any && peerIn {
+			oldest = peer.Since
+		}
+		if begun && !started {
 			started = true
 			d.inflight = inflight{active: true, seq: seq, phase: phaseLocal, since: oldest}
 		}
 		missing := ""
 		waited := time.Duration(0)
-		if any {
+		if begun {
 			waited = time.Since(oldest)
 			if waited >= nextWarn || waited >= timeout {
 				missing = d.missingLocked()
@@ -155,23 +164,37 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		}
 		d.mu.Unlock()
 
+		// The timeout counts from the first local call only: a node whose
+		// trainers never call is failed by the nodes that did, whose
+		// collective times out inside the ring.
 		if any && waited >= timeout {
 			return heads, fmt.Errorf("[timeout] collective %d of generation %d timed out after %v on node %d: not called by %s",
 				seq, r.Generation(), timeout, d.cfg.Rank, missing)
 		}
-		if any && waited >= nextWarn {
-			d.log.Warn("collective stalled", "seq", seq, "generation", r.Generation(), "waited", waited.Round(time.Millisecond), "not_called", missing)
-			nextWarn += d.cfg.StallWarning
+		if begun && waited >= nextWarn {
+			if any {
+				d.log.Warn("collective stalled", "seq", seq, "generation", r.Generation(), "waited", waited.Round(time.Millisecond), "not_called", missing)
+			} else {
+				d.log.Warn("collective stalled", "seq", seq, "generation", r.Generation(), "waited", waited.Round(time.Millisecond), "not_called", missing,
+					"begun_by", fmt.Sprintf("ring rank %d (%s), in %s", peer.Rank, peer.Addr, peer.Desc))
+			}
+			for nextWarn <= waited {
+				nextWarn += d.cfg.StallWarning
+			}
 		}
 		if err := r.Err(); err != nil {
 			return heads, err
 		}
 
 		// Sleep until a call arrives, the ring fails, or the next warning
-		// or timeout is due.
-		wait := time.Hour
-		if any {
-			wait = min(wait, nextWarn-waited, timeout-waited)
+		// or timeout is due; with no local call, look again for a
+		// neighbour's announcement a few times per warning interval.
+		wait := max(d.cfg.StallWarning/4, 10*time.Millisecond)
+		if begun {
+			wait = nextWarn - waited
+			if any {
+				wait = min(wait, timeout-waited)
+			}
 		}
 		resetTimer(timer, max(wait, time.Millisecond))
 		select {

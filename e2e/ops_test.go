@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -256,5 +257,37 @@ func TestLiveSocketNotTaken(t *testing.T) {
 	tr = w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
 	if evs, err := tr.wait(t, 30*time.Second); err != nil || len(evs) != 1 || !evs[0].OK {
 		t.Fatalf("trainer of the daemon that replaced a stale socket: %v %+v", err, evs)
+	}
+}
+
+// TestStallAcrossNodes: when a whole node's trainers have not called, that
+// node's daemon still reports them, with pids, in its log and its status,
+// from the moment a neighbour's heartbeat says the collective has begun;
+// the node waiting in the ring logs whom it waits for.
+func TestStallAcrossNodes(t *testing.T) {
+	cfg := strings.NewReplacer("collective: 20s", "collective: 6s", "first_call: 20s", "first_call: 6s", "stall_warning: 2s", "stall_warning: 1s").Replace(fastTimeouts)
+	w := startWorld(t, 2, 1, cfg)
+	idle := w.startTrainer(1, "-mode", "repeat", "-times", "1", "-count", "16", "-pause", "1h")
+	waitFor(t, 10*time.Second, "the idle trainer to attach", func() bool {
+		return strings.Contains(w.log(1), "world_rank=1")
+	})
+	caller := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	wantMissing := "world rank 1 (node 1, local rank 0, pid " + strconv.Itoa(idle.cmd.Process.Pid) + ")"
+	waitFor(t, 10*time.Second, "node 1's stall warning naming its idle trainer", func() bool {
+		l := w.log(1)
+		return strings.Contains(l, "collective stalled") && strings.Contains(l, wantMissing) && strings.Contains(l, "begun_by")
+	})
+	st := statusJSON(t, w.sockets[1])
+	in, _ := st["in_flight"].(map[string]any)
+	if in == nil || in["phase"] != "waiting for local calls" || !strings.Contains(fmt.Sprint(in["not_called"]), wantMissing) {
+		t.Fatalf("node 1 status in_flight = %v, want waiting for %s", st["in_flight"], wantMissing)
+	}
+	waitFor(t, 10*time.Second, "node 0's ring stall warning", func() bool {
+		l := w.log(0)
+		return strings.Contains(l, "collective stalled in the ring") && strings.Contains(l, "data from ring rank 1, node 1 127.0.0.1:")
+	})
+	evs, err := caller.wait(t, 30*time.Second)
+	if err != nil || len(evs) != 1 || evs[0].Code != "TIMEOUT" {
+		t.Fatalf("caller: %v %+v, want TIMEOUT", err, evs)
 	}
 }

@@ -70,6 +70,13 @@ type Ring struct {
 	curHdr    header
 	curActive bool
 	peerOp    chan peerNote
+	// The latest op a neighbour announced, kept (under curMu) for
+	// PeerInOp: a rank whose own caller has not called yet learns that
+	// the collective has begun elsewhere.
+	peerSeen     header
+	peerSeenRank int
+	peerSeenAt   time.Time
+	peerSeenOK   bool
 
 	gen atomic.Uint32
 	// What is under way, for errors raised outside the op goroutine.
@@ -488,6 +495,9 @@ func (r *Ring) heard(s *stream, h *header) {
 	}
 	r.curMu.Lock()
 	c, active := r.curHdr, r.curActive
+	if !r.peerSeenOK || r.peerSeen.Seq != h.Seq {
+		r.peerSeen, r.peerSeenRank, r.peerSeenAt, r.peerSeenOK = *h, s.peerRank, time.Now(), true
+	}
 	r.curMu.Unlock()
 	if !active || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
 		c.Root == h.Root && c.Count == h.Count && c.NameFP == h.NameFP) {

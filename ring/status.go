@@ -48,3 +48,35 @@ func lastHeard(ss []*stream) time.Time {
 	}
 	return time.Unix(0, last)
 }
+
+// PeerOp is a collective a neighbour announced it is inside (heartbeats
+// carry the op under way while a link is quiet).
+type PeerOp struct {
+	Desc  collective.Desc
+	Seq   uint64
+	Rank  int       // the neighbour's ring rank
+	Addr  string    // its address
+	Since time.Time // when this rank first heard of it
+}
+
+// PeerInOp reports the latest op a neighbour announced, if any. A rank
+// idle at seq k whose neighbour is inside op k knows the collective has
+// begun elsewhere while its own caller has not called: the daemon's stall
+// report names its missing trainers from that moment.
+func (r *Ring) PeerInOp() (PeerOp, bool) {
+	r.curMu.Lock()
+	defer r.curMu.Unlock()
+	if !r.peerSeenOK {
+		return PeerOp{}, false
+	}
+	h := &r.peerSeen
+	p := PeerOp{Seq: h.Seq, Rank: r.peerSeenRank, Since: r.peerSeenAt,
+		Desc: collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Root: h.Root, Count: h.Count}}
+	for _, s := range r.all {
+		if s.peerRank == p.Rank {
+			p.Addr = s.peerAddr
+			break
+		}
+	}
+	return p, true
+}
