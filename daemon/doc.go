@@ -48,6 +48,9 @@
 // A failure that the core detects itself (a local mismatch, a lost trainer,
 // a local timeout) aborts the ring with a reason that starts with a tag in
 // brackets, e.g. "[mismatch] ...". The ring carries the reason to every node,
-// where the tag selects the error code the trainers see. The tag is a
-// convention between daemons of one version; ring/ does not interpret it.
+// where the tag selects the error code the trainers see; the message they
+// read has the tags removed. The tag is a convention between daemons of one
+// version; ring/ does not interpret it. Ring ranks in a message are
+// followed by a legend naming each one's node, address and world ranks,
+// and by the node at fault when the ring knows it (ring.Error.Culprit).
 package daemon

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/collectived/collectived/collective"
@@ -405,28 +409,79 @@ func (d *Daemon) callError(seq uint64, gen uint32, cause error, closed bool) *ip
 	case hasTag(msg, "[internal]"):
 		code = ipc.CodeInternal
 	}
-	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s%s", seq, gen, d.cfg.Rank, msg, d.explainRing(cause))
+	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s%s", seq, gen, d.cfg.Rank, untag(msg), d.explainRing(cause))
 }
 
-// explainRing translates the ring's node ranks in a ring error into world
-// ranks, which is what trainers know each other by.
+// tags are the kinds the core writes into its failures' text (see doc.go);
+// they choose the error code and are dropped from what trainers read.
+var tags = strings.NewReplacer("[shutdown] ", "", "[mismatch] ", "", "[trainer-lost] ", "", "[timeout] ", "", "[internal] ", "")
+
+func untag(msg string) string { return tags.Replace(msg) }
+
+// explainRing adds what trainers need to read a ring error: which node
+// was at fault when the ring knows (the culprit the failure's origin found
+// closed, hung or sending garbage), and each ring rank the text mentions
+// as its node, address and world ranks, which is what trainers know each
+// other by. A ring error's text names ring ranks as "rank N" (and "origin
+// rank N", "from rank N"); world and local ranks are always so prefixed.
 func (d *Daemon) explainRing(cause error) string {
 	var re *ring.Error
 	if !errors.As(cause, &re) {
 		return ""
 	}
 	s := ""
-	if re.PeerRank >= 0 && re.PeerRank != d.cfg.Rank {
-		if errors.Is(cause, ring.ErrTimeout) && !errors.Is(cause, ring.ErrAborted) {
-			s += fmt.Sprintf(" [%s sent nothing for this collective: its trainers may not have called it; see its status or log]", d.describeNode(re.PeerRank))
-		} else {
-			s += fmt.Sprintf(" [ring rank %d is %s]", re.PeerRank, d.describeNode(re.PeerRank))
+	if c := re.Culprit; c >= 0 && c < len(d.cfg.Peers) {
+		what := "failed"
+		switch {
+		case errors.Is(cause, ring.ErrPeerClosed):
+			what = "closed its connections (its daemon exited or was killed)"
+		case errors.Is(cause, ring.ErrPeerHung):
+			what = "stopped answering (no heartbeat within the timeout: stopped, partitioned or overloaded)"
+		case errors.Is(cause, ring.ErrBadFrame), errors.Is(cause, ring.ErrGeneration):
+			what = "sent frames this ring cannot accept"
+		}
+		s += fmt.Sprintf(" [%s %s]", d.describeNode(c), what)
+	}
+	if re.PeerRank >= 0 && re.PeerRank != d.cfg.Rank && errors.Is(cause, ring.ErrTimeout) && !errors.Is(cause, ring.ErrAborted) {
+		s += fmt.Sprintf(" [%s sent nothing for this collective: its trainers may not have called it; see its status or log]", d.describeNode(re.PeerRank))
+	}
+	return s + d.ringRankLegend(cause.Error())
+}
+
+// ringRankRe finds the ring ranks in a ring error's text.
+var ringRankRe = regexp.MustCompile(`(world |local )?rank (\d+)`)
+
+// ringRankLegend names every ring rank msg mentions: " [ring rank 0 is
+// node 0 ADDR (world ranks 0-1), this node; ring rank 1 is ...]".
+func (d *Daemon) ringRankLegend(msg string) string {
+	var seen []int
+	for _, m := range ringRankRe.FindAllStringSubmatch(msg, -1) {
+		if m[1] != "" {
+			continue
+		}
+		n, err := strconv.Atoi(m[2])
+		if err != nil || n < 0 || n >= len(d.cfg.Peers) || slices.Contains(seen, n) {
+			continue
+		}
+		seen = append(seen, n)
+	}
+	if len(seen) == 0 {
+		return ""
+	}
+	slices.Sort(seen)
+	var b strings.Builder
+	b.WriteString(" [")
+	for i, n := range seen {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "ring rank %d is %s", n, d.describeNode(n))
+		if n == d.cfg.Rank {
+			b.WriteString(", this node")
 		}
 	}
-	if re.Origin >= 0 && re.Origin != re.PeerRank && re.Origin != d.cfg.Rank {
-		s += fmt.Sprintf(" [origin rank %d is %s]", re.Origin, d.describeNode(re.Origin))
-	}
-	return s
+	b.WriteString("]")
+	return b.String()
 }
 
 // startedElsewhere tells whether the failed collective had begun on some

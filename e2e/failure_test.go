@@ -16,7 +16,7 @@ func TestMismatch(t *testing.T) {
 		want        []string
 	}{
 		{"local", "3", []string{"world rank 2", "world rank 3", "count=1024", "count=1000"}},
-		{"across nodes", "2,3", []string{"count=1024", "count=1000"}},
+		{"across nodes", "2,3", []string{"count=1024", "count=1000", "(world ranks 0-1)", "(world ranks 2-3)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := startWorld(t, 2, 2, "")
@@ -32,6 +32,9 @@ func TestMismatch(t *testing.T) {
 				e := evs[0]
 				if e.OK || e.Code != "MISMATCH" {
 					t.Fatalf("trainer %d call 0: ok=%v code=%s %s; want MISMATCH", i, e.OK, e.Code, e.Message)
+				}
+				if strings.Contains(e.Message, "[mismatch]") {
+					t.Errorf("trainer %d: the daemons' internal tag reached the trainer: %s", i, e.Message)
 				}
 				for _, s := range tc.want {
 					if !strings.Contains(e.Message, s) {
@@ -95,7 +98,8 @@ func TestTrainerKilled(t *testing.T) {
 // other nodes get PEER_LOST naming the dead node within a bound; once the
 // daemon is restarted the ring re-forms and new calls succeed.
 func TestDaemonKilled(t *testing.T) {
-	testDaemonFault(t, func(w *world) { w.kill(2) }, func(w *world) { w.startDaemon(2); w.waitSocket(2, 20*time.Second) }, 0, 5*time.Second)
+	testDaemonFault(t, func(w *world) { w.kill(2) }, func(w *world) { w.startDaemon(2); w.waitSocket(2, 20*time.Second) }, 0, 5*time.Second,
+		"(world rank 2) closed its connections")
 }
 
 // TestDaemonStopped: SIGSTOP one daemon; its neighbours see no heartbeat
@@ -103,10 +107,13 @@ func TestDaemonKilled(t *testing.T) {
 // stopped daemon finds its ring gone, and all re-form.
 func TestDaemonStopped(t *testing.T) {
 	const T = 1500 * time.Millisecond // heartbeat_timeout in fastTimeouts
-	testDaemonFault(t, func(w *world) { w.signal(2, syscall.SIGSTOP) }, func(w *world) { w.signal(2, syscall.SIGCONT) }, T/2, 2*T+time.Second)
+	testDaemonFault(t, func(w *world) { w.signal(2, syscall.SIGSTOP) }, func(w *world) { w.signal(2, syscall.SIGCONT) }, T/2, 2*T+time.Second,
+		"(world rank 2) stopped answering")
 }
 
-func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetect time.Duration) {
+// culprit is how every survivor's error must name the faulty node, in the
+// daemon's summary, however the survivor heard of it (itself or by abort).
+func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetect time.Duration, culprit string) {
 	w := startWorld(t, 3, 1, "")
 	// Trainers of nodes 0 and 1 loop on 1 MiB allreduces until one fails.
 	var survivors []*trainer
@@ -140,6 +147,9 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 		}
 		if !strings.Contains(last.Message, "rank 2") {
 			t.Errorf("trainer on node %d: error does not name node rank 2: %s", i, last.Message)
+		}
+		if !strings.Contains(last.Message, "[node 2 "+w.addrs[2]+" "+culprit) {
+			t.Errorf("trainer on node %d: error does not say %q of node 2 at %s: %s", i, culprit, w.addrs[2], last.Message)
 		}
 		detect := time.Since(faultAt)
 		t.Logf("node %d trainer told after at most %v: %s", i, detect.Round(time.Millisecond), last.Message)

@@ -73,6 +73,7 @@ type world struct {
 	cfgPath      string
 	token        string
 	sockets      []string
+	addrs        []string // ring addresses, node rank order
 	logs         []string
 	mu           sync.Mutex
 	daemons      []*exec.Cmd
@@ -91,6 +92,7 @@ func startWorld(t *testing.T, nodes, local int, extra string) *world {
 	var peers strings.Builder
 	for _, p := range freePorts(t, nodes) {
 		fmt.Fprintf(&peers, "  - 127.0.0.1:%d\n", p)
+		w.addrs = append(w.addrs, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	if extra == "" {
 		extra = fastTimeouts

@@ -105,6 +105,9 @@ func TestAbortFrameOnTheWire(t *testing.T) {
 		if h.Op != collective.OpAllReduce || h.Seq != 0 {
 			t.Errorf("%s: abort names op %v seq %d, want the origin's allreduce seq 0", c.name, h.Op, h.Seq)
 		}
+		if culprit := int(h.Aux>>culpritShift) - 1; culprit != 1 {
+			t.Errorf("%s: abort names culprit %d, want rank 1, which sent the garbage", c.name, culprit)
+		}
 		if !strings.Contains(reason, "bad magic") || !strings.Contains(reason, "from rank 1") {
 			t.Errorf("%s: abort reason %q does not carry the original cause", c.name, reason)
 		}
@@ -137,6 +140,10 @@ func TestFaultErrorNamesEverything(t *testing.T) {
 		if !errors.As(err, &e) {
 			t.Fatalf("rank %d: %T", i, err)
 		}
+		// Every rank, however it heard, knows whose fault it was.
+		if e.Culprit != 2 {
+			t.Errorf("rank %d: culprit %d, want 2 (the rank that closed): %v", i, e.Culprit, e)
+		}
 		addr, ok := neighbourAddr[e.Origin]
 		if !ok {
 			t.Errorf("rank %d: origin %d is not a neighbour of the closed rank: %v", i, e.Origin, e)
@@ -164,6 +171,10 @@ func TestFaultErrorNamesEverything(t *testing.T) {
 	}
 	// A later call reports the same failure, in the same words.
 	later := rings[0].Barrier(collective.Desc{Op: collective.OpBarrier})
+	var le *Error
+	if !errors.As(later, &le) || le.Culprit != 2 {
+		t.Errorf("later call: culprit lost: %v", later)
+	}
 	if !errors.Is(later, ErrPeerClosed) || !strings.Contains(later.Error(), "failed earlier: "+strings.TrimPrefix(errs[0].Error(), "ring rank 0: ")) {
 		t.Errorf("later call: %v\nwant it to repeat: %v", later, errs[0])
 	}

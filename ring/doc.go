@@ -71,6 +71,7 @@
 //	1 data       forward only (to next); payload <= max(SegmentBytes, small limit)
 //	2 abort      both ways; payload = reason text <= 1024 bytes;
 //	             aux = origin rank | original failure's code << 32
+//	                   | (culprit rank + 1, 0: none) << 40
 //	3 heartbeat  both ways; no payload
 //	4 start      forward only; generation = the sender's running maximum proposal
 //

@@ -38,7 +38,13 @@ type Error struct {
 	PeerRank   int // -1 when no peer is involved
 	PeerAddr   string
 	Origin     int // the rank where the failure began
-	Err        error
+	// Culprit is the rank the origin found at fault: the neighbour whose
+	// connection closed, that stopped answering, or that sent a bad frame
+	// or another generation. -1 when no one rank is: a mismatch (two calls
+	// disagree), a timeout (the silent rank may be further away), an abort
+	// by the ring's owner (a trainer lost, a shutdown).
+	Culprit int
+	Err     error
 
 	phase string // shown instead of Op when Op is OpInvalid ("start", "idle")
 
@@ -185,15 +191,17 @@ func (e *abortError) Unwrap() []error {
 	return errs
 }
 
-// mismatchError shows both descriptions of a diverged collective.
+// mismatchError shows both descriptions of a diverged collective, each
+// with the rank that made it: the text travels in abort frames to ranks
+// for which "local" would mean another rank.
 type mismatchError struct {
 	local, remote string
-	peer          int
+	rank, peer    int
 	how           string
 }
 
 func (e *mismatchError) Error() string {
-	return fmt.Sprintf("%v: local %s, rank %d sent %s%s", ErrMismatch, e.local, e.peer, e.remote, e.how)
+	return fmt.Sprintf("%v: rank %d called %s, rank %d sent %s%s", ErrMismatch, e.rank, e.local, e.peer, e.remote, e.how)
 }
 
 func (e *mismatchError) Unwrap() error { return ErrMismatch }

@@ -92,7 +92,7 @@ func (r *Ring) opError() error {
 		return e
 	}
 	return &Error{Rank: r.rank, Op: r.desc.Op, Seq: r.seq, Step: -1, Generation: r.gen.Load(),
-		PeerRank: e.PeerRank, PeerAddr: e.PeerAddr, Origin: e.Origin, Err: e}
+		PeerRank: e.PeerRank, PeerAddr: e.PeerAddr, Origin: e.Origin, Culprit: e.Culprit, Err: e}
 }
 
 // failLocal fails the ring with a cause found by the op itself and
@@ -325,6 +325,7 @@ func (r *Ring) mismatch(s *stream, h *header, how string) error {
 	return r.failLocal(s, &mismatchError{
 		local:  fmt.Sprintf("seq %d %s", r.seq, r.desc.String()),
 		remote: fmt.Sprintf("seq %d %s", h.Seq, h.remoteDesc(&r.desc)),
+		rank:   r.rank,
 		peer:   s.peerRank,
 		how:    how,
 	})

@@ -249,6 +249,7 @@ func (r *Ring) newError(s *stream, origin int, cause error) *Error {
 		Generation: r.gen.Load(),
 		PeerRank:   -1,
 		Origin:     origin,
+		Culprit:    -1,
 		Err:        cause,
 	}
 	if e.Op == collective.OpInvalid {
@@ -272,7 +273,16 @@ func (r *Ring) failFrom(s *stream, cause error) {
 		r.hungPeer.CompareAndSwap(0, int64(s.peerRank)+1)
 	}
 	e := r.newError(s, r.rank, cause)
+	if s != nil && culpable(cause) {
+		e.Culprit = s.peerRank
+	}
 	r.fail(e, e.reason())
+}
+
+// culpable tells the failures that are the peer's own doing.
+func culpable(cause error) bool {
+	return errors.Is(cause, ErrPeerClosed) || errors.Is(cause, ErrPeerHung) ||
+		errors.Is(cause, ErrBadFrame) || errors.Is(cause, ErrGeneration)
 }
 
 // deferredAbort is an abort kept until the op under way ends.
@@ -296,8 +306,9 @@ type deferredAbort struct {
 // AbortWaits.
 func (r *Ring) failFromAbort(s *stream, h header, reason string) {
 	origin := int(uint32(h.Aux))
-	code := abortCode(h.Aux >> 32)
+	code := abortCode(uint8(h.Aux >> 32))
 	e := r.newError(s, origin, &abortError{code: code, reason: reason})
+	e.Culprit = int(h.Aux>>culpritShift) - 1
 	e.abortSet, e.abortSeq, e.abortOp = true, h.Seq, h.Op
 	r.mu.Lock()
 	if r.err == nil && r.positionLocked() < h.Seq {
@@ -379,6 +390,10 @@ func (r *Ring) failCode(e *Error, reason string, code abortCode) {
 }
 
 // abortFrame encodes the abort frame for e.
+// culpritShift places an abort frame's culprit (rank + 1; 0: none) in its
+// aux, above the origin (bits 0-31) and the failure code (bits 32-39).
+const culpritShift = 40
+
 func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	if len(reason) > maxReasonLen {
 		reason = reason[:maxReasonLen-3] + "..."
@@ -391,6 +406,9 @@ func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	h := header{Kind: kindAbort, Sender: uint32(r.rank), Generation: r.gen.Load(),
 		Seq: seq, Op: op, Length: uint32(len(reason)),
 		Aux: uint64(uint32(e.Origin)) | uint64(code)<<32}
+	if e.Culprit >= 0 && e.Culprit < 1<<(64-culpritShift)-1 {
+		h.Aux |= uint64(e.Culprit+1) << culpritShift
+	}
 	h.encode(frame)
 	copy(frame[headerLen:], reason)
 	return frame
