@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,7 +77,11 @@ type Conn struct {
 	rawErr            error
 	recvFn            func(uintptr) bool
 	pollUntil         int64        // unix nanoseconds; 0: do not poll
+	yieldP            bool         // Gosched between polls (ReadFrame; not ReadFrameBy)
+	parkDeadline      time.Time    // ReadFrameBy: set as the read deadline when polling ends
+	deadlineSet       bool         // the read deadline must be cleared after the read
 	spin              atomic.Int64 // nanoseconds to poll a quiet socket (SetSpin)
+	readSpin          int64        // this read's polling budget
 	msg               unix.Msghdr
 	iov               unix.Iovec
 	rp                []byte
@@ -145,15 +150,46 @@ func (c *Conn) UnixConn() *net.UnixConn { return c.uc }
 // has been closed and ReadFrame keeps failing; transport errors (io.EOF,
 // deadlines) are returned as they are, wrapped.
 func (c *Conn) ReadFrame() (Frame, error) {
+	spin := c.spin.Load()
+	c.yieldP = true
+	return c.read(spin, time.Time{})
+}
+
+// ReadFrameBy reads the next frame for a caller that waits for it itself:
+// it polls the socket for up to spin without arming a timer or yielding
+// its P (a caller polling for its own reply has nothing to yield to, and
+// every Gosched with an idle P wakes another thread), then parks until
+// deadline. A deadline that passes returns an error matching
+// os.ErrDeadlineExceeded and leaves the stream intact: a frame half read
+// is completed by the next read.
+func (c *Conn) ReadFrameBy(spin time.Duration, deadline time.Time) (Frame, error) {
+	c.yieldP = false
+	c.parkDeadline = deadline
+	f, err := c.read(int64(max(spin, 0)), deadline)
+	c.parkDeadline = time.Time{}
+	if c.deadlineSet {
+		c.deadlineSet = false
+		_ = c.uc.SetReadDeadline(time.Time{})
+	}
+	return f, err
+}
+
+func (c *Conn) read(spin int64, deadline time.Time) (Frame, error) {
 	if c.readErr != nil {
 		return Frame{}, c.readErr
 	}
+	c.readSpin = spin
 	f, err := c.readFrame()
 	if err != nil {
-		c.closeFDs()
 		var e *Error
-		if errors.As(err, &e) {
+		switch {
+		case errors.As(err, &e):
+			c.closeFDs()
 			c.readErr = err
+		case !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
+			// The stream is intact: fds of a frame half read stay queued.
+		default:
+			c.closeFDs()
 		}
 	}
 	return f, err

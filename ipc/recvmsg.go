@@ -20,10 +20,12 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 		return 0, 0, 0, c.rawErr
 	}
 	c.rp = p
-	if spin := c.spin.Load(); spin > 0 {
-		// Whatever this reader just woke (a waiting caller) runs on this
-		// goroutine's P: let it, before polling holds the P.
-		runtime.Gosched()
+	if spin := c.readSpin; spin > 0 {
+		if c.yieldP {
+			// Whatever this reader just woke (a waiting caller) runs on
+			// this goroutine's P: let it, before polling holds the P.
+			runtime.Gosched()
+		}
 		c.pollUntil = time.Now().UnixNano() + spin
 	} else {
 		c.pollUntil = 0
@@ -53,9 +55,18 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			if c.pollUntil != 0 && time.Now().UnixNano() < c.pollUntil {
 				// Let this process's other goroutines have the P, and other
 				// processes the CPU, between polls.
-				runtime.Gosched()
+				if c.yieldP {
+					runtime.Gosched()
+				}
 				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				continue
+			}
+			if !c.parkDeadline.IsZero() && !c.deadlineSet {
+				// Only now, parking, does the read need its deadline: a
+				// timer armed while polling would have an idle P's thread
+				// wait in epoll, woken by every frame that arrives.
+				c.deadlineSet = true
+				_ = c.uc.SetReadDeadline(c.parkDeadline)
 			}
 			return false
 		default:

@@ -22,16 +22,9 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	}
 	var call ipc.Call
 	call.Desc = d
-	// The reader polls after each frame only while the latest call is
-	// small: the reply to a bulk call comes too late for a poll to catch.
-	// (With calls of both kinds in flight the latest decides; that costs
-	// at most a wake-up or a spin, never a reply.)
+	// Its waiter polls for the reply only when the call is small: the
+	// reply to a bulk call comes too late for a poll to catch.
 	h.bulk = len(buf) > pollMaxBytes
-	spin := c.spin
-	if h.bulk {
-		spin = 0
-	}
-	c.conn.SetSpin(spin)
 	if seg, off, ok := c.locate(buf); ok {
 		call.SHM, call.Segment, call.Offset = true, seg.id, off
 		return c.sendWith(h, call.Append, nil)

@@ -62,9 +62,9 @@ type Client struct {
 	scratch []*Segment // free scratch segments for copied calls
 	err     error      // sticky: the connection is gone
 
-	readerDone chan struct{}
-	closeOnce  sync.Once
-	spin       time.Duration // how long Wait polls for its reply before parking
+	token     chan struct{} // the right to read the connection (read.go)
+	closeOnce sync.Once
+	spin      time.Duration // how long Wait polls for its reply before parking
 }
 
 // Dial connects to the daemon and says HELLO.
@@ -103,21 +103,20 @@ func Dial(opts Options) (*Client, error) {
 	case spin < 0:
 		spin = 0
 	}
-	conn.SetSpin(spin)
 	c := &Client{
-		conn:       conn,
-		info:       info,
-		timeout:    opts.Timeout,
-		socket:     opts.Socket,
-		nextID:     2,
-		pending:    make(map[uint64]*Handle),
-		readerDone: make(chan struct{}),
-		spin:       spin,
+		conn:    conn,
+		info:    info,
+		timeout: opts.Timeout,
+		socket:  opts.Socket,
+		nextID:  2,
+		pending: make(map[uint64]*Handle),
+		token:   make(chan struct{}, 1),
+		spin:    spin,
 	}
+	c.token <- struct{}{}
 	if c.timeout <= 0 {
 		c.timeout = info.Timeout() + 10*time.Second
 	}
-	go c.reader()
 	return c, nil
 }
 
@@ -193,14 +192,23 @@ const closeWait = 2 * time.Second
 // rank free. It is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		if c.err == nil {
+			c.err = errClosed
+		}
+		c.mu.Unlock()
 		if err := c.conn.UnixConn().CloseWrite(); err == nil {
+			// Wait for the daemon's end: replies still coming are
+			// delivered meanwhile. A goroutine reading now sees it too.
+			deadline := time.Now().Add(closeWait)
 			select {
-			case <-c.readerDone:
+			case <-c.token:
+				c.drain(deadline)
+				c.token <- struct{}{}
 			case <-time.After(closeWait):
 			}
 		}
-		c.conn.CloseSocket()
-		<-c.readerDone
+		c.fail(errClosed)
 		c.mu.Lock()
 		segs := c.segs
 		c.segs, c.scratch = nil, nil

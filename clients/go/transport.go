@@ -3,7 +3,6 @@ package collectived
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,12 +15,12 @@ import (
 type Handle struct {
 	c     *Client
 	id    uint64
-	done  chan struct{} // the reader sends once per request (buffered)
+	done  chan struct{} // dispatch sends once per request (buffered)
 	fired atomic.Bool   // the reply (or the connection's end) has arrived
 	err   error
 	timer *time.Timer // reused by pooled handles
 
-	// Filled by the reader before it signals done.
+	// Filled by dispatch (read.go) before it signals done.
 	result   []byte // inline calls: where the result goes
 	fd       int    // ALLOC_OK
 	seg      ipc.AllocOK
@@ -40,32 +39,66 @@ type Handle struct {
 const pollMaxBytes = ipc.PollMaxBytes
 
 // Wait blocks until the request completes or the client's timeout passes.
+//
+// The waiting goroutines read the replies themselves (read.go): the one
+// holding the connection's read token reads until its own reply comes,
+// handing every other reply to its handle, then passes the token on.
 func (h *Handle) Wait() error {
 	if h.finished {
 		return h.err
 	}
-	if h.poll() {
-		<-h.done // already sent: does not block
-		return h.complete(h.err)
-	}
-	if h.timer == nil {
-		h.timer = time.NewTimer(h.c.timeout)
-	} else {
-		h.timer.Reset(h.c.timeout)
-	}
-	select {
-	case <-h.done:
-		h.timer.Stop()
-	case <-h.timer.C:
-		if !h.c.forget(h.id) {
-			// The reply won the race with the timer: take it.
-			<-h.done
+	c := h.c
+	deadline := time.Now().Add(c.timeout)
+	for {
+		if h.fired.Load() {
+			<-h.done // already sent: does not block
 			return h.complete(h.err)
 		}
-		return h.complete(fmt.Errorf("collectived: no reply from daemon at %s within %v (request %d): %w",
-			h.c.socket, h.c.timeout, h.id, ipc.ErrTimeout))
+		// The token is free in the common case, one call at a time: take
+		// it without arming a timer.
+		select {
+		case <-c.token:
+			timedOut := c.readUntil(h, deadline)
+			c.token <- struct{}{}
+			if timedOut {
+				return h.timedOut()
+			}
+			continue
+		default:
+		}
+		if h.timer == nil {
+			h.timer = time.NewTimer(time.Until(deadline))
+		} else {
+			h.timer.Reset(time.Until(deadline))
+		}
+		select {
+		case <-c.token:
+			h.timer.Stop()
+			timedOut := c.readUntil(h, deadline)
+			c.token <- struct{}{}
+			if timedOut {
+				return h.timedOut()
+			}
+		case <-h.done:
+			h.timer.Stop()
+			return h.complete(h.err)
+		case <-h.timer.C:
+			return h.timedOut()
+		}
 	}
-	return h.complete(h.err)
+}
+
+// timedOut ends a Wait whose deadline passed, unless the reply won the
+// race.
+func (h *Handle) timedOut() error {
+	c := h.c
+	if !c.forget(h.id) {
+		// The reply won the race with the deadline: take it.
+		<-h.done
+		return h.complete(h.err)
+	}
+	return h.complete(fmt.Errorf("collectived: no reply from daemon at %s within %v (request %d): %w",
+		c.socket, c.timeout, h.id, ipc.ErrTimeout))
 }
 
 func (h *Handle) complete(err error) error {
@@ -79,34 +112,26 @@ func (h *Handle) complete(err error) error {
 	return h.err
 }
 
-// poll waits up to the client's spin for the reply without parking. A
-// parked caller costs the reader a wake-up: readying a goroutine while a
-// P is idle starts another OS thread (a futex wake, which on a virtual
-// machine may preempt the reader itself), tens of microseconds on the
-// path of every small call. Polling, the reader only sets fired.
-func (h *Handle) poll() bool {
-	if h.c.spin <= 0 || h.bulk {
-		return h.fired.Load()
-	}
-	deadline := time.Now().Add(h.c.spin)
-	for !h.fired.Load() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		runtime.Gosched()
-		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	}
-	return true
-}
-
-// signal is the reader's side of done.
+// signal hands the handle its outcome (dispatch filled it in).
 func (h *Handle) signal() {
 	h.fired.Store(true)
 	h.done <- struct{}{}
 }
 
-// Done reports whether the reply has arrived.
-func (h *Handle) Done() bool { return h.finished || h.fired.Load() }
+// Done reports whether the reply has arrived. When no goroutine is reading
+// the connection, it reads whatever replies have arrived, without waiting.
+func (h *Handle) Done() bool {
+	if h.finished || h.fired.Load() {
+		return true
+	}
+	select {
+	case <-h.c.token:
+		h.c.readArrived()
+		h.c.token <- struct{}{}
+	default:
+	}
+	return h.fired.Load()
+}
 
 // Generation and Seq name the collective a completed call ran as.
 func (h *Handle) Generation() uint32 { return h.gen }
@@ -141,7 +166,7 @@ func (c *Client) sendWith(h *Handle, encode func(b []byte, id uint64) []byte, re
 	c.wmu.Unlock()
 	if err != nil {
 		if !c.forget(id) {
-			<-h.done // the reader failed it meanwhile
+			<-h.done // a reader failed it meanwhile
 		}
 		return nil, fmt.Errorf("collectived: send to %s: %w", c.socket, err)
 	}
@@ -155,7 +180,7 @@ func recycle(h *Handle) {
 	handlePool.Put(h)
 }
 
-// forget drops a pending request; false means the reader already took it
+// forget drops a pending request; false means a reader already took it
 // and will signal (or has signalled) its handle.
 func (c *Client) forget(id uint64) bool {
 	c.mu.Lock()
@@ -167,80 +192,73 @@ func (c *Client) forget(id uint64) bool {
 	return true
 }
 
-// reader delivers replies to their handles until the connection ends, then
-// fails every request still pending with the reason.
-func (c *Client) reader() {
-	defer close(c.readerDone)
-	var callOK ipc.CallOK
-	var cause error
-	for {
-		f, err := c.conn.ReadFrame()
-		if err != nil {
-			cause = fmt.Errorf("collectived: connection to %s lost: %w", c.socket, err)
-			break
+// dispatch hands one frame to the handle it answers. A non-nil result is
+// the end of the connection: a fatal ERROR from the daemon.
+func (c *Client) dispatch(f ipc.Frame) error {
+	if f.Type == ipc.TypeError && f.ID == 0 {
+		e, derr := ipc.DecodeError(f.Flags, f.Payload)
+		if derr != nil {
+			return derr
 		}
-		if f.Type == ipc.TypeError && f.ID == 0 {
-			e, derr := ipc.DecodeError(f.Flags, f.Payload)
-			if derr != nil {
-				cause = derr
-			} else {
-				cause = e
-			}
-			break
-		}
-		c.mu.Lock()
-		h := c.pending[f.ID]
-		delete(c.pending, f.ID)
-		c.mu.Unlock()
-		if h == nil {
-			// A reply to a request whose Wait timed out.
-			if f.FD >= 0 {
-				unix.Close(f.FD)
-			}
-			continue
-		}
-		switch f.Type {
-		case ipc.TypeError:
-			e, derr := ipc.DecodeError(f.Flags, f.Payload)
-			if derr != nil {
-				h.err = derr
-			} else {
-				h.err = e
-			}
-		case ipc.TypeCallOK:
-			if err := ipc.DecodeCallOK(f.Payload, &callOK); err != nil {
-				h.err = err
-			} else {
-				h.gen, h.seq = callOK.Generation, callOK.Seq
-				if len(callOK.Result) != len(h.result) {
-					h.err = fmt.Errorf("collectived: CALL_OK for request %d carries %d result bytes, want %d", f.ID, len(callOK.Result), len(h.result))
-				} else {
-					copy(h.result, callOK.Result)
-				}
-			}
-		case ipc.TypeAllocOK:
-			h.seg, h.err = ipc.DecodeAllocOK(f.Payload)
-			h.fd = f.FD
-		case ipc.TypeStatusOK:
-			st, err := ipc.DecodeStatusOK(f.Payload)
-			h.status, h.err = append([]byte(nil), st.JSON...), err
-		case ipc.TypeFreeOK:
-			h.err = ipc.DecodeEmpty(f.Type, f.Payload)
-		default:
-			h.err = fmt.Errorf("collectived: unexpected %s for request %d", f.Type, f.ID)
-			if f.FD >= 0 {
-				unix.Close(f.FD)
-			}
-		}
-		h.signal()
+		return e
 	}
-	if cause == nil {
-		cause = errClosed
+	c.mu.Lock()
+	h := c.pending[f.ID]
+	delete(c.pending, f.ID)
+	c.mu.Unlock()
+	if h == nil {
+		// A reply to a request whose Wait timed out.
+		if f.FD >= 0 {
+			unix.Close(f.FD)
+		}
+		return nil
 	}
+	switch f.Type {
+	case ipc.TypeError:
+		e, derr := ipc.DecodeError(f.Flags, f.Payload)
+		if derr != nil {
+			h.err = derr
+		} else {
+			h.err = e
+		}
+	case ipc.TypeCallOK:
+		var callOK ipc.CallOK
+		if err := ipc.DecodeCallOK(f.Payload, &callOK); err != nil {
+			h.err = err
+		} else {
+			h.gen, h.seq = callOK.Generation, callOK.Seq
+			if len(callOK.Result) != len(h.result) {
+				h.err = fmt.Errorf("collectived: CALL_OK for request %d carries %d result bytes, want %d", f.ID, len(callOK.Result), len(h.result))
+			} else {
+				copy(h.result, callOK.Result)
+			}
+		}
+	case ipc.TypeAllocOK:
+		h.seg, h.err = ipc.DecodeAllocOK(f.Payload)
+		h.fd = f.FD
+	case ipc.TypeStatusOK:
+		st, err := ipc.DecodeStatusOK(f.Payload)
+		h.status, h.err = append([]byte(nil), st.JSON...), err
+	case ipc.TypeFreeOK:
+		h.err = ipc.DecodeEmpty(f.Type, f.Payload)
+	default:
+		h.err = fmt.Errorf("collectived: unexpected %s for request %d", f.Type, f.ID)
+		if f.FD >= 0 {
+			unix.Close(f.FD)
+		}
+	}
+	h.signal()
+	return nil
+}
+
+// fail ends the connection with cause: every request still pending fails
+// with it, and so does every later call.
+func (c *Client) fail(cause error) {
 	c.mu.Lock()
 	if c.err == nil {
 		c.err = cause
 	}
+	cause = c.err
 	pending := c.pending
 	c.pending = map[uint64]*Handle{}
 	c.mu.Unlock()
@@ -248,7 +266,7 @@ func (c *Client) reader() {
 		h.err = cause
 		h.signal()
 	}
-	c.conn.Close()
+	c.conn.CloseSocket()
 }
 
 // Err is the reason the connection ended, or nil while it is up.
