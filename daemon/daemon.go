@@ -49,6 +49,15 @@ type Daemon struct {
 	inflight inflight   // the collective being waited for or run
 	closed   bool
 
+	// The hot lane (hotlane.go).
+	idle       bool           // the engine waits for calls, none queued: collective idleSeq may run inline
+	idleSeq    uint64         // the collective the engine waits for
+	idleRing   *ring.Ring     // the ring it waits on
+	inline     bool           // a session goroutine is running a collective: the engine keeps off the ring
+	inlineDone uint64         // collectives completed inline since the engine last looked
+	inlineFail *inlineFailure // a collective run inline failed; the engine fails it as its own
+	lender     *ipc.Session   // the session whose goroutine holds the ring link lent by AllReduceLent
+
 	closeOnce sync.Once
 	closeErr  error
 }

@@ -56,7 +56,7 @@ func (d *Daemon) engine() {
 		}
 		pause = retryFormMin
 		for seq := uint64(0); ; seq++ {
-			heads, err = d.waitLocal(r, seq, heads, timer)
+			heads, seq, err = d.waitLocal(r, seq, heads, timer)
 			if err == nil {
 				err = d.execute(r, seq, heads)
 			}
@@ -108,6 +108,7 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	}
 	d.mu.Lock()
 	d.ring, d.gen, d.proposal = r, gen, gen+1
+	d.lender = nil // a link lent by the last ring went with it
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
@@ -122,8 +123,10 @@ func (d *Daemon) form() (*ring.Ring, error) {
 // waitLocal waits until every local trainer has made call seq, warning
 // about stalls, and returns the calls. It fails on the collective timeout
 // (counted from the first local call), on a trainer lost, on a ring that
-// failed while idle, and on shutdown.
-func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.Timer) ([]call, error) {
+// failed while idle, and on shutdown. Collectives that a session ran
+// meanwhile on its own goroutine (hotlane.go) advance seq, which it
+// returns; one of them that failed is returned as its own failure.
+func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.Timer) ([]call, uint64, error) {
 	timeout := d.cfg.CollectiveTimeout
 	if seq == 0 {
 		timeout = max(timeout, d.cfg.FirstCallTimeout)
@@ -135,20 +138,45 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		// begun it while no local trainer has called: this node's missing
 		// trainers are the stall, and only this daemon can name their pids.
 		peer, peerIn := r.PeerInOp()
-		peerIn = peerIn && peer.Seq == seq
 		d.mu.Lock()
+		d.idle = false
+		if d.inline {
+			// A session goroutine runs collective seq on the ring: keep
+			// off it until that ends (a failure wakes us; a success needs
+			// nothing from us).
+			d.mu.Unlock()
+			resetTimer(timer, max(d.cfg.StallWarning/4, 10*time.Millisecond))
+			select {
+			case <-d.notify:
+			case <-timer.C:
+			case <-d.ctx.Done():
+				return heads, seq, ErrShutdown
+			}
+			continue
+		}
+		seq += d.inlineDone
+		if d.inlineDone > 0 {
+			d.inlineDone = 0
+			started, nextWarn = false, d.cfg.StallWarning
+		}
+		if f := d.inlineFail; f != nil {
+			d.inlineFail = nil
+			d.mu.Unlock()
+			return append(heads, f.c), seq, f.err
+		}
+		peerIn = peerIn && peer.Seq == seq
 		if d.lost != nil {
 			err := d.lost
 			d.lost = nil
 			d.mu.Unlock()
-			return heads, err
+			return heads, seq, err
 		}
 		ready, oldest, any := d.headsLocked()
 		if ready {
 			heads = d.popHeadsLocked(heads)
 			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].req.Desc, since: oldest}
 			d.mu.Unlock()
-			return heads, nil
+			return heads, seq, nil
 		}
 		begun := any || peerIn
 		if !any && peerIn {
@@ -166,13 +194,17 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 				missing = d.missingLocked()
 			}
 		}
+		if !any && r.Err() == nil {
+			// Nothing queued: a session may run collective seq itself.
+			d.idle, d.idleSeq, d.idleRing = true, seq, r
+		}
 		d.mu.Unlock()
 
 		// The timeout counts from the first local call only: a node whose
 		// trainers never call is failed by the nodes that did, whose
 		// collective times out inside the ring.
 		if any && waited >= timeout {
-			return heads, fmt.Errorf("[timeout] collective %d of generation %d timed out after %v on node %d: not called by %s",
+			return heads, seq, fmt.Errorf("[timeout] collective %d of generation %d timed out after %v on node %d: not called by %s",
 				seq, r.Generation(), timeout, d.cfg.Rank, missing)
 		}
 		if begun && waited >= nextWarn {
@@ -187,7 +219,14 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			}
 		}
 		if err := r.Err(); err != nil {
-			return heads, err
+			d.mu.Lock()
+			d.idle = false
+			pending := d.inline || d.inlineFail != nil
+			d.mu.Unlock()
+			if pending {
+				continue // a collective run inline ends first; its failure is this one
+			}
+			return heads, seq, err
 		}
 
 		// Sleep until a call arrives, the ring fails, or the next warning
@@ -206,9 +245,18 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		case <-timer.C:
 		case <-r.Done():
 		case <-d.ctx.Done():
-			return heads, ErrShutdown
+			d.clearIdle()
+			return heads, seq, ErrShutdown
 		}
 	}
+}
+
+// clearIdle withdraws the engine's offer to let a session run the next
+// collective, waiting out one that took it.
+func (d *Daemon) clearIdle() {
+	d.mu.Lock()
+	d.idle = false
+	d.mu.Unlock()
 }
 
 func resetTimer(t *time.Timer, d time.Duration) {

@@ -66,6 +66,9 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 	sl := &d.slots[l]
 	sl.session, sl.pid, sl.label = s, int32(hello.PID), hello.Label
 	s.SetValue(l)
+	if L == 1 {
+		s.SetOnPark(func() { d.parked(s) })
+	}
 	ok.LocalRank = uint32(l)
 	ok.WorldRank = uint32(d.worldRank(l))
 	d.log.Info("trainer attached", "local_rank", l, "world_rank", d.worldRank(l), "pid", hello.PID, "label", hello.Label)
@@ -107,7 +110,12 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 	}
 	sl.calls++
 	sl.last = desc
-	sl.queue = append(sl.queue, call{req: r, at: time.Now()})
+	at := time.Now()
+	if d.canInlineLocked(sl, desc) {
+		d.runInline(s, sl, r, at) // releases d.mu
+		return
+	}
+	sl.queue = append(sl.queue, call{req: r, at: at})
 	d.mu.Unlock()
 	d.wake()
 }
@@ -148,7 +156,14 @@ func (h handler) Disconnected(s *ipc.Session, cause error) {
 	sl.session = nil
 	pid := sl.pid
 	r := d.ring
+	lent := d.lender == s
+	if lent {
+		d.lender = nil
+	}
 	d.mu.Unlock()
+	if lent && r != nil {
+		r.GiveBack()
+	}
 	d.log.Info("trainer detached", "local_rank", l, "world_rank", d.worldRank(l), "pid", pid, "cause", cause, "mid_collective", lost != nil)
 	if lost != nil && inRing && r != nil {
 		// The engine is inside the ring with this trainer's buffer; the

@@ -37,6 +37,9 @@ type slot struct {
 	// lostMid is set when the slot's trainer left mid-collective, so
 	// causing the failure: its replacement starts afresh and owes nothing.
 	lostMid bool
+	// one is the buffer list of a call run inline (hotlane.go), kept so
+	// that it does not allocate.
+	one [1][]byte
 }
 
 // missing describes the local ranks without a call at their head, as world

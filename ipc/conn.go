@@ -82,6 +82,7 @@ type Conn struct {
 	deadlineSet       bool         // the read deadline must be cleared after the read
 	spin              atomic.Int64 // nanoseconds to poll a quiet socket (SetSpin)
 	readSpin          int64        // this read's polling budget
+	onPark            func()       // SetOnPark
 	msg               unix.Msghdr
 	iov               unix.Iovec
 	rp                []byte
@@ -120,6 +121,11 @@ func NewConn(uc *net.UnixConn, side Side) *Conn {
 // other processes (sched_yield); it saves a small request the thread
 // wake-up that parking costs, tens of microseconds on virtual machines.
 func (c *Conn) SetSpin(d time.Duration) { c.spin.Store(int64(max(d, 0))) }
+
+// SetOnPark has f called when a read's polling ends without data and the
+// reader is about to park in the netpoller. f runs on the reading
+// goroutine, inside the read, and must not block. Set it before reading.
+func (c *Conn) SetOnPark(f func()) { c.onPark = f }
 
 // SetMaxFrame sets the largest payload accepted from now on.
 func (c *Conn) SetMaxFrame(n uint32) { c.maxFrame.Store(n) }

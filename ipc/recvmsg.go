@@ -61,6 +61,9 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				continue
 			}
+			if c.pollUntil != 0 && c.onPark != nil {
+				c.onPark()
+			}
 			if !c.parkDeadline.IsZero() && !c.deadlineSet {
 				// Only now, parking, does the read need its deadline: a
 				// timer armed while polling would have an idle P's thread

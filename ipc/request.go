@@ -51,6 +51,37 @@ func (r *Request) Reply(generation uint32, seq uint64) {
 	r.s.queue(r)
 }
 
+// ReplyNow is Reply written by the calling goroutine instead of the
+// session's writer, when no answer is queued ahead of it: for a caller on
+// the session's own goroutine, the hand-off to the writer would cost a
+// small call a goroutine wake-up. It may block as long as the write does
+// (bounded by the session's write timeout).
+func (r *Request) ReplyNow(generation uint32, seq uint64) {
+	if !r.answer() {
+		return
+	}
+	n := 0
+	if r.Inline {
+		n = len(r.Buf)
+	}
+	PutCallOKPrefix(r.frame, r.ID, generation, seq, n)
+	r.out = r.frame[:CallOKPrefix+n]
+	s := r.s
+	s.mu.Lock()
+	if s.closed || len(s.outq) > 0 {
+		s.mu.Unlock()
+		s.queue(r)
+		return
+	}
+	s.mu.Unlock()
+	s.retire(r)
+	err := s.conn.WriteFrame(r.out, -1)
+	s.reuse(r)
+	if err != nil {
+		s.Close(err)
+	}
+}
+
 // Fail answers the call with an ERROR: an *Error's code and message (never
 // fatal: the session goes on), or INTERNAL with err's text.
 func (r *Request) Fail(err error) {

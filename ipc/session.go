@@ -100,6 +100,11 @@ func (s *Session) SetValue(v any) {
 	s.mu.Unlock()
 }
 
+// SetOnPark has f called on the session's reader goroutine each time its
+// poll for the next request ends and it parks (Conn.SetOnPark). Call it
+// from Handler.Hello, before the session reads requests.
+func (s *Session) SetOnPark(f func()) { s.conn.SetOnPark(f) }
+
 // Value returns what SetValue stored.
 func (s *Session) Value() any {
 	s.mu.Lock()

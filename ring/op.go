@@ -10,10 +10,15 @@ import (
 // begin claims the ring for one op. A concurrent call gets ErrBusy and
 // leaves the op under way alone. On a failed ring the op still takes its
 // sequence number and returns the first error (see end).
-func (r *Ring) begin(d *collective.Desc) error {
+func (r *Ring) begin(d *collective.Desc) error { return r.beginOp(d, false) }
+
+// beginOp is begin for an op that reads the lent link itself (lent) or
+// not, in which case the link goes back to its reader first.
+func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 	if !r.busy.CompareAndSwap(false, true) {
 		return fmt.Errorf("ring rank %d: %s: %w", r.rank, d.Op, ErrBusy)
 	}
+	r.lent = lent
 	if !r.started.Load() {
 		r.busy.Store(false)
 		return fmt.Errorf("ring rank %d: %s: %w: call Start first", r.rank, d.Op, ErrNotStarted)
@@ -26,6 +31,13 @@ func (r *Ring) begin(d *collective.Desc) error {
 	r.nstreams = 1
 	if len(r.next) > 1 && d.Bytes() >= uint64(r.cfg.StripeBytes) {
 		r.nstreams = uint64(len(r.next))
+	}
+	if r.nstreams != 1 {
+		r.lent = false // the lent link is stream 0's alone
+	}
+	if !r.lent && r.size > 1 {
+		// Only AllReduceLent's ops read the lent link themselves.
+		r.giveBack()
 	}
 	r.sendCount, r.recvCount = 0, 0
 	for i := range r.completed {
@@ -59,6 +71,7 @@ func (r *Ring) end(err error) error {
 	r.seq++
 	r.nextSeq.Store(r.seq)
 	r.endDeferred() // clears curOp; an abort kept for this op now fails the ring
+	r.lent = false
 	r.busy.Store(false)
 	return err
 }
@@ -148,6 +161,22 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 	h := header{Kind: kind, Seq: r.seq, Generation: r.gen.Load(), Sender: uint32(r.rank),
 		Step: uint32(r.step), Length: uint32(len(payload)), Aux: aux}
 	h.setDesc(&r.desc, r.fp)
+	if r.outstanding[i] == 0 && len(payload) <= directBytes {
+		// Nothing of this op is queued ahead of it on the stream, so
+		// writing it here keeps the order.
+		sent, err := s.trySendDirect(&h, payload)
+		if err != nil {
+			if e := r.opError(); e != nil {
+				return e
+			}
+			return err
+		}
+		if sent {
+			r.completed[i]++
+			r.sendCount++
+			return nil
+		}
+	}
 	s.reqs <- txReq{hdr: h, payload: payload} // never blocks: outstanding < txDepth
 	r.outstanding[i]++
 	r.sendCount++

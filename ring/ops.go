@@ -75,7 +75,7 @@ func (r *Ring) Start() (generation uint32, err error) {
 // rank's buf holds the same bytes, reduced in the order doc.go fixes.
 // buf holds d.Count native little-endian elements of d.DType.
 func (r *Ring) AllReduce(d collective.Desc, buf []byte) error {
-	return r.allReduce(d, buf, nil)
+	return r.allReduce(d, buf, nil, false)
 }
 
 // AllReduceLocal is AllReduce of several buffers of this rank: the value
@@ -95,14 +95,37 @@ func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
 				r.rank, collective.OpAllReduce, i+1, len(b), len(bufs[0]), collective.ErrInvalid)
 		}
 	}
-	return r.allReduce(d, bufs[0], bufs[1:])
+	return r.allReduce(d, bufs[0], bufs[1:], false)
 }
 
-func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte) error {
+// AllReduceLent is AllReduceLocal for a caller that makes small calls in
+// a row from one goroutine: a small allreduce borrows the link from the
+// previous rank and reads it in the calling goroutine (lend.go), keeping
+// it until GiveBack or the next op called otherwise. Larger calls run as
+// AllReduceLocal does. It needs Config.Spin > 0 to borrow.
+func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte) error {
+	if len(bufs) == 0 {
+		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, collective.OpAllReduce, collective.ErrInvalid)
+	}
+	for i, b := range bufs[1:] {
+		if len(b) != len(bufs[0]) {
+			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, buffer 0 is %d: %w",
+				r.rank, collective.OpAllReduce, i+1, len(b), len(bufs[0]), collective.ErrInvalid)
+		}
+	}
+	return r.allReduce(d, bufs[0], bufs[1:], true)
+}
+
+// isSmall tells whether an allreduce of n bytes of es-byte elements takes
+// the small path (every rank's whole buffer circulates once).
+func (r *Ring) isSmall(n, es int) bool { return n < r.cfg.SmallBytes || n/es < r.size }
+
+func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bool) error {
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
-	if err := r.begin(&d); err != nil {
+	lent = lent && r.size > 1 && r.prev[0].lendable() && r.isSmall(len(buf), d.DType.Size())
+	if err := r.beginOp(&d, lent); err != nil {
 		return err
 	}
 	k := kernelFor(d.DType, d.Reduce)
@@ -113,7 +136,7 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte) error {
 		f.copyBack(buf, 0)
 	} else if err = r.healthy(); err == nil {
 		es := d.DType.Size()
-		if len(buf) < r.cfg.SmallBytes || len(buf)/es < r.size {
+		if r.isSmall(len(buf), es) {
 			err = r.allReduceSmall(buf, k, f)
 		} else {
 			err = r.allReduceRing(buf, es, k, f)
@@ -156,7 +179,13 @@ func (r *Ring) allReduceSmall(buf []byte, k kernel, f localFold) error {
 		if err := r.send(kindData, slot(mod(r.rank-s, n)), 0); err != nil {
 			return err
 		}
-		b, err := r.recv(kindData)
+		var b *rxBuf
+		var err error
+		if r.lent {
+			b, err = r.recvLent(kindData)
+		} else {
+			b, err = r.recv(kindData)
+		}
 		if err != nil {
 			return err
 		}

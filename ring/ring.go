@@ -46,7 +46,11 @@ type Ring struct {
 	// this rank's own error by that much.
 	hungPeer atomic.Int64
 
+	// busyKept is set while keepBusy runs (lend.go).
+	busyKept atomic.Bool
+
 	// Op state, owned by the goroutine inside an op (busy guards it).
+	lent        bool   // this op reads the lent link itself (AllReduceLent)
 	nstreams    uint64 // streams this op stripes its frames over (begin)
 	busy        atomic.Bool
 	started     atomic.Bool
@@ -279,8 +283,12 @@ func (r *Ring) failFrom(s *stream, cause error) {
 	r.fail(e, e.reason())
 }
 
-// culpable tells the failures that are the peer's own doing.
+// culpable tells the failures that are the peer's own doing (a socket
+// this rank closed itself is not).
 func culpable(cause error) bool {
+	if errors.Is(cause, net.ErrClosed) {
+		return false
+	}
 	return errors.Is(cause, ErrPeerClosed) || errors.Is(cause, ErrPeerHung) ||
 		errors.Is(cause, ErrBadFrame) || errors.Is(cause, ErrGeneration)
 }

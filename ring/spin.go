@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -17,8 +18,15 @@ import (
 // transports poll for the same reason. Between polls it yields the CPU to
 // other processes (sched_yield), so a busy machine loses little.
 type spinReader struct {
-	rc       syscall.RawConn
-	spin     int64 // nanoseconds
+	rc   syscall.RawConn
+	spin int64 // nanoseconds
+	// lend, when set, is checked while a read polls at a frame boundary:
+	// a borrower asking for the link ends the read with errLend (lend.go).
+	lend     *atomic.Int32
+	boundary bool // nothing of the next frame has been read yet
+	// borrowed: the op goroutine reads, alone in its process's hot path:
+	// no Gosched between polls (see lend.go).
+	borrowed bool
 	p        []byte
 	n        int
 	err      error
@@ -49,7 +57,9 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	// The goroutine this reader just handed a frame to is queued on this
 	// reader's P: let it run before polling, or it would wait for the poll
 	// to end (or for another thread to be woken).
-	runtime.Gosched()
+	if !s.borrowed {
+		runtime.Gosched()
+	}
 	s.p, s.n, s.err = p, 0, nil
 	s.deadline = time.Now().UnixNano() + s.spin
 	if err := s.rc.Read(s.fn); err != nil {
@@ -58,6 +68,9 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	s.p = nil
 	if s.err == nil && s.n == 0 {
 		return 0, io.EOF
+	}
+	if s.n > 0 {
+		s.boundary = false
 	}
 	return s.n, s.err
 }
@@ -72,12 +85,18 @@ func (s *spinReader) try(fd uintptr) bool {
 			return true
 		case unix.EINTR:
 		case unix.EAGAIN:
+			if s.boundary && s.lend != nil && s.lend.Load() == lendAsked {
+				s.err = errLend
+				return true
+			}
 			if time.Now().UnixNano() >= s.deadline {
 				return false
 			}
 			// Let this process's other goroutines (the op, writers) have the
 			// P, and other processes the CPU, between polls.
-			runtime.Gosched()
+			if !s.borrowed {
+				runtime.Gosched()
+			}
 			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		default:
 			s.err = err

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/collectived/collectived/collective"
 )
 
 // Tunables that are not worth a Config field: how many receive buffers a
@@ -64,8 +66,25 @@ type stream struct {
 
 	hbuf [headerLen]byte // heartbeat frame, owned by the writer goroutine
 
-	readerDone chan struct{} // closed when readLoop returns
-	rd         io.Reader     // the conn, polled for Config.Spin before parking
+	// toNext: frames the op goroutine writes itself (direct.go), with
+	// the state of the RawConn.Write callback. Owned by the op goroutine.
+	rc         syscall.RawConn
+	obuf       []byte
+	direct     []byte
+	directOff  int
+	directErr  error
+	directFull bool
+	directFn   func(fd uintptr) bool
+
+	// fromPrev, stream 0: lending the read side to the op goroutine
+	// (lend.go).
+	lend   atomic.Int32  // lendNone, lendAsked, lendOut
+	resume chan struct{} // the borrower hands the link back
+	sr     *spinReader   // rd, when it polls
+
+	rhdr       [headerLen]byte // the header being read, owned by the reader (or the borrower)
+	readerDone chan struct{}   // closed when readLoop returns
+	rd         io.Reader       // the conn, polled for Config.Spin before parking
 
 	// abortSeen is set once an abort frame was read here: the peer then
 	// closes the connection, and its end is expected, not a new failure.
@@ -97,6 +116,15 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 		// Only data arrives from prev; the backward direction carries
 		// heartbeats and aborts, which are not worth a poller.
 		s.rd = newSpinReader(c, r.cfg.Spin)
+		if sr, ok := s.rd.(*spinReader); ok {
+			s.sr = sr
+			if idx == 0 {
+				// The first stream carries every small op: it may be lent
+				// to the goroutine that runs them (lend.go).
+				sr.lend = &s.lend
+				s.resume = make(chan struct{}, 1)
+			}
+		}
 	}
 	if s.peerAddr == "" && c.RemoteAddr() != nil {
 		s.peerAddr = c.RemoteAddr().String()
@@ -113,6 +141,9 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 	} else {
 		s.reqs = make(chan txReq, txDepth)
 		s.wbuf = make([]byte, headerLen+coalesceBytes)
+		s.obuf = make([]byte, headerLen+directBytes)
+		s.rc = rawConn(c)
+		s.directFn = s.writeDirect
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -124,52 +155,93 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 	return s
 }
 
-// readLoop owns the read side of the stream until the connection fails.
+// readLoop owns the read side of the stream until the connection fails,
+// except while it lends it to the op goroutine (lend.go).
 func (s *stream) readLoop() {
 	defer s.r.wg.Done()
 	defer close(s.readerDone)
-	var hb [headerLen]byte
-	var reason [maxReasonLen]byte
 	for {
-		if _, err := io.ReadFull(s.rd, hb[:]); err != nil {
-			s.readFailed(err)
-			return
+		if s.sr != nil {
+			s.sr.boundary = true
 		}
-		s.lastRead.Store(time.Now().UnixNano())
-		h, err := decodeHeader(hb[:], s.r.maxPayload)
-		if err == nil && h.Sender != uint32(s.peerRank) {
-			err = badFrame("frame claims sender rank %d, want %d", h.Sender, s.peerRank)
-		}
-		if err == nil && s.dir == toNext && (h.Kind == kindData || h.Kind == kindStart) {
-			err = badFrame("%s frame on the backward direction", h.Kind)
-		}
-		if err != nil {
-			s.r.failFrom(s, err)
-			s.drain()
-			return
-		}
-		switch h.Kind {
-		case kindHeartbeat:
-			s.r.heard(s, &h)
-		case kindAbort:
-			if _, err := io.ReadFull(s.rd, reason[:h.Length]); err != nil {
-				s.readFailed(err)
-				return
-			}
-			s.abortSeen.Store(true)
-			s.r.failFromAbort(s, h, string(reason[:h.Length]))
-		case kindData, kindStart:
-			if !s.deliver(h) {
+		b, st := s.readFrame()
+		switch st {
+		case frameLend:
+			if !s.lendToBorrower() {
 				s.drain()
 				return
+			}
+		case frameEndDrain:
+			s.drain()
+			return
+		case frameEnd:
+			return
+		case frameOK:
+			if b != nil {
+				s.full <- b // never blocks: there are only rxBuffers buffers
 			}
 		}
 	}
 }
 
-// deliver reads a data or start payload into a free buffer and hands it
-// to the op. It returns false when the ring is failing.
-func (s *stream) deliver(h header) bool {
+// frameStatus is how reading one frame ended.
+type frameStatus uint8
+
+const (
+	frameOK       frameStatus = iota // a frame was handled (b: a data or start frame's buffer)
+	frameLend                        // a borrower asked for the link at a frame boundary
+	frameEnd                         // the ring failed; the stream is done
+	frameEndDrain                    // the same, and the rest of the stream should be drained
+)
+
+// readFrame reads and handles one frame: a heartbeat or an abort here, a
+// data or start frame returned in a free buffer for the op. It is the
+// reader goroutine's step, and the borrower's while the link is lent.
+func (s *stream) readFrame() (*rxBuf, frameStatus) {
+	hb := s.rhdr[:]
+	if _, err := io.ReadFull(s.rd, hb); err != nil {
+		if err == errLend {
+			return nil, frameLend
+		}
+		s.readFailed(err)
+		return nil, frameEnd
+	}
+	s.lastRead.Store(time.Now().UnixNano())
+	h, err := decodeHeader(hb, s.r.maxPayload)
+	if err == nil && h.Sender != uint32(s.peerRank) {
+		err = badFrame("frame claims sender rank %d, want %d", h.Sender, s.peerRank)
+	}
+	if err == nil && s.dir == toNext && (h.Kind == kindData || h.Kind == kindStart) {
+		err = badFrame("%s frame on the backward direction", h.Kind)
+	}
+	if err != nil {
+		s.r.failFrom(s, err)
+		return nil, frameEndDrain
+	}
+	switch h.Kind {
+	case kindHeartbeat:
+		s.r.heard(s, &h)
+	case kindAbort:
+		var reason [maxReasonLen]byte
+		if _, err := io.ReadFull(s.rd, reason[:h.Length]); err != nil {
+			s.readFailed(err)
+			return nil, frameEnd
+		}
+		s.abortSeen.Store(true)
+		s.r.failFromAbort(s, h, string(reason[:h.Length]))
+	case kindData, kindStart:
+		b := s.receive(h)
+		if b == nil {
+			return nil, frameEndDrain
+		}
+		return b, frameOK
+	}
+	return nil, frameOK
+}
+
+// receive reads a data or start payload into a free buffer. It returns
+// nil when the ring is failing.
+func (s *stream) receive(h header) *rxBuf {
 	var b *rxBuf
 	select {
 	case b = <-s.free:
@@ -182,7 +254,7 @@ func (s *stream) deliver(h header) bool {
 		s.waitLocal.Store(false)
 		s.lastRead.Store(time.Now().UnixNano())
 		if b == nil {
-			return false
+			return nil
 		}
 	}
 	b.hdr = h
@@ -192,13 +264,12 @@ func (s *stream) deliver(h header) bool {
 		if _, err := io.ReadFull(s.rd, b.data[off:end]); err != nil {
 			s.free <- b
 			s.readFailed(err)
-			return false
+			return nil
 		}
 		s.lastRead.Store(time.Now().UnixNano())
 		off = end
 	}
-	s.full <- b // never blocks: there are only rxBuffers buffers
-	return true
+	return b
 }
 
 // drain keeps reading after the ring failed, so that the peer's last
@@ -342,6 +413,11 @@ func (s *stream) writeHeartbeat() {
 // than the heartbeat timeout while we were ready to read.
 func (s *stream) hung(now time.Time) bool {
 	if s.waitLocal.Load() {
+		return false
+	}
+	if s.lend.Load() == lendOut && collective.Op(s.r.curOp.Load()) == collective.OpInvalid {
+		// Lent and between ops: nobody reads, and the borrower gives the
+		// link back as soon as its calls pause (AllReduceLent).
 		return false
 	}
 	return now.UnixNano()-s.lastRead.Load() > int64(s.r.cfg.HeartbeatTimeout)

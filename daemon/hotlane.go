@@ -1,0 +1,92 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ipc"
+)
+
+// The hot lane: on a node with one trainer, a small allreduce runs on the
+// trainer's session goroutine, from reading the request to writing the
+// answer, with no hand-off to the engine, the ring's writer or reader, or
+// the session's writer (ring.AllReduceLent: the session goroutine also
+// reads the ring link from the previous node). On a machine with few
+// CPUs every hand-off waits for a thread to get a CPU; docs/TUNING.md
+// (section 10) has the measurements.
+//
+// The engine stays the owner of the sequence of collectives: it publishes
+// when it is idle (waiting for local calls, none queued) and at which seq;
+// a session takes that collective, runs it, and reports back. Success
+// advances the engine's seq (inlineDone); a failure goes to the engine as
+// if its own execute had failed (inlineFail), so that every failure path
+// (owed calls, re-forming the ring) stays the engine's. The session gives
+// the ring link back when its poll for the next request ends (parked) or
+// it detaches.
+
+// inlineFailure is a collective that failed on a session goroutine.
+type inlineFailure struct {
+	c   call
+	err error
+}
+
+// canInlineLocked reports whether the call can run on its session's
+// goroutine now. d.mu is held.
+func (d *Daemon) canInlineLocked(sl *slot, desc collective.Desc) bool {
+	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 &&
+		desc.Op == collective.OpAllReduce && desc.Bytes() < uint64(d.cfg.SmallBytes) &&
+		d.idle && d.ring != nil && d.idleRing == d.ring && d.lost == nil &&
+		len(sl.queue) == 0 && d.ring.Err() == nil
+}
+
+// runInline runs collective d.idleSeq for req on the calling (session)
+// goroutine. d.mu is held on entry and released.
+func (d *Daemon) runInline(s *ipc.Session, sl *slot, req *ipc.Request, at time.Time) {
+	r, seq := d.idleRing, d.idleSeq
+	d.idle, d.inline, d.lender = false, true, s
+	d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: req.Desc, since: at}
+	sl.one[0] = req.Buf
+	d.mu.Unlock()
+
+	err := r.AllReduceLent(req.Desc, sl.one[:])
+
+	d.mu.Lock()
+	sl.one[0] = nil
+	d.inline = false
+	if err != nil {
+		if d.closed {
+			// The engine has stopped: answer here.
+			d.mu.Unlock()
+			req.Fail(ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
+			return
+		}
+		d.inlineFail = &inlineFailure{c: call{req: req, at: at}, err: err}
+		d.mu.Unlock()
+		d.wake()
+		return
+	}
+	d.inlineDone++
+	d.inflight = inflight{}
+	// The engine is still asleep, idle: the next collective is ours to
+	// take too.
+	d.idle, d.idleSeq = true, seq+1
+	gen := r.Generation()
+	d.mu.Unlock()
+	req.ReplyNow(gen, seq)
+}
+
+// parked is a trainer session's reader going to sleep: its calls have
+// paused, so the ring link goes back to the ring's reader.
+func (d *Daemon) parked(s *ipc.Session) {
+	d.mu.Lock()
+	if d.lender != s || d.inline {
+		d.mu.Unlock()
+		return
+	}
+	d.lender = nil
+	r := d.ring
+	d.mu.Unlock()
+	if r != nil {
+		r.GiveBack()
+	}
+}

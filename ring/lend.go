@@ -1,0 +1,191 @@
+package ring
+
+import (
+	"errors"
+	"runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Lending the link from the previous rank to the op goroutine.
+//
+// A small allreduce through a daemon is a chain of short hops, and on a
+// machine with few CPUs every hand-off between goroutines (the ring reader
+// delivering a frame to the op) waits for a thread to get a CPU. A caller
+// that makes small calls in a row from one goroutine (the daemon's session
+// reader of a node with one trainer) can instead run them with
+// AllReduceLent: the reader of stream 0 from the previous rank lends it the
+// connection at a frame boundary and parks, and the op goroutine reads its
+// frames itself, heartbeats and aborts included (readFrame, the reader's
+// own step). It keeps the link between such calls and gives it back with
+// GiveBack when they stop; any other op gives it back first.
+//
+// While the link is lent, a companion goroutine keeps this process's
+// other P busy by yielding in a loop (keepBusy). Without it the idle P's
+// thread sleeps in epoll_wait (the daemon always has goroutines parked in
+// the netpoller and timers armed) and every frame that arrives wakes it,
+// which measured slower than the hand-offs saved (docs/TUNING.md, section
+// 10). It runs only while the link is lent.
+
+const (
+	lendNone  int32 = iota // the reader reads
+	lendAsked              // a borrower asked; the reader lends at its next frame boundary
+	lendOut                // the reader is parked; the borrower reads
+)
+
+// errLend ends a reader's poll at a frame boundary when a borrower asked.
+var errLend = errors.New("ring: link lent to the op goroutine")
+
+// lendable reports whether the stream can be lent: stream 0 from the
+// previous rank, whose reader polls (Config.Spin > 0).
+func (s *stream) lendable() bool { return s.resume != nil }
+
+// lendToBorrower is the reader's side: it parks until the link comes back.
+// False means the ring is ending and the reader should drain and stop.
+func (s *stream) lendToBorrower() bool {
+	if !s.lend.CompareAndSwap(lendAsked, lendOut) {
+		return true // given back before the reader let go: read on
+	}
+	select {
+	case <-s.resume:
+		return true
+	case <-s.r.stop:
+		return false
+	case <-s.r.dying:
+		// The borrower's op fails as well and gives the link back; do not
+		// read beside it for long.
+		t := time.NewTimer(s.r.cfg.AbortWait)
+		defer t.Stop()
+		select {
+		case <-s.resume:
+		case <-t.C:
+		}
+		return false
+	}
+}
+
+// GiveBack returns the link from the previous rank to its reader, if an
+// AllReduceLent borrowed it. Call it from the goroutine that made the
+// calls, between ops, when its calls stop; it is idempotent.
+func (r *Ring) GiveBack() {
+	if r.size == 1 || r.busy.Load() {
+		return // an op under way gave it back as it began
+	}
+	r.giveBack()
+}
+
+func (r *Ring) giveBack() {
+	s := r.prev[0]
+	if !s.lendable() {
+		return
+	}
+	for {
+		switch st := s.lend.Load(); st {
+		case lendNone:
+			return
+		case lendAsked:
+			if s.lend.CompareAndSwap(lendAsked, lendNone) {
+				return
+			}
+		case lendOut:
+			s.lend.Store(lendNone)
+			select {
+			case s.resume <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
+// recvLent is recv for an op run by AllReduceLent: it reads the link from
+// the previous rank itself once the reader has lent it, and until then
+// takes what the reader delivers.
+func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
+	s := r.prev[0]
+	s.lend.CompareAndSwap(lendNone, lendAsked)
+	deadline := time.Now().Add(r.cfg.OpTimeout).UnixNano()
+	lastYield := time.Now().UnixNano()
+	for {
+		select {
+		case b := <-s.full:
+			return r.accept(s, kind, b)
+		case d := <-r.done:
+			r.noteDone(d)
+		case n := <-r.peerOp:
+			if err := r.peerDiverged(n); err != nil {
+				return nil, err
+			}
+		default:
+		}
+		if err := r.healthy(); err != nil {
+			return nil, err
+		}
+		now := time.Now().UnixNano()
+		if now > deadline {
+			return nil, r.failLocal(s, r.timeout("waiting for data from"))
+		}
+		if s.lend.Load() == lendOut {
+			// The reader hands over every frame it read before it lets go:
+			// one may have landed since the look above.
+			select {
+			case b := <-s.full:
+				return r.accept(s, kind, b)
+			default:
+			}
+			if r.busyKept.CompareAndSwap(false, true) {
+				r.wg.Add(1)
+				go r.keepBusy(s)
+			}
+			s.sr.borrowed = true
+			b, st := s.readFrame()
+			s.sr.borrowed = false
+			switch st {
+			case frameOK:
+				if b != nil {
+					return r.accept(s, kind, b)
+				}
+				continue // a heartbeat or a deferred abort: read on
+			default:
+				if err := r.opError(); err != nil {
+					return nil, err
+				}
+				return nil, r.failLocal(s, ErrClosed)
+			}
+		}
+		// The reader has not let go yet: it is handing over a frame, or
+		// asleep in the netpoller until the next one comes.
+		if now-lastYield > int64(20*time.Microsecond) {
+			runtime.Gosched()
+			lastYield = now
+		}
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+}
+
+// accept counts a received frame and checks that it belongs to the op.
+func (r *Ring) accept(s *stream, kind frameKind, b *rxBuf) (*rxBuf, error) {
+	r.recvCount++
+	if err := r.checkFrame(s, kind, &b.hdr); err != nil {
+		s.free <- b
+		return nil, err
+	}
+	return b, nil
+}
+
+// keepBusy yields in a loop while the link is lent (see the top of this
+// file): it keeps the P it runs on from going idle.
+func (r *Ring) keepBusy(s *stream) {
+	defer r.wg.Done()
+	defer r.busyKept.Store(false)
+	for s.lend.Load() == lendOut {
+		select {
+		case <-r.dying:
+			return
+		default:
+		}
+		runtime.Gosched()
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+}

@@ -1,0 +1,204 @@
+package ring
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// lentWorld is a ring whose readers poll, so that their first link from
+// the previous rank can be lent.
+func lentWorld(t *testing.T, n, streams int, tweak func(*Config)) []*Ring {
+	return newWorld(t, worldOpts{n: n, streams: streams, tweak: func(c *Config) {
+		c.Spin = 200 * time.Microsecond
+		c.StripeBytes = 64 << 10 // small ops keep to stream 0, as in the daemon
+		if tweak != nil {
+			tweak(c)
+		}
+	}})
+}
+
+// float32Bufs fills n buffers of count float32s with rank-dependent values
+// and returns them with the expected sum.
+func float32Bufs(n, count, salt int) ([][]byte, []float32) {
+	bufs := make([][]byte, n)
+	want := make([]float32, count)
+	for i := range bufs {
+		bufs[i] = make([]byte, 4*count)
+		for k := 0; k < count; k++ {
+			v := float32((i+1)*(k%7+salt%3)) / 4
+			binary.LittleEndian.PutUint32(bufs[i][4*k:], math.Float32bits(v))
+			want[k] += v
+		}
+	}
+	return bufs, want
+}
+
+func checkFloat32(t *testing.T, what string, bufs [][]byte, want []float32) {
+	t.Helper()
+	for k, w := range want {
+		if got := math.Float32frombits(binary.LittleEndian.Uint32(bufs[0][4*k:])); got != w {
+			t.Fatalf("%s: element %d = %v, want %v", what, k, got, w)
+		}
+	}
+	for i := 1; i < len(bufs); i++ {
+		if !bytes.Equal(bufs[i], bufs[0]) {
+			t.Fatalf("%s: rank %d differs from rank 0", what, i)
+		}
+	}
+}
+
+// Small allreduces run with the link lent to the calling goroutine give
+// the reference's bits on every rank, mixed with large ones and other ops
+// (which take the link back), across a GiveBack and an idle spell longer
+// than the heartbeat timeout (the link given back, the reader sees the
+// heartbeats), and allocate nothing once warm.
+func TestAllReduceLent(t *testing.T) {
+	for _, tc := range []struct{ n, streams int }{{2, 1}, {3, 2}, {4, 1}} {
+		t.Run(fmt.Sprintf("world%d_streams%d", tc.n, tc.streams), func(t *testing.T) {
+			n := tc.n
+			rings := lentWorld(t, n, tc.streams, func(c *Config) {
+				c.HeartbeatInterval = 50 * time.Millisecond
+				c.HeartbeatTimeout = 400 * time.Millisecond
+			})
+			lent := func(count, salt int) {
+				d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(count)}
+				bufs, want := float32Bufs(n, count, salt)
+				noErrors(t, "lent allreduce", onAll(t, rings, func(i int, r *Ring) error {
+					return r.AllReduceLent(d, [][]byte{bufs[i]})
+				}))
+				checkFloat32(t, fmt.Sprintf("lent count %d", count), bufs, want)
+			}
+			for k := 0; k < 200; k++ {
+				lent(1+k%9, k)
+			}
+			lentOut := 0
+			for _, r := range rings {
+				if r.prev[0].lend.Load() == lendOut {
+					lentOut++
+				}
+			}
+			if lentOut == 0 {
+				t.Errorf("no rank borrowed its link in 200 small calls")
+			}
+			// A large allreduce (lent or not) and a barrier take the link back.
+			big := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 100_003}
+			bufs, want := float32Bufs(n, 100_003, 1)
+			noErrors(t, "large allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(big, [][]byte{bufs[i]}) }))
+			checkFloat32(t, "large", bufs, want)
+			lent(5, 2)
+			noErrors(t, "barrier", onAll(t, rings, func(i int, r *Ring) error { return r.Barrier(collective.Desc{Op: collective.OpBarrier}) }))
+			lent(3, 3)
+			for _, r := range rings {
+				r.GiveBack()
+			}
+			time.Sleep(700 * time.Millisecond) // > HeartbeatTimeout: silence would be a hung peer
+			for i, r := range rings {
+				if err := r.Err(); err != nil {
+					t.Fatalf("rank %d failed while idle with its link given back: %v", i, err)
+				}
+			}
+			lent(7, 4)
+
+			// Warm: no allocation per call on the lent path.
+			d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int64, Reduce: collective.Max, Count: 16}
+			ab := make([][]byte, n)
+			for i := range ab {
+				ab[i] = make([]byte, d.Bytes())
+			}
+			start, done := make(chan struct{}), make(chan error, n-1)
+			for i := 1; i < n; i++ {
+				go func() {
+					for range start {
+						done <- rings[i].AllReduceLent(d, ab[i:i+1])
+					}
+				}()
+			}
+			allocs := testing.AllocsPerRun(100, func() {
+				for i := 1; i < n; i++ {
+					start <- struct{}{}
+				}
+				if err := rings[0].AllReduceLent(d, ab[:1]); err != nil {
+					t.Fatal(err)
+				}
+				for i := 1; i < n; i++ {
+					if err := <-done; err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			close(start)
+			if allocs > 1 {
+				t.Errorf("%.1f allocations per lent allreduce", allocs)
+			}
+		})
+	}
+}
+
+// A rank whose links drop (its process killed) while its neighbours run
+// lent calls: every other rank fails with ErrPeerClosed naming it as the
+// culprit, within a bound.
+func TestAllReduceLentPeerCloses(t *testing.T) {
+	const n = 3
+	rings := lentWorld(t, n, 1, nil)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 4}
+	bufs, _ := float32Bufs(n, 4, 0)
+	for k := 0; k < 20; k++ {
+		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}) }))
+	}
+	time.AfterFunc(50*time.Millisecond, func() {
+		for _, s := range rings[2].all {
+			s.conn.Close()
+		}
+	})
+	t0 := time.Now()
+	errs := onAll(t, rings[:2], func(i int, r *Ring) error {
+		for {
+			if err := r.AllReduceLent(d, [][]byte{bufs[i]}); err != nil {
+				return err
+			}
+		}
+	})
+	if el := time.Since(t0); el > 10*time.Second {
+		t.Fatalf("failure took %v to reach the lent ranks", el)
+	}
+	// A rank that found the dropped link itself names rank 2 the culprit;
+	// one that heard first from rank 2 (its sockets did not all drop at
+	// once) names it as the origin.
+	for i, err := range errs {
+		var e *Error
+		if !errors.As(err, &e) || (e.Culprit != 2 && e.Origin != 2) || !errors.Is(err, ErrPeerClosed) {
+			t.Errorf("rank %d: %v, want ErrPeerClosed naming rank 2", i, err)
+		}
+	}
+}
+
+// A lent call whose peer never calls times out after OpTimeout even while
+// the peer's heartbeats keep arriving on the lent link.
+func TestAllReduceLentTimesOut(t *testing.T) {
+	rings := lentWorld(t, 2, 1, func(c *Config) {
+		c.OpTimeout = time.Second
+		c.HeartbeatInterval = 50 * time.Millisecond
+		c.HeartbeatTimeout = 2 * time.Second
+	})
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 2}
+	bufs, _ := float32Bufs(2, 2, 0)
+	for k := 0; k < 10; k++ {
+		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}) }))
+	}
+	t0 := time.Now()
+	err := rings[0].AllReduceLent(d, [][]byte{bufs[0]})
+	el := time.Since(t0)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("lent call with a silent peer: %v, want ErrTimeout", err)
+	}
+	if el < 900*time.Millisecond || el > 5*time.Second {
+		t.Fatalf("timed out after %v, OpTimeout 1s", el)
+	}
+}
