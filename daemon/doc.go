@@ -21,6 +21,13 @@
 // The order depends only on the world, so every trainer gets bit-identical
 // results, run after run.
 //
+// # The hot lane
+//
+// On a node with one trainer, a small allreduce runs on the trainer's
+// session goroutine itself, from the request to the answer, when the
+// engine is idle; the engine keeps the numbering and every failure path
+// (hotlane.go).
+//
 // # Generations
 //
 // A ring failure (a peer lost, a timeout, a mismatch, a trainer lost

@@ -149,5 +149,17 @@
 // travels round the ring both ways and every rank reports the origin and
 // the cause, not "connection closed". Abort frames flowing backwards
 // never wait behind data, so they arrive even when the forward direction
-// is stuck.
+// is stuck. The abort frame also names the culprit when the origin knows
+// it (the peer it found closed, hung or sending bad frames: Error.Culprit).
+//
+// # Lending the link (AllReduceLent)
+//
+// A caller making small allreduces in a row from one goroutine can have
+// the reader of stream 0 from the previous rank lend it that connection
+// at a frame boundary: the op goroutine then reads its own frames, through
+// the same step as the reader (heartbeats, aborts and checks included),
+// with no goroutine hand-off. It keeps the link between such calls (silence
+// on it is not counted against the peer then) and GiveBack, or any other
+// op, returns it; lend.go says why, and what keeps the process's other P
+// busy meanwhile.
 package ring
