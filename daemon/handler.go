@@ -68,6 +68,7 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 	s.SetValue(l)
 	if L == 1 {
 		s.SetOnPark(func() { d.parked(s) })
+		sl.gone = func() error { return d.trainerGone(s, l) }
 	}
 	ok.LocalRank = uint32(l)
 	ok.WorldRank = uint32(d.worldRank(l))

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/collectived/collectived/collective"
@@ -48,7 +49,7 @@ func (d *Daemon) runInline(s *ipc.Session, sl *slot, req *ipc.Request, at time.T
 	sl.one[0] = req.Buf
 	d.mu.Unlock()
 
-	err := r.AllReduceLent(req.Desc, sl.one[:])
+	err := r.AllReduceLent(req.Desc, sl.one[:], sl.gone)
 
 	d.mu.Lock()
 	sl.one[0] = nil
@@ -73,6 +74,22 @@ func (d *Daemon) runInline(s *ipc.Session, sl *slot, req *ipc.Request, at time.T
 	gen := r.Generation()
 	d.mu.Unlock()
 	req.ReplyNow(gen, seq)
+}
+
+// trainerGone is the stop check of a call run inline: the session
+// goroutine waits in the ring instead of reading its socket, so it asks
+// the socket whether the trainer has gone, which Disconnected would
+// otherwise have learnt by reading.
+func (d *Daemon) trainerGone(s *ipc.Session, l int) error {
+	if !s.PeerClosed() {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sl := &d.slots[l]
+	sl.lostMid, sl.owed = true, nil
+	return fmt.Errorf("[trainer-lost] world rank %d (node %d, local rank %d, pid %d) disconnected mid-collective: its connection closed while its call was in the ring",
+		d.worldRank(l), d.cfg.Rank, l, sl.pid)
 }
 
 // parked is a trainer session's reader going to sleep: its calls have

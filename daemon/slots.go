@@ -38,8 +38,9 @@ type slot struct {
 	// causing the failure: its replacement starts afresh and owes nothing.
 	lostMid bool
 	// one is the buffer list of a call run inline (hotlane.go), kept so
-	// that it does not allocate.
-	one [1][]byte
+	// that it does not allocate; gone is its stop check (trainerGone).
+	one  [1][]byte
+	gone func() error
 }
 
 // missing describes the local ranks without a call at their head, as world

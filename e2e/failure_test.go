@@ -248,3 +248,36 @@ func TestIdleFailureOwesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainerKilledInLane: on nodes of one trainer a small call runs on
+// the trainer's session goroutine (the hot lane), which does not read the
+// socket meanwhile; a trainer killed while its call waits in the ring is
+// still found at once, and the other node's trainer gets TRAINER_LOST
+// naming it; a replacement attaches and the world goes on.
+func TestTrainerKilledInLane(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	victim := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
+	waitFor(t, 10*time.Second, "the victim's call to wait in the ring", func() bool {
+		return strings.Contains(w.log(0), "world_rank=0")
+	})
+	other := w.startTrainer(1, "-mode", "repeat", "-times", "2", "-count", "16", "-pause", "2s")
+	time.Sleep(500 * time.Millisecond)
+	victim.cmd.Process.Kill()
+	waitFor(t, 10*time.Second, "node 0 to fail the collective", func() bool {
+		return strings.Contains(w.log(0), "collective failed")
+	})
+	replacement := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16", "-pause", "1s")
+	evs, err := other.wait(t, 60*time.Second)
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("node 1 trainer: %v %+v", err, evs)
+	}
+	if e := evs[0]; e.OK || e.Code != "TRAINER_LOST" || !strings.Contains(e.Message, "world rank 0 (node 0, local rank 0") {
+		t.Fatalf("node 1 call 0: ok=%v %s %q, want TRAINER_LOST naming world rank 0", e.OK, e.Code, e.Message)
+	}
+	if !evs[1].OK {
+		t.Fatalf("node 1 call 1 with the replacement: %s %s", evs[1].Code, evs[1].Message)
+	}
+	if evs, err := replacement.wait(t, 60*time.Second); err != nil || len(evs) != 1 || !evs[0].OK {
+		t.Fatalf("replacement: %v %+v", err, evs)
+	}
+}

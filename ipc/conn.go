@@ -83,6 +83,8 @@ type Conn struct {
 	spin              atomic.Int64 // nanoseconds to poll a quiet socket (SetSpin)
 	readSpin          int64        // this read's polling budget
 	onPark            func()       // SetOnPark
+	hupFn             func(fd uintptr)
+	hup               bool
 	msg               unix.Msghdr
 	iov               unix.Iovec
 	rp                []byte
@@ -113,6 +115,7 @@ func NewConn(uc *net.UnixConn, side Side) *Conn {
 	c.maxFrame.Store(MaxHelloFrame)
 	c.raw, c.rawErr = uc.SyscallConn()
 	c.recvFn = c.recvOnce
+	c.hupFn = c.pollHup
 	return c
 }
 
@@ -121,6 +124,27 @@ func NewConn(uc *net.UnixConn, side Side) *Conn {
 // other processes (sched_yield); it saves a small request the thread
 // wake-up that parking costs, tens of microseconds on virtual machines.
 func (c *Conn) SetSpin(d time.Duration) { c.spin.Store(int64(max(d, 0))) }
+
+// PeerClosed reports, without reading, whether the other end has closed
+// the connection or shut down its writing side, or the socket failed
+// (poll(2) for POLLRDHUP): for a goroutine that owns the reading but is
+// busy elsewhere. It does not allocate.
+func (c *Conn) PeerClosed() bool {
+	if c.raw == nil {
+		return true
+	}
+	c.hup = false
+	if err := c.raw.Control(c.hupFn); err != nil {
+		return true
+	}
+	return c.hup
+}
+
+func (c *Conn) pollHup(fd uintptr) {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(fds[:], 0)
+	c.hup = err == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+}
 
 // SetOnPark has f called when a read's polling ends without data and the
 // reader is about to park in the netpoller. f runs on the reading

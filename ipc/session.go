@@ -105,6 +105,10 @@ func (s *Session) SetValue(v any) {
 // from Handler.Hello, before the session reads requests.
 func (s *Session) SetOnPark(f func()) { s.conn.SetOnPark(f) }
 
+// PeerClosed reports whether the client has closed its end (Conn.PeerClosed),
+// for the session's own goroutine while it runs a call instead of reading.
+func (s *Session) PeerClosed() bool { return s.conn.PeerClosed() }
+
 // Value returns what SetValue stored.
 func (s *Session) Value() any {
 	s.mu.Lock()

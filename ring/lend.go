@@ -107,6 +107,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 	s.lend.CompareAndSwap(lendNone, lendAsked)
 	deadline := time.Now().Add(r.cfg.OpTimeout).UnixNano()
 	lastYield := time.Now().UnixNano()
+	lastStop := int64(0)
 	for {
 		select {
 		case b := <-s.full:
@@ -125,6 +126,13 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 		now := time.Now().UnixNano()
 		if now > deadline {
 			return nil, r.failLocal(s, r.timeout("waiting for data from"))
+		}
+		if r.lentStop != nil && now-lastStop > int64(20*time.Microsecond) {
+			lastStop = now
+			if err := r.lentStop(); err != nil {
+				r.Abort(err)
+				return nil, r.opError()
+			}
 		}
 		if s.lend.Load() == lendOut {
 			// The reader hands over every frame it read before it lets go:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func TestAllReduceLent(t *testing.T) {
 				d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(count)}
 				bufs, want := float32Bufs(n, count, salt)
 				noErrors(t, "lent allreduce", onAll(t, rings, func(i int, r *Ring) error {
-					return r.AllReduceLent(d, [][]byte{bufs[i]})
+					return r.AllReduceLent(d, [][]byte{bufs[i]}, nil)
 				}))
 				checkFloat32(t, fmt.Sprintf("lent count %d", count), bufs, want)
 			}
@@ -90,7 +91,7 @@ func TestAllReduceLent(t *testing.T) {
 			// A large allreduce (lent or not) and a barrier take the link back.
 			big := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 100_003}
 			bufs, want := float32Bufs(n, 100_003, 1)
-			noErrors(t, "large allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(big, [][]byte{bufs[i]}) }))
+			noErrors(t, "large allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(big, [][]byte{bufs[i]}, nil) }))
 			checkFloat32(t, "large", bufs, want)
 			lent(5, 2)
 			noErrors(t, "barrier", onAll(t, rings, func(i int, r *Ring) error { return r.Barrier(collective.Desc{Op: collective.OpBarrier}) }))
@@ -116,7 +117,7 @@ func TestAllReduceLent(t *testing.T) {
 			for i := 1; i < n; i++ {
 				go func() {
 					for range start {
-						done <- rings[i].AllReduceLent(d, ab[i:i+1])
+						done <- rings[i].AllReduceLent(d, ab[i:i+1], nil)
 					}
 				}()
 			}
@@ -124,7 +125,7 @@ func TestAllReduceLent(t *testing.T) {
 				for i := 1; i < n; i++ {
 					start <- struct{}{}
 				}
-				if err := rings[0].AllReduceLent(d, ab[:1]); err != nil {
+				if err := rings[0].AllReduceLent(d, ab[:1], nil); err != nil {
 					t.Fatal(err)
 				}
 				for i := 1; i < n; i++ {
@@ -150,7 +151,7 @@ func TestAllReduceLentPeerCloses(t *testing.T) {
 	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 4}
 	bufs, _ := float32Bufs(n, 4, 0)
 	for k := 0; k < 20; k++ {
-		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}) }))
+		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
 	}
 	time.AfterFunc(50*time.Millisecond, func() {
 		for _, s := range rings[2].all {
@@ -160,7 +161,7 @@ func TestAllReduceLentPeerCloses(t *testing.T) {
 	t0 := time.Now()
 	errs := onAll(t, rings[:2], func(i int, r *Ring) error {
 		for {
-			if err := r.AllReduceLent(d, [][]byte{bufs[i]}); err != nil {
+			if err := r.AllReduceLent(d, [][]byte{bufs[i]}, nil); err != nil {
 				return err
 			}
 		}
@@ -190,15 +191,47 @@ func TestAllReduceLentTimesOut(t *testing.T) {
 	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 2}
 	bufs, _ := float32Bufs(2, 2, 0)
 	for k := 0; k < 10; k++ {
-		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}) }))
+		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
 	}
 	t0 := time.Now()
-	err := rings[0].AllReduceLent(d, [][]byte{bufs[0]})
+	err := rings[0].AllReduceLent(d, [][]byte{bufs[0]}, nil)
 	el := time.Since(t0)
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("lent call with a silent peer: %v, want ErrTimeout", err)
 	}
 	if el < 900*time.Millisecond || el > 5*time.Second {
 		t.Fatalf("timed out after %v, OpTimeout 1s", el)
+	}
+}
+
+// A lent call's stop check aborts the ring with its answer: the caller
+// gets it, and so does every other rank.
+func TestAllReduceLentStop(t *testing.T) {
+	rings := lentWorld(t, 2, 1, nil)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 2}
+	bufs, _ := float32Bufs(2, 2, 0)
+	for k := 0; k < 5; k++ {
+		noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
+	}
+	t0 := time.Now()
+	gone := errors.New("the caller's client has gone")
+	err := rings[0].AllReduceLent(d, [][]byte{bufs[0]}, func() error {
+		if time.Since(t0) > 100*time.Millisecond {
+			return gone
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), gone.Error()) {
+		t.Fatalf("stopped call: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for rings[1].Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the abort never reached rank 1")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(rings[1].Err().Error(), gone.Error()) {
+		t.Fatalf("rank 1: %v", rings[1].Err())
 	}
 }

@@ -103,7 +103,14 @@ func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
 // previous rank and reads it in the calling goroutine (lend.go), keeping
 // it until GiveBack or the next op called otherwise. Larger calls run as
 // AllReduceLocal does. It needs Config.Spin > 0 to borrow.
-func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte) error {
+//
+// stop, if not nil, is asked while the call waits (every few tens of
+// microseconds while polling, at least at every frame and heartbeat
+// otherwise): a non-nil answer aborts the ring with it, as Abort would
+// from another goroutine, which the calling goroutine cannot be while it
+// waits here (the daemon's session goroutine checks that its trainer is
+// still connected).
+func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte, stop func() error) error {
 	if len(bufs) == 0 {
 		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, collective.OpAllReduce, collective.ErrInvalid)
 	}
@@ -113,7 +120,10 @@ func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte) error {
 				r.rank, collective.OpAllReduce, i+1, len(b), len(bufs[0]), collective.ErrInvalid)
 		}
 	}
-	return r.allReduce(d, bufs[0], bufs[1:], true)
+	r.lentStop = stop
+	err := r.allReduce(d, bufs[0], bufs[1:], true)
+	r.lentStop = nil
+	return err
 }
 
 // isSmall tells whether an allreduce of n bytes of es-byte elements takes

@@ -50,8 +50,9 @@ type Ring struct {
 	busyKept atomic.Bool
 
 	// Op state, owned by the goroutine inside an op (busy guards it).
-	lent        bool   // this op reads the lent link itself (AllReduceLent)
-	nstreams    uint64 // streams this op stripes its frames over (begin)
+	lent        bool         // this op reads the lent link itself (AllReduceLent)
+	lentStop    func() error // AllReduceLent's stop
+	nstreams    uint64       // streams this op stripes its frames over (begin)
 	busy        atomic.Bool
 	started     atomic.Bool
 	seq         uint64
