@@ -39,8 +39,16 @@ func (r *Request) Session() *Session { return r.s }
 
 // Reply answers the call with success. An inline call's result is Buf.
 func (r *Request) Reply(generation uint32, seq uint64) {
+	if r.callOK(generation, seq) {
+		r.s.queue(r)
+	}
+}
+
+// callOK makes the CALL_OK answer in r.out; false if the call was already
+// answered.
+func (r *Request) callOK(generation uint32, seq uint64) bool {
 	if !r.answer() {
-		return
+		return false
 	}
 	n := 0
 	if r.Inline {
@@ -48,7 +56,7 @@ func (r *Request) Reply(generation uint32, seq uint64) {
 	}
 	PutCallOKPrefix(r.frame, r.ID, generation, seq, n)
 	r.out = r.frame[:CallOKPrefix+n]
-	r.s.queue(r)
+	return true
 }
 
 // ReplyNow is Reply written by the calling goroutine instead of the
@@ -57,15 +65,9 @@ func (r *Request) Reply(generation uint32, seq uint64) {
 // small call a goroutine wake-up. It may block as long as the write does
 // (bounded by the session's write timeout).
 func (r *Request) ReplyNow(generation uint32, seq uint64) {
-	if !r.answer() {
+	if !r.callOK(generation, seq) {
 		return
 	}
-	n := 0
-	if r.Inline {
-		n = len(r.Buf)
-	}
-	PutCallOKPrefix(r.frame, r.ID, generation, seq, n)
-	r.out = r.frame[:CallOKPrefix+n]
 	s := r.s
 	s.mu.Lock()
 	if s.closed || len(s.outq) > 0 {

@@ -71,7 +71,7 @@ func (r *Ring) end(err error) error {
 	r.seq++
 	r.nextSeq.Store(r.seq)
 	r.endDeferred() // clears curOp; an abort kept for this op now fails the ring
-	r.lent = false
+	r.lent, r.lentStop = false, nil
 	r.busy.Store(false)
 	return err
 }

@@ -75,7 +75,7 @@ func (r *Ring) Start() (generation uint32, err error) {
 // rank's buf holds the same bytes, reduced in the order doc.go fixes.
 // buf holds d.Count native little-endian elements of d.DType.
 func (r *Ring) AllReduce(d collective.Desc, buf []byte) error {
-	return r.allReduce(d, buf, nil, false)
+	return r.allReduce(d, buf, nil, false, nil)
 }
 
 // AllReduceLocal is AllReduce of several buffers of this rank: the value
@@ -86,6 +86,15 @@ func (r *Ring) AllReduce(d collective.Desc, buf []byte) error {
 // costing whole-buffer passes before and after them. The results are the
 // bytes that folding first and calling AllReduce would give.
 func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
+	if err := r.checkLocalBufs(bufs); err != nil {
+		return err
+	}
+	return r.allReduce(d, bufs[0], bufs[1:], false, nil)
+}
+
+// checkLocalBufs checks AllReduceLocal's buffers: at least one, all of
+// one length.
+func (r *Ring) checkLocalBufs(bufs [][]byte) error {
 	if len(bufs) == 0 {
 		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, collective.OpAllReduce, collective.ErrInvalid)
 	}
@@ -95,7 +104,7 @@ func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
 				r.rank, collective.OpAllReduce, i+1, len(b), len(bufs[0]), collective.ErrInvalid)
 		}
 	}
-	return r.allReduce(d, bufs[0], bufs[1:], false)
+	return nil
 }
 
 // AllReduceLent is AllReduceLocal for a caller that makes small calls in
@@ -111,26 +120,17 @@ func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
 // waits here (the daemon's session goroutine checks that its trainer is
 // still connected).
 func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte, stop func() error) error {
-	if len(bufs) == 0 {
-		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, collective.OpAllReduce, collective.ErrInvalid)
+	if err := r.checkLocalBufs(bufs); err != nil {
+		return err
 	}
-	for i, b := range bufs[1:] {
-		if len(b) != len(bufs[0]) {
-			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, buffer 0 is %d: %w",
-				r.rank, collective.OpAllReduce, i+1, len(b), len(bufs[0]), collective.ErrInvalid)
-		}
-	}
-	r.lentStop = stop
-	err := r.allReduce(d, bufs[0], bufs[1:], true)
-	r.lentStop = nil
-	return err
+	return r.allReduce(d, bufs[0], bufs[1:], true, stop)
 }
 
 // isSmall tells whether an allreduce of n bytes of es-byte elements takes
 // the small path (every rank's whole buffer circulates once).
 func (r *Ring) isSmall(n, es int) bool { return n < r.cfg.SmallBytes || n/es < r.size }
 
-func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bool) error {
+func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bool, stop func() error) error {
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
@@ -138,6 +138,7 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bo
 	if err := r.beginOp(&d, lent); err != nil {
 		return err
 	}
+	r.lentStop = stop
 	k := kernelFor(d.DType, d.Reduce)
 	f := localFold{k: k, others: others}
 	var err error
