@@ -99,6 +99,11 @@ func (r *Ring) giveBack() {
 	}
 }
 
+// stopEvery is how often a waiting lent call asks its stop check: often
+// enough that a lost trainer is found at once, rarely enough that a small
+// call, which ends sooner, never pays for the question (a system call).
+const stopEvery = time.Millisecond
+
 // recvLent is recv for an op run by AllReduceLent: it reads the link from
 // the previous rank itself once the reader has lent it, and until then
 // takes what the reader delivers.
@@ -107,7 +112,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 	s.lend.CompareAndSwap(lendNone, lendAsked)
 	deadline := time.Now().Add(r.cfg.OpTimeout).UnixNano()
 	lastYield := time.Now().UnixNano()
-	lastStop := int64(0)
+	lastStop := lastYield // a call that ends within stopEvery asks nothing
 	for {
 		select {
 		case b := <-s.full:
@@ -127,7 +132,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 		if now > deadline {
 			return nil, r.failLocal(s, r.timeout("waiting for data from"))
 		}
-		if r.lentStop != nil && now-lastStop > int64(20*time.Microsecond) {
+		if r.lentStop != nil && now-lastStop > int64(stopEvery) {
 			lastStop = now
 			if err := r.lentStop(); err != nil {
 				r.Abort(err)

@@ -113,8 +113,8 @@ func (r *Ring) checkLocalBufs(bufs [][]byte) error {
 // it until GiveBack or the next op called otherwise. Larger calls run as
 // AllReduceLocal does. It needs Config.Spin > 0 to borrow.
 //
-// stop, if not nil, is asked while the call waits (every few tens of
-// microseconds while polling, at least at every frame and heartbeat
+// stop, if not nil, is asked while the call waits (every millisecond
+// while polling, at least at every frame and heartbeat
 // otherwise): a non-nil answer aborts the ring with it, as Abort would
 // from another goroutine, which the calling goroutine cannot be while it
 // waits here (the daemon's session goroutine checks that its trainer is
