@@ -142,6 +142,36 @@ func onAll(t testing.TB, rings []*Ring, f func(i int, r *Ring) error) []error {
 	return errs
 }
 
+// allocsPerOp runs op on every rank together, runs times, and returns what
+// testing.AllocsPerRun counts per run: the whole process's allocations,
+// rank 0's op and this helper's channel handshakes included.
+func allocsPerOp(t *testing.T, rings []*Ring, runs int, op func(i int, r *Ring) error) float64 {
+	t.Helper()
+	n := len(rings)
+	start, done := make(chan struct{}), make(chan error, n-1)
+	for i := 1; i < n; i++ {
+		go func() {
+			for range start {
+				done <- op(i, rings[i])
+			}
+		}()
+	}
+	defer close(start)
+	return testing.AllocsPerRun(runs, func() {
+		for i := 1; i < n; i++ {
+			start <- struct{}{}
+		}
+		if err := op(0, rings[0]); err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i < n; i++ {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
 func waitBounded(t testing.TB, wg *sync.WaitGroup, d time.Duration) {
 	t.Helper()
 	c := make(chan struct{})

@@ -113,28 +113,7 @@ func TestAllReduceLent(t *testing.T) {
 			for i := range ab {
 				ab[i] = make([]byte, d.Bytes())
 			}
-			start, done := make(chan struct{}), make(chan error, n-1)
-			for i := 1; i < n; i++ {
-				go func() {
-					for range start {
-						done <- rings[i].AllReduceLent(d, ab[i:i+1], nil)
-					}
-				}()
-			}
-			allocs := testing.AllocsPerRun(100, func() {
-				for i := 1; i < n; i++ {
-					start <- struct{}{}
-				}
-				if err := rings[0].AllReduceLent(d, ab[:1], nil); err != nil {
-					t.Fatal(err)
-				}
-				for i := 1; i < n; i++ {
-					if err := <-done; err != nil {
-						t.Fatal(err)
-					}
-				}
-			})
-			close(start)
+			allocs := allocsPerOp(t, rings, 100, func(i int, r *Ring) error { return r.AllReduceLent(d, ab[i:i+1], nil) })
 			if allocs > 1 {
 				t.Errorf("%.1f allocations per lent allreduce", allocs)
 			}

@@ -50,28 +50,7 @@ func TestSpinningLinks(t *testing.T) {
 			}
 			d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int64, Reduce: collective.Max, Count: 512}
 			bufs := [][]byte{make([]byte, d.Bytes()), make([]byte, d.Bytes()), make([]byte, d.Bytes())}
-			start, done := make(chan struct{}), make(chan error, n-1)
-			for i := 1; i < n; i++ {
-				go func() {
-					for range start {
-						done <- rings[i].AllReduce(d, bufs[i])
-					}
-				}()
-			}
-			allocs := testing.AllocsPerRun(50, func() {
-				for i := 1; i < n; i++ {
-					start <- struct{}{}
-				}
-				if err := rings[0].AllReduce(d, bufs[0]); err != nil {
-					t.Fatal(err)
-				}
-				for i := 1; i < n; i++ {
-					if err := <-done; err != nil {
-						t.Fatal(err)
-					}
-				}
-			})
-			close(start)
+			allocs := allocsPerOp(t, rings, 50, func(i int, r *Ring) error { return r.AllReduce(d, bufs[i]) })
 			// AllocsPerRun counts the whole process: rank 0's op and the
 			// channel handshakes of this test's own goroutines.
 			if allocs > 1 {
