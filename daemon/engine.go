@@ -252,7 +252,7 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 }
 
 // clearIdle withdraws the engine's offer to let a session run the next
-// collective, waiting out one that took it.
+// collective (one that has taken it already finishes on its own).
 func (d *Daemon) clearIdle() {
 	d.mu.Lock()
 	d.idle = false

@@ -182,7 +182,7 @@ func (c *Conn) UnixConn() *net.UnixConn { return c.uc }
 func (c *Conn) ReadFrame() (Frame, error) {
 	spin := c.spin.Load()
 	c.yieldP = true
-	return c.read(spin, time.Time{})
+	return c.read(spin)
 }
 
 // ReadFrameBy reads the next frame for a caller that waits for it itself:
@@ -195,7 +195,7 @@ func (c *Conn) ReadFrame() (Frame, error) {
 func (c *Conn) ReadFrameBy(spin time.Duration, deadline time.Time) (Frame, error) {
 	c.yieldP = false
 	c.parkDeadline = deadline
-	f, err := c.read(int64(max(spin, 0)), deadline)
+	f, err := c.read(int64(max(spin, 0)))
 	c.parkDeadline = time.Time{}
 	if c.deadlineSet {
 		c.deadlineSet = false
@@ -204,7 +204,7 @@ func (c *Conn) ReadFrameBy(spin time.Duration, deadline time.Time) (Frame, error
 	return f, err
 }
 
-func (c *Conn) read(spin int64, deadline time.Time) (Frame, error) {
+func (c *Conn) read(spin int64) (Frame, error) {
 	if c.readErr != nil {
 		return Frame{}, c.readErr
 	}
@@ -216,7 +216,7 @@ func (c *Conn) read(spin int64, deadline time.Time) (Frame, error) {
 		case errors.As(err, &e):
 			c.closeFDs()
 			c.readErr = err
-		case !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
+		case !c.parkDeadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
 			// The stream is intact: fds of a frame half read stay queued.
 		default:
 			c.closeFDs()

@@ -28,9 +28,10 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 		return false, nil
 	}
 	defer func() { <-s.wsem }()
-	h.encode(s.obuf[:headerLen])
-	n := copy(s.obuf[headerLen:], payload)
-	s.direct = s.obuf[:headerLen+n]
+	// wbuf is the writer goroutine's, but only under wsem, which we hold.
+	h.encode(s.wbuf[:headerLen])
+	n := copy(s.wbuf[headerLen:], payload)
+	s.direct = s.wbuf[:headerLen+n]
 	s.directOff, s.directErr, s.directFull = 0, nil, false
 	if rerr := s.rc.Write(s.directFn); rerr != nil && s.directErr == nil {
 		s.directErr = rerr

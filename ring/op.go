@@ -205,12 +205,7 @@ func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
 	for {
 		select {
 		case b := <-s.full:
-			r.recvCount++
-			if err := r.checkFrame(s, kind, &b.hdr); err != nil {
-				s.free <- b
-				return nil, err
-			}
-			return b, nil
+			return r.accept(s, kind, b)
 		case d := <-r.done:
 			r.noteDone(d)
 			r.timer.Reset(r.cfg.OpTimeout)

@@ -37,12 +37,8 @@ type spinReader struct {
 // newSpinReader wraps c if it is a socket and spin > 0; otherwise c itself
 // is the reader.
 func newSpinReader(c net.Conn, spin time.Duration) io.Reader {
-	sc, ok := c.(syscall.Conn)
-	if !ok || spin <= 0 {
-		return c
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := rawConn(c)
+	if rc == nil || spin <= 0 {
 		return c
 	}
 	s := &spinReader{rc: rc, spin: int64(spin)}

@@ -62,14 +62,13 @@ type stream struct {
 	// toNext: frames queued for the writer goroutine.
 	reqs chan txReq
 	hb   chan struct{} // a heartbeat is due
-	wbuf []byte        // header plus a coalesced small payload
+	wbuf []byte        // header plus a coalesced small payload; used under wsem
 
 	hbuf [headerLen]byte // heartbeat frame, owned by the writer goroutine
 
 	// toNext: frames the op goroutine writes itself (direct.go), with
 	// the state of the RawConn.Write callback. Owned by the op goroutine.
 	rc         syscall.RawConn
-	obuf       []byte
 	direct     []byte
 	directOff  int
 	directErr  error
@@ -141,7 +140,6 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 	} else {
 		s.reqs = make(chan txReq, txDepth)
 		s.wbuf = make([]byte, headerLen+coalesceBytes)
-		s.obuf = make([]byte, headerLen+directBytes)
 		s.rc = rawConn(c)
 		s.directFn = s.writeDirect
 	}
