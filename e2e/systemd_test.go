@@ -65,17 +65,7 @@ func TestSystemdUnit(t *testing.T) {
 // (trainers attached, calls made), WATCHDOG=1 at half of WATCHDOG_USEC,
 // and STOPPING=1 on SIGTERM.
 func TestSystemdNotify(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cvd-notify-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	nsPath := filepath.Join(dir, "notify")
-	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: nsPath, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	dir, nsPath, ns := fakeNotifySocket(t)
 	cfg := filepath.Join(dir, "c.yaml")
 	os.WriteFile(cfg, []byte("job:\n  name: e2e\n  token_env: E2E_TOKEN\npeers:\n  - 127.0.0.1:1\n"), 0o600)
 	sock := filepath.Join(dir, "d.sock")
@@ -150,17 +140,7 @@ func TestSystemdNoReadyWhenStartFails(t *testing.T) {
 		{"ring port taken", "job:\n  name: e2e\n  token_env: E2E_TOKEN\npeers:\n  - " + taken.Addr().String() + "\n  - 127.0.0.1:1\n", taken.Addr().String()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "cvd-notify-")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
-			nsPath := filepath.Join(dir, "notify")
-			ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: nsPath, Net: "unixgram"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ns.Close()
+			dir, nsPath, ns := fakeNotifySocket(t)
 			cfg := filepath.Join(dir, "c.yaml")
 			if err := os.WriteFile(cfg, []byte(tc.config), 0o600); err != nil {
 				t.Fatal(err)
@@ -202,4 +182,23 @@ func TestSystemdNoReadyWhenStartFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakeNotifySocket is systemd's side of sd_notify for a test: a datagram
+// socket in a fresh short directory (sun_path is short), removed at the
+// end of the test, and that directory for the daemon's other files.
+func fakeNotifySocket(t *testing.T) (dir, path string, ns *net.UnixConn) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cvd-notify-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path = filepath.Join(dir, "notify")
+	ns, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return dir, path, ns
 }
