@@ -96,6 +96,10 @@ func (r *rawClient) expectError(code ipc.Code, want string, fatal bool) {
 	}
 }
 
+// fdsPerSession is what one open client connection costs the daemon: its
+// socket and the duplicate it reads through (ipc.Conn.EnableRearm).
+const fdsPerSession = 2
+
 // TestBadClientsWhileTrainersRun: while a 2x1 world allreduces, bad
 // clients connect to daemon 0 and are refused with named errors; the
 // trainers' results are unaffected. On a second daemon, a pipe and an
@@ -146,7 +150,7 @@ func TestBadClientsWhileTrainersRun(t *testing.T) {
 		defer unix.Close(p[1])
 		r.send(ipc.Register{Size: 4096}.Encode(2), p[0])
 		r.expectError(ipc.CodeBadFD, "not a memfd", false)
-		expectProc(t, sock1, base.FDs+1, base.Memfds, "the pipe refused, its connection open")
+		expectProc(t, sock1, base.FDs+fdsPerSession, base.Memfds, "the pipe refused, its connection open")
 	})
 	t.Run("unsealed memfd", func(t *testing.T) {
 		r := dialRaw(t, sock1)
@@ -159,7 +163,7 @@ func TestBadClientsWhileTrainersRun(t *testing.T) {
 		unix.Ftruncate(fd, 4096)
 		r.send(ipc.Register{Size: 4096}.Encode(2), fd)
 		r.expectError(ipc.CodeBadFD, "SEAL_SHRINK", false)
-		expectProc(t, sock1, base.FDs+1, base.Memfds, "the unsealed memfd refused, its connection open")
+		expectProc(t, sock1, base.FDs+fdsPerSession, base.Memfds, "the unsealed memfd refused, its connection open")
 	})
 	t.Run("fd on a CALL", func(t *testing.T) {
 		r := dialRaw(t, sock1)

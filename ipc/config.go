@@ -105,3 +105,10 @@ func (c ServerConfig) maxFrame() uint32 {
 // not poll for the reply to a larger one: that would only take CPU from
 // the collective.
 const PollMaxBytes = 256 << 10
+
+// RearmMinBytes is the smallest call after whose answer the daemon
+// re-arms its session reader's poll (Conn.Rearm): through a long call the
+// reader has parked, and the trainer's next call comes right after the
+// answer. Below it, the re-armed poll competes with the trainer's own
+// wake-up (docs/TUNING.md, sections 9 and 11).
+const RearmMinBytes = 4 << 20

@@ -72,9 +72,14 @@ type Conn struct {
 	readErr error // sticky: after a protocol error the stream is not trusted
 
 	// recvmsg state (recvmsg.go), kept here so that reading allocates
-	// nothing.
+	// nothing. After EnableRearm, reads go through rf, a duplicate of the
+	// socket's fd opened as a pollable *os.File (readfile.go).
+	rf                *os.File
 	raw               syscall.RawConn
 	rawErr            error
+	rearmMu           sync.Mutex  // orders Rearm's signal against the reader taking it
+	rearm             bool        // Rearm asked the parked reader to poll again
+	closed            atomic.Bool // CloseSocket has run
 	recvFn            func(uintptr) bool
 	pollUntil         int64        // unix nanoseconds; 0: do not poll
 	yieldP            bool         // Gosched between polls (ReadFrame; not ReadFrameBy)
@@ -170,7 +175,50 @@ func (c *Conn) SetWriteTimeout(d time.Duration) {
 }
 
 // SetReadDeadline bounds ReadFrame calls, as net.Conn's does.
-func (c *Conn) SetReadDeadline(t time.Time) error { return c.uc.SetReadDeadline(t) }
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.rf != nil {
+		return c.rf.SetReadDeadline(t)
+	}
+	return c.uc.SetReadDeadline(t)
+}
+
+// Rearm makes a reader that stopped polling (its spin ran out and it is
+// parked in the netpoller) poll again for up to its spin, as when a frame
+// has just been read. A daemon calls it as it answers a long call: the
+// client's next request is likely to follow at once, and a parked reader
+// would cost that request a thread wake-up, which on a busy machine waits
+// for the netpoller to be looked at (docs/TUNING.md, section 11). It
+// signals with a read deadline in the past, which the reader takes as the
+// signal and not as an error; use it only on connections whose reads have
+// no deadline of their own. It needs EnableRearm, and does nothing on a
+// Conn that does not poll. It allocates nothing.
+func (c *Conn) Rearm() {
+	if c.spin.Load() == 0 || c.rf == nil {
+		return
+	}
+	c.rearmMu.Lock()
+	c.rearm = true
+	_ = c.rf.SetReadDeadline(rearmSignal)
+	c.rearmMu.Unlock()
+}
+
+// takeRearm reports whether a read that failed with err was woken by
+// Rearm, and if so clears the signal. Taking the flag and clearing the
+// deadline under the lock Rearm holds means a Rearm is never half taken:
+// a later one always leaves both its flag and its deadline behind.
+func (c *Conn) takeRearm(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	c.rearmMu.Lock()
+	defer c.rearmMu.Unlock()
+	if !c.rearm {
+		return false
+	}
+	c.rearm = false
+	_ = c.rf.SetReadDeadline(time.Time{})
+	return true
+}
 
 // UnixConn is the wrapped socket.
 func (c *Conn) UnixConn() *net.UnixConn { return c.uc }
@@ -199,7 +247,7 @@ func (c *Conn) ReadFrameBy(spin time.Duration, deadline time.Time) (Frame, error
 	c.parkDeadline = time.Time{}
 	if c.deadlineSet {
 		c.deadlineSet = false
-		_ = c.uc.SetReadDeadline(time.Time{})
+		_ = c.SetReadDeadline(time.Time{})
 	}
 	return f, err
 }
@@ -419,6 +467,14 @@ func (c *Conn) Close() error {
 // CloseSocket closes the socket only, unblocking a ReadFrame in progress.
 // Idempotent.
 func (c *Conn) CloseSocket() error {
-	c.closeOnce.Do(func() { c.closeErr = c.uc.Close() })
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		c.closeErr = c.uc.Close()
+		if c.rf != nil {
+			// The socket ends with its last fd; closing this one also wakes
+			// a read parked on it.
+			_ = c.rf.Close()
+		}
+	})
 	return c.closeErr
 }

@@ -14,7 +14,7 @@ import (
 // the sender's address on every call: this way a steady stream of frames
 // is read without allocating. MSG_CMSG_CLOEXEC makes every received fd
 // close-on-exec atomically, so a daemon that execs never leaks a client's
-// fd. Deadlines and Close work as for any net.Conn read (RawConn.Read).
+// fd. Deadlines and Close work as for any net.Conn read.
 func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 	if c.rawErr != nil {
 		return 0, 0, 0, c.rawErr
@@ -30,10 +30,18 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 	} else {
 		c.pollUntil = 0
 	}
-	if err := c.raw.Read(c.recvFn); err != nil {
-		return 0, 0, 0, err
+	for {
+		err := c.raw.Read(c.recvFn)
+		if err == nil {
+			return c.rn, c.roobn, c.rflags, c.rerr
+		}
+		if c.takeRearm(err) {
+			// Rearm's signal, not a deadline: poll again.
+			c.pollUntil = time.Now().UnixNano() + c.spin.Load()
+			continue
+		}
+		return 0, 0, 0, c.readError(err)
 	}
-	return c.rn, c.roobn, c.rflags, c.rerr
 }
 
 // recvOnce is the RawConn.Read callback; false means "wait until
@@ -69,7 +77,7 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 				// timer armed while polling would have an idle P's thread
 				// wait in epoll, woken by every frame that arrives.
 				c.deadlineSet = true
-				_ = c.uc.SetReadDeadline(c.parkDeadline)
+				_ = c.SetReadDeadline(c.parkDeadline)
 			}
 			return false
 		default:

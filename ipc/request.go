@@ -158,9 +158,14 @@ func (s *Session) writeLoop() {
 		case r := <-s.outq:
 			s.retire(r)
 			err := s.conn.WriteFrame(r.out, -1)
+			// Through a long call the reader has stopped polling; the
+			// trainer's next call comes right after this answer.
+			rearm := r.Desc.Bytes() >= RearmMinBytes
 			s.reuse(r)
 			if err != nil {
 				s.Close(err)
+			} else if rearm {
+				s.conn.Rearm()
 			}
 		case <-s.quit:
 			for {

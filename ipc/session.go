@@ -62,6 +62,10 @@ func newSession(srv *Server, id uint64, c *net.UnixConn, h Handler) *Session {
 	}
 	s.conn.SetWriteTimeout(srv.cfg.WriteTimeout)
 	s.conn.SetSpin(srv.cfg.Spin)
+	// Without it the session still works; only Rearm is off.
+	if err := s.conn.EnableRearm(); err != nil {
+		s.log.Debug("no re-armed polls on this connection", "err", err)
+	}
 	return s
 }
 

@@ -1,0 +1,76 @@
+package ipc
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// EnableRearm makes the Conn read its socket through a second fd, a
+// duplicate opened as an *os.File. The runtime polls it as it polls the
+// *net.UnixConn, but its RawConn returns errors as they are, where net's
+// wraps each one in a new *net.OpError: waking a parked read with a
+// deadline (Rearm) then costs no allocation, and a daemon's data path
+// allocates nothing. Writes, credentials and shutdown stay on the
+// *net.UnixConn. From then on the Conn owns the socket in earnest: closing
+// the *net.UnixConn alone no longer closes it; Close or CloseSocket does.
+// Call it before the first read.
+func (c *Conn) EnableRearm() error {
+	if c.rawErr != nil {
+		return c.rawErr
+	}
+	f, raw, err := openReadFile(c.uc)
+	if err != nil {
+		return err
+	}
+	c.rf, c.raw = f, raw
+	return nil
+}
+
+// rearmSignal is the past deadline Rearm wakes a parked read with.
+var rearmSignal = time.Unix(1, 0)
+
+// openReadFile duplicates uc's fd (close-on-exec) as a pollable file. The
+// duplicate shares the socket's open file description, so it is already
+// non-blocking, which is what makes os.NewFile register it with the
+// netpoller.
+func openReadFile(uc *net.UnixConn) (*os.File, syscall.RawConn, error) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	nfd := -1
+	var dupErr error
+	if err := rc.Control(func(fd uintptr) {
+		nfd, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, nil, err
+	}
+	if dupErr != nil {
+		return nil, nil, fmt.Errorf("ipc: duplicate the socket's fd for reading: %w", dupErr)
+	}
+	f := os.NewFile(uintptr(nfd), "ipc-socket")
+	raw, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, raw, nil
+}
+
+// readError names a failed read through the duplicate fd as net's would
+// (op, addresses, cause), and reports a read ended by Close as
+// net.ErrClosed; net's own reads come named already.
+func (c *Conn) readError(err error) error {
+	if c.rf == nil {
+		return err
+	}
+	if c.closed.Load() {
+		err = net.ErrClosed
+	}
+	return &net.OpError{Op: "read", Net: "unix", Source: c.uc.LocalAddr(), Addr: c.uc.RemoteAddr(), Err: err}
+}

@@ -1,0 +1,197 @@
+package ipc
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// rearmPair is a daemon-side Conn that polls for spin and counts each time
+// its read parks (SetOnPark), and the client end writing to it.
+func rearmPair(t *testing.T, spin time.Duration) (a, b *Conn, parked chan struct{}) {
+	t.Helper()
+	ua, ub, err := unixPair(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b = NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
+	if err := a.EnableRearm(); err != nil {
+		t.Fatal(err)
+	}
+	// CloseSocket, not Close: a reader goroutine may still be in ReadFrame,
+	// and only CloseSocket may run beside it.
+	t.Cleanup(func() { a.CloseSocket(); b.Close() })
+	a.SetSpin(spin)
+	parked = make(chan struct{}, 64)
+	a.SetOnPark(func() { parked <- struct{}{} })
+	return a, b, parked
+}
+
+func waitParked(t *testing.T, parked chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-parked:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the reader never parked %s", what)
+	}
+}
+
+// Rearm sends a reader that has parked back to polling: it polls again
+// (and parks again when that poll runs out), the deadline Rearm signals
+// with never surfaces as an error, and the next frame is read.
+func TestRearm(t *testing.T) {
+	a, b, parked := rearmPair(t, time.Millisecond)
+	got := make(chan error, 1)
+	go func() {
+		f, err := a.ReadFrame()
+		if err == nil && f.ID != 7 {
+			err = errors.New("read the wrong frame")
+		}
+		got <- err
+	}()
+	waitParked(t, parked, "after its first poll")
+	a.Rearm()
+	waitParked(t, parked, "after polling again on Rearm")
+	select {
+	case err := <-got:
+		t.Fatalf("ReadFrame returned %v after Rearm, before any frame was sent", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	if err := b.WriteFrame(AppendEmpty(nil, TypeStatus, 7), -1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("ReadFrame after Rearm: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the frame sent after Rearm was never read")
+	}
+}
+
+// On a connection that does not poll, Rearm does nothing: a real deadline
+// still ends the read with os.ErrDeadlineExceeded, named as a read of the
+// socket.
+func TestRearmWithoutSpin(t *testing.T) {
+	a, _, _ := rearmPair(t, 0)
+	a.Rearm()
+	if err := a.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.ReadFrame()
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("ReadFrame past a real deadline: %v, want os.ErrDeadlineExceeded", err)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "read" || oe.Net != "unix" {
+		t.Fatalf("deadline error %v (%T): want a *net.OpError naming the read of the unix socket", err, err)
+	}
+}
+
+// Waking a parked reader with Rearm and reading the next frame allocates
+// nothing: the daemon does it after every long call.
+func TestRearmAllocs(t *testing.T) {
+	a, b, parked := rearmPair(t, 200*time.Microsecond)
+	frame := AppendEmpty(nil, TypeStatus, 1)
+	read := make(chan error, 1)
+	go func() {
+		for {
+			_, err := a.ReadFrame()
+			read <- err
+			if err != nil {
+				return
+			}
+		}
+	}()
+	cycle := func() {
+		<-parked
+		a.Rearm()
+		<-parked // polled again, and parked again
+		if err := b.WriteFrame(frame, -1); err != nil {
+			t.Error(err)
+		}
+		if err := <-read; err != nil {
+			t.Error(err)
+		}
+	}
+	cycle() // the first Rearm creates the deadline's timer
+	if n := testing.AllocsPerRun(100, cycle); n != 0 {
+		t.Fatalf("Rearm and a frame read: %.1f allocations per cycle, want 0", n)
+	}
+}
+
+// Rearms racing with a reader that keeps reading never turn into a read
+// error: each signal is taken whole or left whole for the next park.
+func TestRearmRacesReads(t *testing.T) {
+	a, b, parked := rearmPair(t, 50*time.Microsecond)
+	go func() {
+		for range parked {
+		}
+	}()
+	const frames = 2000
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < frames; i++ {
+			if _, err := a.ReadFrame(); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				a.Rearm()
+				time.Sleep(time.Duration(len(stop)) * time.Microsecond)
+			}
+		}
+	}()
+	frame := AppendEmpty(nil, TypeStatus, 1)
+	for i := 0; i < frames; i++ {
+		if err := b.WriteFrame(frame, -1); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 0 {
+			time.Sleep(time.Millisecond) // let the reader park now and then
+		}
+	}
+	err := <-done
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("a read failed while Rearm raced it: %v", err)
+	}
+}
+
+// CloseSocket wakes a read parked on the reading fd, with an error that
+// matches net.ErrClosed as a closed net.Conn's would.
+func TestCloseWakesParkedRead(t *testing.T) {
+	a, _, parked := rearmPair(t, 100*time.Microsecond)
+	got := make(chan error, 1)
+	go func() {
+		_, err := a.ReadFrame()
+		got <- err
+	}()
+	waitParked(t, parked, "before Close")
+	a.CloseSocket()
+	select {
+	case err := <-got:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("parked ReadFrame after CloseSocket: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("CloseSocket did not wake the parked read")
+	}
+}
