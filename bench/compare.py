@@ -99,16 +99,20 @@ def machine() -> dict:
     }
 
 
-def groups(sizes, iters_small, iters_large):
-    """Sizes split by iteration count: small buffers get more calls."""
+def groups(sizes, iters_small, iters_large, warmup_small, warmup_large):
+    """Sizes split by iteration and warm-up counts: small buffers get more
+    calls of both. A few hundred microseconds of small calls decide
+    nothing on a shared 2-core machine, and the first thousand or so run
+    slower than the rest (collectived 4 B world 2, 8 alternating runs of
+    200 calls: median 27.1 us after 5 warm-up calls, 17.8 us after 2000)."""
     small = [s for s in sizes if s <= SMALL]
     large = [s for s in sizes if s > SMALL]
-    return [(g, n) for g, n in ((small, iters_small), (large, iters_large)) if g]
+    return [(g, n, w) for g, n, w in ((small, iters_small, warmup_small), (large, iters_large, warmup_large)) if g]
 
 
-def measure_system(system, world, sizes_groups, warmup, bins, timeout):
+def measure_system(system, world, sizes_groups, bins, timeout):
     rows = []
-    for sizes, iters in sizes_groups:
+    for sizes, iters, warmup in sizes_groups:
         l0 = runners.loadavg()
         t0 = time.monotonic()
         if system == "collectived":
@@ -136,8 +140,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, fewer iterations (a few minutes)")
     ap.add_argument("--sizes", help=f"comma-separated sizes (default {DEFAULT_SIZES})")
     ap.add_argument("--worlds", default="2,4", help="2 (2 nodes x 1 trainer vs 2 ranks), 4 (2 x 2 vs 4 ranks)")
-    ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 200 up to 1 MiB, 30 above; quick 50/10)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per size (default 5)")
+    ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 1000 up to 1 MiB, 30 above; quick 50/10)")
+    ap.add_argument("--warmup", type=int, help="untimed calls per size for every size (default 1000 up to 1 MiB, 5 above; quick 50/2)")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
     ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
@@ -164,14 +168,15 @@ def main() -> int:
             raise SystemExit(f"compare: --systems: {s!r} is not one of {','.join(SYSTEMS)}")
     if "collectived" not in systems:
         raise SystemExit("compare: --systems must include collectived: every ratio is collectived's")
-    it_small, it_large = (a.iters, a.iters) if a.iters is not None else ((50, 10) if a.quick else (200, 30))
-    if it_small < 1 or a.warmup < 0:
+    it_small, it_large = (a.iters, a.iters) if a.iters is not None else ((50, 10) if a.quick else (1000, 30))
+    wu_small, wu_large = (a.warmup, a.warmup) if a.warmup is not None else ((50, 2) if a.quick else (1000, 5))
+    if it_small < 1 or wu_small < 0:
         raise SystemExit(f"compare: --iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
     if a.rounds is None:
         a.rounds = 1 if a.quick else 5
     if a.rounds < 1:
         raise SystemExit(f"compare: --rounds {a.rounds}: want at least 1")
-    sg = groups(sizes, it_small, it_large)
+    sg = groups(sizes, it_small, it_large, wu_small, wu_large)
     bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir")}
 
     started = time.monotonic()
@@ -183,7 +188,8 @@ def main() -> int:
     rc = {k: v for k, v in srcconfig.read(src).items() if k.startswith("daemon_")}
     res = {"meta": dict(machine(), ring_config=rc), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds,
            "rounds": a.rounds,
-           "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL, "warmup": a.warmup},
+           "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
+                     "warmup": wu_large, "warmup_small": wu_small},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
 
     def step(name, fn):
@@ -212,7 +218,7 @@ def main() -> int:
                         3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc.get("daemon_streams") or 1,
                         bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
                 else:
-                    got["rows"] += step(name, lambda: measure_system(item, w, sg, a.warmup, bins, a.timeout)) or []
+                    got["rows"] += step(name, lambda: measure_system(item, w, sg, bins, a.timeout)) or []
         res["per_round"].append(got)
         if rnd == 0:
             marks = {"round1_end": len(runners.COMMANDS)}

@@ -418,8 +418,9 @@ def markdown(res, plot_rel) -> str:
           f"- Rounds: the whole set of measurements ran {res.get('rounds', 1)} time(s), the order of the systems "
           "rotated each round; each figure is the median of the rounds' own figures (median of the per-round medians, "
           "of the per-round p99s), and the tables show the lowest and highest round in brackets.",
-          f"- Per size and system: one checked call, {it['warmup']} untimed warm-up calls, then "
-          f"{it['small']} timed calls for sizes up to {size_name(it['small_max_bytes'])} and {it['large']} above, "
+          f"- Per size and system: one checked call, then {it.get('warmup_small', it['warmup'])} untimed warm-up calls "
+          f"and {it['small']} timed calls for sizes up to {size_name(it['small_max_bytes'])}, "
+          f"{it['warmup']} and {it['large']} above, "
           "back to back without barriers; the result is checked exactly after the last call. Times are rank 0's "
           "per-call wall times; median and p99 are over those calls (p99 = the largest value when there are fewer than "
           "100 calls).",
@@ -510,7 +511,7 @@ def markdown(res, plot_rel) -> str:
           "python3-torch, python3-matplotlib, iperf3), builds `collectived`, `bench/mpi_allreduce.c` and "
           "`bench/tcp_bidir.c` into "
           "`bench/.build/`, and runs everything with Debian's `/usr/bin/python3`:", "", "```sh",
-          "bench/compare               # full run: 5 rounds, 6-12 minutes on 2 cores (by load); writes this file",
+          "bench/compare               # full run: 5 rounds, 8-15 minutes on 2 cores (by load); writes this file",
           "bench/compare --from-head   # the same, measuring the committed HEAD rather than the work tree",
           "bench/compare --quick       # sizes 4 B, 64 KiB, 64 MiB, fewer calls, 1 round: about 1 minute",
           "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",

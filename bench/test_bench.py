@@ -45,8 +45,9 @@ class ArgsTest(unittest.TestCase):
         self.assertIn("--worlds: '3'", str(cm.exception))
 
     def test_groups_split_small_and_large(self):
-        self.assertEqual(compare.groups([4, 1 << 20, 16 << 20], 200, 30), [([4, 1 << 20], 200), ([16 << 20], 30)])
-        self.assertEqual(compare.groups([MIB64], 200, 30), [([MIB64], 30)])
+        self.assertEqual(compare.groups([4, 1 << 20, 16 << 20], 1000, 30, 1000, 5),
+                         [([4, 1 << 20], 1000, 1000), ([16 << 20], 30, 5)])
+        self.assertEqual(compare.groups([MIB64], 1000, 30, 1000, 5), [([MIB64], 30, 5)])
 
 
 class StatsTest(unittest.TestCase):
@@ -250,7 +251,7 @@ class RoundsTest(unittest.TestCase):
 
     def test_ring_only_refuses_world4(self):
         with self.assertRaises(ValueError) as cm:
-            compare.measure_system("ring-only", 4, [([4], 5)], 1, {"collectived": "/nonexistent"}, 10)
+            compare.measure_system("ring-only", 4, [([4], 5, 1)], {"collectived": "/nonexistent"}, 10)
         self.assertIn("ring-only: only world 2", str(cm.exception))
 
 
