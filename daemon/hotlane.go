@@ -35,8 +35,7 @@ type inlineFailure struct {
 // goroutine now. d.mu is held.
 func (d *Daemon) canInlineLocked(sl *slot, desc collective.Desc) bool {
 	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 &&
-		desc.Op == collective.OpAllReduce && desc.Bytes() < uint64(d.cfg.SmallBytes) &&
-		d.idle && d.ring != nil && d.idleRing == d.ring && d.lost == nil &&
+		d.idle && d.ring != nil && d.ring.Small(desc) && d.idleRing == d.ring && d.lost == nil &&
 		len(sl.queue) == 0 && d.ring.Err() == nil
 }
 

@@ -214,3 +214,41 @@ func TestAllReduceLentStop(t *testing.T) {
 		t.Fatalf("rank 1: %v", rings[1].Err())
 	}
 }
+
+// Small is the ring's own size rule, which the daemon's hot lane asks:
+// allreduces under SmallBytes, or of fewer elements than ranks, and
+// nothing else.
+func TestSmallIsTheRingsRule(t *testing.T) {
+	ar := func(count uint64, dt collective.DType) collective.Desc {
+		return collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: collective.Sum, Count: count}
+	}
+	type tcase struct {
+		d    collective.Desc
+		want bool
+	}
+	for _, w := range []struct {
+		smallBytes int
+		cases      []tcase
+	}{
+		{64, []tcase{
+			{ar(1, collective.Float32), true},
+			{ar(15, collective.Float32), true},  // 60 bytes
+			{ar(16, collective.Float32), false}, // 64 bytes: SmallBytes itself is large
+			{ar(1<<20, collective.Float64), false},
+			{collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 1}, false},
+			{collective.Desc{Op: collective.OpBarrier}, false},
+		}},
+		{0, []tcase{ // only the element count decides: 3 ranks
+			{ar(2, collective.Float64), true},
+			{ar(3, collective.Float64), false},
+			{ar(2, collective.Bytes), true},
+		}},
+	} {
+		rings := newWorld(t, worldOpts{n: 3, pipe: true, tweak: func(c *Config) { c.SmallBytes = w.smallBytes }})
+		for _, tc := range w.cases {
+			if got := rings[0].Small(tc.d); got != tc.want {
+				t.Errorf("small_bytes %d: Small(%s) = %v, want %v", w.smallBytes, tc.d, got, tc.want)
+			}
+		}
+	}
+}

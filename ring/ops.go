@@ -2,6 +2,7 @@ package ring
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/collectived/collectived/collective"
 )
@@ -124,6 +125,14 @@ func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte, stop func() error
 		return err
 	}
 	return r.allReduce(d, bufs[0], bufs[1:], true, stop)
+}
+
+// Small reports whether an allreduce of d takes the small path, the one
+// AllReduceLent runs on a borrowed link: callers that pick who runs a
+// call by its size ask here rather than compare sizes of their own.
+func (r *Ring) Small(d collective.Desc) bool {
+	es := d.DType.Size()
+	return d.Op == collective.OpAllReduce && es > 0 && d.Bytes() <= math.MaxInt && r.isSmall(int(d.Bytes()), es)
 }
 
 // isSmall tells whether an allreduce of n bytes of es-byte elements takes
