@@ -31,8 +31,8 @@ REPO = os.path.dirname(HERE)
 DEFAULT_SIZES = "4,4KiB,64KiB,1MiB,16MiB,64MiB"
 QUICK_SIZES = "4,64KiB,64MiB"
 SMALL = 1 << 20  # sizes up to this get the "small" iteration count
-# ring-only follows collectived so that, with the order rotated each round,
-# the sidecar's baseline mostly runs right next to the daemon it is set against.
+# ring-only runs right next to collectived in every round, whatever the
+# rotation (keep_pair), so the sidecar's two sides see the same machine.
 SYSTEMS = ["collectived", "ring-only", "mpi-tcp", "mpi-shm", "gloo"]
 # The sidecar's baseline: `collectived bench --ring-only`, one process per
 # node running its ring engine directly with the daemon's default ring
@@ -211,7 +211,7 @@ def main() -> int:
         for w in worlds:
             items = round_items(systems, w, not a.no_extras)
             k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
-            for item in items[k:] + items[:k]:
+            for item in keep_pair(items[k:] + items[:k], rnd):
                 name = f"round {rnd + 1}/{a.rounds}, world {w}: {item}"
                 if item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
@@ -260,6 +260,19 @@ def round_items(systems, world, extras):
     if world == 2 and extras:
         items.insert(items.index(RING_ONLY) + 1 if RING_ONLY in items else 1, "tcp")
     return items
+
+
+def keep_pair(order, rnd):
+    """The rotated order with ring-only moved next to collectived (after it
+    in even rounds, before it in odd ones): the sidecar's two sides then
+    always run back to back, so the machine's slow drift between them does
+    not enter the overhead, whatever the rotation did to the rest."""
+    if "collectived" not in order or RING_ONLY not in order:
+        return order
+    rest = [x for x in order if x != RING_ONLY]
+    i = rest.index("collectived")
+    pair = ["collectived", RING_ONLY] if rnd % 2 == 0 else [RING_ONLY, "collectived"]
+    return rest[:i] + pair + rest[i + 1:]
 
 
 def aggregate(res):

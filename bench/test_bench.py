@@ -249,6 +249,17 @@ class RoundsTest(unittest.TestCase):
         self.assertEqual(compare.round_items(["collectived", "ring-only"], 2, False), ["collectived", "ring-only"])
         self.assertEqual(compare.round_items(["collectived", "gloo"], 2, True), ["collectived", "tcp", "gloo"])
 
+    def test_sidecar_pair_runs_back_to_back_in_every_rotation(self):
+        items = compare.round_items(compare.SYSTEMS, 2, True)
+        for rnd in range(2 * len(items)):
+            k = rnd % len(items)
+            order = compare.keep_pair(items[k:] + items[:k], rnd)
+            self.assertEqual(sorted(order), sorted(items))
+            i = order.index("collectived")
+            want = ["collectived", compare.RING_ONLY] if rnd % 2 == 0 else [compare.RING_ONLY, "collectived"]
+            self.assertEqual(order[i:i + 2] if rnd % 2 == 0 else order[i - 1:i + 1], want, (rnd, order))
+        self.assertEqual(compare.keep_pair(["gloo", "collectived"], 1), ["gloo", "collectived"])
+
     def test_ring_only_refuses_world4(self):
         with self.assertRaises(ValueError) as cm:
             compare.measure_system("ring-only", 4, [([4], 5, 1)], {"collectived": "/nonexistent"}, 10)
