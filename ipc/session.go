@@ -62,9 +62,13 @@ func newSession(srv *Server, id uint64, c *net.UnixConn, h Handler) *Session {
 	}
 	s.conn.SetWriteTimeout(srv.cfg.WriteTimeout)
 	s.conn.SetSpin(srv.cfg.Spin)
-	// Without it the session still works; only Rearm is off.
-	if err := s.conn.EnableRearm(); err != nil {
-		s.log.Debug("no re-armed polls on this connection", "err", err)
+	// Rearm only sends a polling reader back to polling: a daemon that
+	// does not poll keeps to one fd per connection. Without it the session
+	// still works; only Rearm is off.
+	if srv.cfg.Spin > 0 {
+		if err := s.conn.EnableRearm(); err != nil {
+			s.log.Debug("no re-armed polls on this connection", "err", err)
+		}
 	}
 	return s
 }
