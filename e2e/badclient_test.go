@@ -96,8 +96,9 @@ func (r *rawClient) expectError(code ipc.Code, want string, fatal bool) {
 	}
 }
 
-// fdsPerSession is what one open client connection costs the daemon: its
-// socket and the duplicate it reads through (ipc.Conn.EnableRearm).
+// fdsPerSession is what one admitted trainer's connection costs a daemon
+// that polls (the default ring.spin): its socket and the duplicate it
+// reads through (ipc.Conn.EnableRearm).
 const fdsPerSession = 2
 
 // TestBadClientsWhileTrainersRun: while a 2x1 world allreduces, bad

@@ -18,7 +18,9 @@ import (
 // allocates nothing. Writes, credentials and shutdown stay on the
 // *net.UnixConn. From then on the Conn owns the socket in earnest: closing
 // the *net.UnixConn alone no longer closes it; Close or CloseSocket does.
-// Call it before the first read.
+// Call it between reads, with no read deadline set (a daemon's session
+// does, once the handshake is over): the frame buffer carries over, a
+// deadline on the old fd would not.
 func (c *Conn) EnableRearm() error {
 	if c.rawErr != nil {
 		return c.rawErr

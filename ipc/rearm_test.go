@@ -30,6 +30,19 @@ func rearmPair(t *testing.T, spin time.Duration) (a, b *Conn, parked chan struct
 	return a, b, parked
 }
 
+// readEnded is what a ReadFrame running on another goroutine returned,
+// waited for at most 10 s.
+func readEnded(t *testing.T, got chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-got:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the read never returned", what)
+		return nil
+	}
+}
+
 func waitParked(t *testing.T, parked chan struct{}, what string) {
 	t.Helper()
 	select {
@@ -63,13 +76,8 @@ func TestRearm(t *testing.T) {
 	if err := b.WriteFrame(AppendEmpty(nil, TypeStatus, 7), -1); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("ReadFrame after Rearm: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the frame sent after Rearm was never read")
+	if err := readEnded(t, got, "the frame sent after Rearm"); err != nil {
+		t.Fatalf("ReadFrame after Rearm: %v", err)
 	}
 }
 
@@ -186,12 +194,7 @@ func TestCloseWakesParkedRead(t *testing.T) {
 	}()
 	waitParked(t, parked, "before Close")
 	a.CloseSocket()
-	select {
-	case err := <-got:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("parked ReadFrame after CloseSocket: %v, want net.ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("CloseSocket did not wake the parked read")
+	if err := readEnded(t, got, "CloseSocket"); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("parked ReadFrame after CloseSocket: %v, want net.ErrClosed", err)
 	}
 }

@@ -62,14 +62,6 @@ func newSession(srv *Server, id uint64, c *net.UnixConn, h Handler) *Session {
 	}
 	s.conn.SetWriteTimeout(srv.cfg.WriteTimeout)
 	s.conn.SetSpin(srv.cfg.Spin)
-	// Rearm only sends a polling reader back to polling: a daemon that
-	// does not poll keeps to one fd per connection. Without it the session
-	// still works; only Rearm is off.
-	if srv.cfg.Spin > 0 {
-		if err := s.conn.EnableRearm(); err != nil {
-			s.log.Debug("no re-armed polls on this connection", "err", err)
-		}
-	}
 	return s
 }
 
@@ -182,6 +174,15 @@ func (s *Session) run() {
 	if err := s.handshake(); err != nil {
 		s.fatal(err)
 		return
+	}
+	// Only an admitted trainer makes long calls, and Rearm only sends a
+	// polling reader back to polling: a connection still in its handshake,
+	// an observer, or one on a daemon that does not poll keeps to one fd.
+	// Without it the session works as well; only Rearm is off.
+	if s.srv.cfg.Spin > 0 && !s.hello.Observer {
+		if err := s.conn.EnableRearm(); err != nil {
+			s.log.Debug("no re-armed polls on this connection", "err", err)
+		}
 	}
 	s.writing = true
 	go s.writeLoop()
