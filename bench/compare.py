@@ -170,8 +170,10 @@ def main() -> int:
         raise SystemExit("compare: --systems must include collectived: every ratio is collectived's")
     it_small, it_large = (a.iters, a.iters) if a.iters is not None else ((50, 10) if a.quick else (1000, 30))
     wu_small, wu_large = (a.warmup, a.warmup) if a.warmup is not None else ((50, 2) if a.quick else (1000, 5))
-    if it_small < 1 or wu_small < 0:
-        raise SystemExit(f"compare: --iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
+    if it_small < 1:
+        raise SystemExit(f"compare: --iters {a.iters}: want at least 1")
+    if wu_small < 0:
+        raise SystemExit(f"compare: --warmup {a.warmup}: want 0 or more")
     if a.rounds is None:
         a.rounds = 1 if a.quick else 5
     if a.rounds < 1:
@@ -187,7 +189,7 @@ def main() -> int:
     # collectived and ring-only run on them).
     rc = {k: v for k, v in srcconfig.read(src).items() if k.startswith("daemon_")}
     res = {"meta": dict(machine(), ring_config=rc), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds,
-           "rounds": a.rounds,
+           "rounds": a.rounds, "sidecar_pair_adjacent": True,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
                      "warmup": wu_large, "warmup_small": wu_small},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}

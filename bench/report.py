@@ -416,7 +416,7 @@ def markdown(res, plot_rel) -> str:
           "peer; **world 4** = collectived with 2 daemons x 2 trainers each (local reduction on the node, then the "
           "2-node ring), against 4 ranks of each peer.",
           f"- Rounds: the whole set of measurements ran {res.get('rounds', 1)} time(s), the order of the systems "
-          "rotated each round (ring-only always right next to collectived); each figure is the median of the rounds' own figures (median of the per-round medians, "
+          f"rotated each round{' (ring-only always right next to collectived)' if res.get('sidecar_pair_adjacent') else ''}; each figure is the median of the rounds' own figures (median of the per-round medians, "
           "of the per-round p99s), and the tables show the lowest and highest round in brackets.",
           f"- Per size and system: one checked call, then {it.get('warmup_small', it['warmup'])} untimed warm-up calls "
           f"and {it['small']} timed calls for sizes up to {size_name(it['small_max_bytes'])}, "

@@ -178,6 +178,10 @@ class TargetsTest(unittest.TestCase):
         self.assertIn("| size | ring-only, median µs | collectived, median µs | overhead |", sec)
         for name in ("4 B", "64 KiB", "1 MiB", "64 MiB"):
             self.assertIn(f"| {name} | 100.0 (50.0–104.0) | 110.0 (100.0–300.0) | +10.0% |", sec)
+        # Runs before the pair was kept together do not claim it.
+        self.assertNotIn("ring-only always right next to collectived", md)
+        res["sidecar_pair_adjacent"] = True
+        self.assertIn("ring-only always right next to collectived", report.markdown(res, "bench"))
         self.assertNotIn("16 MiB", sec)
         for side in ("`collectived bench --ring-only`", "its own process", "Unix socket", "memfd", "local fold",
                      "1 TCP stream per link, 512 KiB segments"):
@@ -400,6 +404,14 @@ class ProcessTest(unittest.TestCase):
 
 
 class WorkerArgsTest(unittest.TestCase):
+    def test_compare_refuses_bad_counts(self):
+        for args, want in ((["--iters", "0"], "--iters 0: want at least 1"),
+                           (["--warmup", "-1"], "--warmup -1: want 0 or more")):
+            p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--no-doc"] + args,
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr)
+
     def test_gloo_worker_refuses_bad_iters(self):
         p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
                             "--init", "tcp://127.0.0.1:1", "--sizes", "4", "--iters", "0"],
