@@ -38,6 +38,8 @@ SYSTEMS = ["collectived", "ring-only", "mpi-tcp", "mpi-shm", "gloo"]
 # node running its ring engine directly with the daemon's default ring
 # settings. It has the daemons' topology only in world 2 (2 nodes x 1).
 RING_ONLY = "ring-only"
+# The size of the sidecar target: extra collectived/ring-only pairs run at it.
+SIDECAR_SIZE = report.MIB64
 WORLD2_ONLY = {RING_ONLY}
 
 
@@ -143,6 +145,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 1000 up to 1 MiB, 30 above; quick 50/10)")
     ap.add_argument("--warmup", type=int, help="untimed calls per size for every size (default 1000 up to 1 MiB, 5 above; quick 50/2)")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
+    ap.add_argument("--sidecar-pairs", type=int,
+                    help="extra back-to-back collectived and ring-only runs at 64 MiB in world 2 after each round, "
+                         "for the sidecar overhead (default 2; quick 0)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
     ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
@@ -178,6 +183,12 @@ def main() -> int:
         a.rounds = 1 if a.quick else 5
     if a.rounds < 1:
         raise SystemExit(f"compare: --rounds {a.rounds}: want at least 1")
+    if a.sidecar_pairs is None:
+        a.sidecar_pairs = 0 if a.quick else 2
+    if a.sidecar_pairs < 0:
+        raise SystemExit(f"compare: --sidecar-pairs {a.sidecar_pairs}: want 0 or more")
+    if not (2 in worlds and RING_ONLY in systems and SIDECAR_SIZE in sizes):
+        a.sidecar_pairs = 0  # nothing to pair: the overhead is not measured in this run
     sg = groups(sizes, it_small, it_large, wu_small, wu_large)
     bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir")}
 
@@ -189,7 +200,7 @@ def main() -> int:
     # collectived and ring-only run on them).
     rc = {k: v for k, v in srcconfig.read(src).items() if k.startswith("daemon_")}
     res = {"meta": dict(machine(), ring_config=rc), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds,
-           "rounds": a.rounds, "sidecar_pair_adjacent": True,
+           "rounds": a.rounds, "sidecar_pair_adjacent": True, "sidecar_pairs_per_round": a.sidecar_pairs,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
                      "warmup": wu_large, "warmup_small": wu_small},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
@@ -221,6 +232,14 @@ def main() -> int:
                         bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
                 else:
                     got["rows"] += step(name, lambda: measure_system(item, w, sg, bins, a.timeout)) or []
+        # The sidecar overhead is a few percent on runs that swing by tens:
+        # more back-to-back pairs at its size, cheap next to a round.
+        got["sidecar_pairs"] = []
+        for j in range(a.sidecar_pairs):
+            pair = sidecar_pair(step, f"round {rnd + 1}/{a.rounds}, sidecar pair {j + 1}", pair_order(rnd, j),
+                                groups([SIDECAR_SIZE], it_small, it_large, wu_small, wu_large), bins, a.timeout)
+            if pair:
+                got["sidecar_pairs"].append(pair)
         res["per_round"].append(got)
         if rnd == 0:
             marks = {"round1_end": len(runners.COMMANDS)}
@@ -277,6 +296,44 @@ def keep_pair(order, rnd):
     return rest[:i] + pair + rest[i + 1:]
 
 
+def pair_order(rnd, j):
+    """Which side of extra pair j of round rnd runs first: alternating, so
+    that neither always follows the other."""
+    return ["collectived", RING_ONLY] if (rnd + j) % 2 == 0 else [RING_ONLY, "collectived"]
+
+
+def sidecar_pair(step, name, order, sizes_groups, bins, timeout):
+    """One extra pair: collectived and ring-only in world 2, back to back,
+    at the sidecar target's size. None if either failed (step has recorded
+    why)."""
+    pair = {"order": order}
+    for system in order:
+        rows = step(f"{name}: {system}", lambda: measure_system(system, 2, sizes_groups, bins, timeout))
+        if not rows:
+            return None
+        pair[system] = rows[0]
+    return pair
+
+
+def sidecar_pairs(res):
+    """Every back-to-back measurement of the sidecar's two sides at
+    SIDECAR_SIZE: each round's own pair (collectived and ring-only in world
+    2, adjacent in the rounds) and the extra pairs run after the round."""
+    pairs = []
+    for i, rnd in enumerate(res["per_round"]):
+        def med(rows, system):
+            got = [r["median_us"] for r in rows
+                   if r["system"] == system and r["world"] == 2 and r["bytes"] == SIDECAR_SIZE]
+            return got[0] if got else None
+        c, ro = med(rnd["rows"], "collectived"), med(rnd["rows"], RING_ONLY)
+        if c is not None and ro is not None:
+            pairs.append({"round": i + 1, "extra": False, "collectived_us": c, "ring_only_us": ro})
+        for p in rnd.get("sidecar_pairs") or []:
+            pairs.append({"round": i + 1, "extra": True, "first": p["order"][0],
+                          "collectived_us": p["collectived"]["median_us"], "ring_only_us": p[RING_ONLY]["median_us"]})
+    return pairs
+
+
 def aggregate(res):
     """One figure per (system, world, size): the median over rounds of each
     round's median (and of its p99), so one disturbed round does not decide
@@ -294,6 +351,11 @@ def aggregate(res):
                             "path": rs[0].get("path"),
                             "rounds": [{k: r.get(k) for k in ("median_us", "p99_us", "busbw_GBps", "load_before",
                                                               "load_after")} for r in rs]})
+    pairs = sidecar_pairs(res)
+    if pairs:
+        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs,
+                          "collectived_us": statistics.median(p["collectived_us"] for p in pairs),
+                          "ring_only_us": statistics.median(p["ring_only_us"] for p in pairs)}
     tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]
     if tcp:
         out = {"seconds": tcp[0]["seconds"], "streams": tcp[0].get("streams", 1), "rounds": len(tcp),

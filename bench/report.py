@@ -2,6 +2,7 @@
 docs/BENCHMARKS.md and its plots, all from one run's results dict."""
 
 import os
+import statistics
 
 import srcconfig
 
@@ -145,11 +146,27 @@ def targets(res) -> list[dict]:
 
 def sidecar_overhead(res, size):
     """World 2 at size: collectived's median ÷ ring-only's median − 1, in
-    percent, both the median over rounds of each round's median (as every
-    other target's figures); None unless both were measured."""
+    percent, each the median of its runs' medians (as every other target's
+    figures): at the size of the extra pairs, over every pair (the rounds'
+    own and the extra ones); at other sizes, over the rounds. None unless
+    both were measured."""
+    sc = res.get("sidecar")
+    if sc and sc["bytes"] == size:
+        return (sc["collectived_us"] / sc["ring_only_us"] - 1) * 100
+    return rounds_overhead(res, size)
+
+
+def rounds_overhead(res, size):
+    """sidecar_overhead over the rounds alone."""
     c, ro = row(res, "collectived", 2, size), row(res, RING_ONLY, 2, size)
     over = _ratio(c and c["median_us"], ro and ro["median_us"])
     return None if over is None else (over - 1) * 100
+
+
+def paired_overheads(res):
+    """Each pair's own overhead (collectived ÷ ring-only − 1, percent), in
+    the order run: what the spread of the target's figure looks like."""
+    return [(p["collectived_us"] / p["ring_only_us"] - 1) * 100 for p in (res.get("sidecar") or {}).get("pairs", [])]
 
 
 def _tval(t):
@@ -296,7 +313,7 @@ def sidecar_rows(res) -> list[dict]:
     for size in res["sizes"]:
         ro, c = row(res, RING_ONLY, 2, size), row(res, "collectived", 2, size)
         if ro and c:
-            out.append({"size": size, "ring_only": ro, "collectived": c, "overhead": sidecar_overhead(res, size)})
+            out.append({"size": size, "ring_only": ro, "collectived": c, "overhead": rounds_overhead(res, size)})
     return out
 
 
@@ -310,6 +327,26 @@ def _sidecar(res) -> list[str]:
     lines = [[size_name(r["size"]), _spread(r["ring_only"], "median_us", ".1f"),
               _spread(r["collectived"], "median_us", ".1f"), _fmt(r["overhead"], "+.1f") + "%"] for r in rows]
     return ["## Sidecar cost (world 2)", "", SIDECAR_SIDES.format(cfg=_cfg(res, "daemon")), "",
+            _table(cols, lines, md=True), ""] + _sidecar_pairs(res)
+
+
+def _sidecar_pairs(res) -> list[str]:
+    """The pairs the target's figure comes from, when the run has extra
+    ones."""
+    sc = res.get("sidecar")
+    if not sc or not any(p["extra"] for p in sc["pairs"]):
+        return []
+    pairs, over = sc["pairs"], paired_overheads(res)
+    extra = sum(p["extra"] for p in pairs)
+    lines = [[str(p["round"]), "extra, " + LABEL[p["first"]] + " first" if p["extra"] else "the round's own",
+              f"{p['ring_only_us']:.1f}", f"{p['collectived_us']:.1f}", f"{o:+.1f}%"] for p, o in zip(pairs, over)]
+    cols = ["round", "pair", "ring-only, median µs", "collectived, median µs", "overhead"]
+    return [f"At {size_name(sc['bytes'])} the target's figure comes from {len(pairs)} back-to-back pairs: each "
+            f"round's own and {extra} extra pairs run after the rounds' other measurements, alternating which "
+            "side goes first. The overhead is the median of collectived's medians over the pairs ÷ the median of "
+            f"ring-only's − 1 = **{sidecar_overhead(res, sc['bytes']):+.1f}%**; the median of the pairs' own "
+            f"overheads is {statistics.median(over):+.1f}%, and they range from {min(over):+.1f}% to "
+            f"{max(over):+.1f}%. The table above gives the rounds alone.", "",
             _table(cols, lines, md=True), ""]
 
 
@@ -417,7 +454,10 @@ def markdown(res, plot_rel) -> str:
           "2-node ring), against 4 ranks of each peer.",
           f"- Rounds: the whole set of measurements ran {res.get('rounds', 1)} time(s), the order of the systems "
           f"rotated each round{' (ring-only always right next to collectived)' if res.get('sidecar_pair_adjacent') else ''}; each figure is the median of the rounds' own figures (median of the per-round medians, "
-          "of the per-round p99s), and the tables show the lowest and highest round in brackets.",
+          "of the per-round p99s), and the tables show the lowest and highest round in brackets." + (
+              f" After each round, {res['sidecar_pairs_per_round']} extra back-to-back pair(s) of collectived and "
+              "ring-only in world 2 at 64 MiB, for the sidecar target (see \"Sidecar cost\")."
+              if res.get("sidecar_pairs_per_round") else ""),
           f"- Per size and system: one checked call, then {it.get('warmup_small', it['warmup'])} untimed warm-up calls "
           f"and {it['small']} timed calls for sizes up to {size_name(it['small_max_bytes'])}, "
           f"{it['warmup']} and {it['large']} above, "

@@ -9,6 +9,7 @@ the loopback probe, run for real where their tools are installed.
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,14 @@ def rounds_res(medians, sizes=(MIB64,)):
     return res
 
 
+def sidecar_pair(collectived_us, ring_only_us, first):
+    """One extra pair as compare.sidecar_pair returns it."""
+    def r(system, us):
+        return {"system": system, "world": 2, "bytes": MIB64, "iters": 30, "median_us": us, "p99_us": us * 2}
+    return {"order": [first, report.RING_ONLY if first == "collectived" else "collectived"],
+            "collectived": r("collectived", collectived_us), report.RING_ONLY: r(report.RING_ONLY, ring_only_us)}
+
+
 def verdicts(res):
     return {t["target"]: t["verdict"] for t in report.targets(res)}
 
@@ -154,6 +163,49 @@ class TargetsTest(unittest.TestCase):
         (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
         self.assertAlmostEqual(t["value"], 10.0, places=6)
         self.assertEqual(t["verdict"], "FAIL")
+
+    def test_sidecar_target_counts_the_extra_pairs(self):
+        # Rounds alone: 110 / 100 (+10%, FAIL). With two extra pairs the
+        # target is the median over all five pairs of each side: collectived
+        # (100, 101, 300, 103, 110) -> 103 over ring-only (100, 100, 104, 99,
+        # 50) -> 100, +3% (PASS); the rounds' table stays at +10%.
+        res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
+        res["per_round"][0]["sidecar_pairs"] = [sidecar_pair(101.0, 100.0, "collectived")]
+        res["per_round"][1]["sidecar_pairs"] = [sidecar_pair(103.0, 99.0, report.RING_ONLY)]
+        res["rows"] = []
+        compare.aggregate(res)
+        sc = res["sidecar"]
+        self.assertEqual([(p["round"], p["extra"]) for p in sc["pairs"]],
+                         [(1, False), (1, True), (2, False), (2, True), (3, False)])
+        self.assertEqual((sc["collectived_us"], sc["ring_only_us"]), (103.0, 100.0))
+        (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
+        self.assertAlmostEqual(t["value"], 3.0, places=6)
+        self.assertEqual(t["verdict"], "PASS")
+        (r,) = report.sidecar_rows(res)
+        self.assertAlmostEqual(r["overhead"], 10.0, places=6)
+        md = report.markdown(res, "bench")
+        self.assertIn("comes from 5 back-to-back pairs: each round's own and 2 extra pairs", md)
+        self.assertIn("ring-only's − 1 = **+3.0%**", md)
+        self.assertIn("| 2 | extra, ring-only first | 99.0 | 103.0 | +4.0% |", md)
+        self.assertIn("| 1 | the round's own | 100.0 | 100.0 | +0.0% |", md)
+        over = report.paired_overheads(res)
+        self.assertEqual([round(o, 1) for o in over], [0.0, 1.0, 188.5, 4.0, 120.0])
+        self.assertIn("the median of the pairs' own overheads is +4.0%, and they range from +0.0% to +188.5%", md)
+        # A sixth pair: even counts take the middle two, (103 + 110) / 2 over
+        # (99 + 100) / 2, +7.0%.
+        res["per_round"][2]["sidecar_pairs"] = [sidecar_pair(200.0, 90.0, "collectived")]
+        res["rows"] = []
+        compare.aggregate(res)
+        (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
+        self.assertAlmostEqual(t["value"], (106.5 / 99.5 - 1) * 100, places=6)
+        self.assertEqual(t["verdict"], "FAIL")
+
+    def test_no_extra_pairs_no_pairs_table(self):
+        res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
+        self.assertEqual(len(res["sidecar"]["pairs"]), 3)
+        (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
+        self.assertAlmostEqual(t["value"], 10.0, places=6)
+        self.assertNotIn("back-to-back pairs", report.markdown(res, "bench"))
 
     def test_sidecar_without_ring_only_is_not_measured(self):
         res = fake_res()
@@ -263,6 +315,22 @@ class RoundsTest(unittest.TestCase):
             want = ["collectived", compare.RING_ONLY] if rnd % 2 == 0 else [compare.RING_ONLY, "collectived"]
             self.assertEqual(order[i:i + 2] if rnd % 2 == 0 else order[i - 1:i + 1], want, (rnd, order))
         self.assertEqual(compare.keep_pair(["gloo", "collectived"], 1), ["gloo", "collectived"])
+
+    def test_extra_pairs_alternate_which_side_runs_first(self):
+        firsts = [compare.pair_order(rnd, j)[0] for rnd in range(3) for j in range(2)]
+        self.assertEqual(firsts, ["collectived", "ring-only", "ring-only", "collectived", "collectived", "ring-only"])
+        for rnd in range(3):
+            for j in range(2):
+                self.assertEqual(sorted(compare.pair_order(rnd, j)), ["collectived", "ring-only"])
+
+    def test_a_failed_side_drops_its_pair(self):
+        calls = []
+
+        def step(name, fn):
+            calls.append(name)
+            return None if name.endswith("ring-only") else [{"median_us": 1.0}]
+        self.assertIsNone(compare.sidecar_pair(step, "p", ["collectived", "ring-only"], [], {}, 1))
+        self.assertEqual(calls, ["p: collectived", "p: ring-only"])
 
     def test_ring_only_refuses_world4(self):
         with self.assertRaises(ValueError) as cm:
@@ -406,7 +474,8 @@ class ProcessTest(unittest.TestCase):
 class WorkerArgsTest(unittest.TestCase):
     def test_compare_refuses_bad_counts(self):
         for args, want in ((["--iters", "0"], "--iters 0: want at least 1"),
-                           (["--warmup", "-1"], "--warmup -1: want 0 or more")):
+                           (["--warmup", "-1"], "--warmup -1: want 0 or more"),
+                           (["--sidecar-pairs", "-1"], "--sidecar-pairs -1: want 0 or more")):
             p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--no-doc"] + args,
                                capture_output=True, text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0, args)
