@@ -13,6 +13,8 @@ MIB64 = 64 << 20
 RING_ONLY = "ring-only"  # `collectived bench --ring-only`: the sidecar's baseline, world 2 only
 SIDECAR_TARGET = ("64 MiB, world 2: sidecar overhead (daemon median ÷ ring-only median − 1, same default ring "
                   "config, both one process per node)")
+SERVING_TARGET = ("daemon serving allreduces up to 64 MiB: RSS beyond the shared segments, growth over idle ÷ "
+                  "the ring's pipeline buffers (largest daemon)")
 REPO_PREFIX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
 
@@ -141,6 +143,7 @@ def targets(res) -> list[dict]:
     rs = res.get("rss")
     add("daemon RSS at idle (largest daemon, fresh and after work)",
         rs and rs["max_rss_bytes"] / (1 << 20), "<=", 30.0, unit=" MiB")
+    add(SERVING_TARGET, (rs or {}).get("serving_growth_per_buffers"), "<=", 2.0)
     return out
 
 
@@ -534,6 +537,21 @@ def markdown(res, plot_rel) -> str:
                          f"{mib(s.get('rss_shmem_bytes'))} | {mib(s.get('status_rss_bytes'))} | "
                          f"{s.get('goroutines', '-')} | {s.get('memfds', '-')} |")
         L.append("")
+        if rs.get("serving"):
+            L += ["While the trainers ran, each daemon's `/proc/PID/status` was read every few milliseconds. The "
+                  "trainers' shared-memory segments are mapped into the daemon and count in its RSS (RssShmem); "
+                  "they are the trainers' buffers, not the daemon's. What the daemon adds is its RSS beyond them "
+                  "(VmRSS − RssShmem): its growth over idle is set against the ring's pipeline buffers (`status "
+                  "--json`: `ring.buffer_bytes`, the receive and write buffers the ring allocates when it forms).",
+                  "",
+                  "| node | samples | largest shmem MiB | RSS beyond shmem: idle MiB | while serving, peak MiB | "
+                  "growth MiB | pipeline buffers MiB | growth ÷ buffers |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for f, sv in zip(rs["fresh"], rs["serving"]):
+                L.append(f"| {sv['node']} | {sv['samples']} | {mib(sv['max_shmem_bytes'])} | "
+                         f"{mib(f['private_bytes'])} | {mib(sv['max_private_bytes'])} | {mib(sv['growth_bytes'])} | "
+                         f"{mib(f['buffer_bytes'])} | {sv['growth_bytes'] / f['buffer_bytes']:.2f} |")
+            L.append("")
     else:
         L += ["not measured in this run", ""]
 

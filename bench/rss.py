@@ -1,10 +1,15 @@
-"""Daemon memory at idle, for bench/compare.
+"""Daemon memory, for bench/compare.
 
 Starts its own two-node world of `collectived run` daemons on loopback
 (the same config `collectived bench` writes), reads each daemon's RSS
-once the ring is up and no trainer has attached, then again a few seconds
-after trainers have run 64 MiB allreduces through it and left. The
-daemons are stopped by the PIDs this module started.
+once the ring is up and no trainer has attached, then every few
+milliseconds while trainers run allreduces up to 64 MiB through it (64
+MiB through a shared-memory segment), then again a few seconds after they
+have left. While serving, what matters is the RSS beyond the shared
+segments (VmRSS - RssShmem: the trainers' memfds mapped into the daemon
+are the trainers' memory, counted once in each process that maps them),
+against the ring's pipeline buffers (`status --json`: ring.buffer_bytes).
+The daemons are stopped by the PIDs this module started.
 """
 
 import json
@@ -40,7 +45,7 @@ def _status(binary, sock, job, env) -> dict:
                           timeout=15, env=env, log=False))
 
 
-def measure(binary, settle_s=3.0, timeout=60) -> dict:
+def measure(binary, settle_s=3.0, timeout=60, serving_iters=20, sample_every_s=0.01) -> dict:
     job, nodes = "rss", 2
     token = secrets.token_hex(24)
     env = dict(os.environ, COLLECTIVED_RSS_TOKEN=token)
@@ -77,21 +82,26 @@ def measure(binary, settle_s=3.0, timeout=60) -> dict:
 
             trainers = []
             tr_argv = lambda i: [binary, "bench-trainer", "--socket", socks[i], "--job", job, "--local-rank", "0",
-                                 "--sizes", "4,1048576,67108864", "--iters", "10", "--warmup", "2"]
+                                 "--sizes", "4,1048576,67108864", "--iters", str(serving_iters), "--warmup", "2"]
             COMMANDS.append(" & ".join(shlex.join(tr_argv(i)) for i in range(nodes)) + "; wait")
-            for i in range(nodes):
-                trainers.append(subprocess.Popen(tr_argv(i), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                                 text=True, start_new_session=True))
-            for i, t in enumerate(trainers):
-                try:
-                    _, err = t.communicate(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    for u in trainers:
-                        u.kill()
-                        u.wait()
-                    raise RunError(f"bench-trainer {i} still running after {timeout}s")
-                if t.returncode != 0:
-                    raise RunError(f"bench-trainer {i}: exit {t.returncode}: {err[-2000:]}")
+            errs = [tempfile.TemporaryFile("w+") for _ in range(nodes)]
+            try:
+                for i in range(nodes):
+                    trainers.append(subprocess.Popen(tr_argv(i), stdout=subprocess.DEVNULL, stderr=errs[i],
+                                                     text=True, start_new_session=True))
+                serving = _watch(daemons, trainers, time.monotonic() + timeout, sample_every_s)
+                for i, t in enumerate(trainers):
+                    if t.returncode is None:
+                        for u in trainers:
+                            u.kill()
+                            u.wait()
+                        raise RunError(f"bench-trainer {i} still running after {timeout}s")
+                    if t.returncode != 0:
+                        errs[i].seek(0)
+                        raise RunError(f"bench-trainer {i}: exit {t.returncode}: {errs[i].read()[-2000:]}")
+            finally:
+                for e in errs:
+                    e.close()
             time.sleep(settle_s)
             after = _sample(binary, daemons, socks, job, env)
         finally:
@@ -106,8 +116,34 @@ def measure(binary, settle_s=3.0, timeout=60) -> dict:
                     p.wait()
             for log in logs:
                 log.close()
-    return {"settle_s": settle_s, "fresh": fresh, "after_work": after,
-            "max_rss_bytes": max(s["vmrss_bytes"] for s in fresh + after)}
+    for f, sv in zip(fresh, serving):
+        sv["growth_bytes"] = sv["max_private_bytes"] - f["private_bytes"]
+    return {"settle_s": settle_s, "fresh": fresh, "serving": serving, "after_work": after,
+            "max_rss_bytes": max(s["vmrss_bytes"] for s in fresh + after),
+            "serving_growth_per_buffers": max(sv["growth_bytes"] / f["buffer_bytes"] for f, sv in zip(fresh, serving))}
+
+
+def _watch(daemons, trainers, deadline, every_s) -> list[dict]:
+    """Samples each daemon's memory until the trainers have exited (or the
+    deadline): per daemon, the sample with the most RSS beyond the shared
+    segments, the largest shared RSS seen and the number of samples."""
+    peak = [None] * len(daemons)
+    max_shmem = [0] * len(daemons)
+    n = 0
+    while time.monotonic() < deadline:
+        running = any(t.poll() is None for t in trainers)
+        for i, p in enumerate(daemons):
+            m = _proc_mem(p.pid)
+            m["private_bytes"] = m["vmrss_bytes"] - m.get("rss_shmem_bytes", 0)
+            max_shmem[i] = max(max_shmem[i], m.get("rss_shmem_bytes", 0))
+            if peak[i] is None or m["private_bytes"] > peak[i]["private_bytes"]:
+                peak[i] = m
+        n += 1
+        if not running:
+            break
+        time.sleep(every_s)
+    return [{"node": i, "pid": p.pid, "samples": n, "max_private_bytes": peak[i]["private_bytes"],
+             "at_max": peak[i], "max_shmem_bytes": max_shmem[i]} for i, p in enumerate(daemons)]
 
 
 def _sample(binary, daemons, socks, job, env) -> list[dict]:
@@ -115,8 +151,10 @@ def _sample(binary, daemons, socks, job, env) -> list[dict]:
     for i, (p, sock) in enumerate(zip(daemons, socks)):
         st = _status(binary, sock, job, env)
         proc = st.get("process", {})
-        out.append({"node": i, "pid": p.pid, **_proc_mem(p.pid), "status_rss_bytes": proc.get("rss_bytes"),
-                    "goroutines": proc.get("goroutines"), "memfds": proc.get("memfds")})
+        m = _proc_mem(p.pid)
+        out.append({"node": i, "pid": p.pid, **m, "private_bytes": m["vmrss_bytes"] - m.get("rss_shmem_bytes", 0),
+                    "status_rss_bytes": proc.get("rss_bytes"), "goroutines": proc.get("goroutines"),
+                    "memfds": proc.get("memfds"), "buffer_bytes": st.get("ring", {}).get("buffer_bytes")})
     return out
 
 

@@ -80,7 +80,7 @@ class StatsTest(unittest.TestCase):
 
 
 def fake_res(cvd2=1.0, gloo2=0.5, mpi2=0.5, tcp=1.0, ring_us=None, cvd4=1.0, peer4=0.4, lat4b=(30.0, 200.0, 20.0),
-             rss_mib=12.0):
+             rss_mib=12.0, serving=1.0):
     """A results dict as compare.py builds it, from busbw figures at 64 MiB
     (GB/s) and 4 B latencies (collectived, Gloo, OpenMPI TCP, in µs);
     ring-only's 64 MiB median is ring_us (default: collectived's)."""
@@ -98,7 +98,8 @@ def fake_res(cvd2=1.0, gloo2=0.5, mpi2=0.5, tcp=1.0, ring_us=None, cvd4=1.0, pee
     return {"sizes": [4, MIB64], "worlds": [2, 4], "rows": rows, "rounds": 1,
             "tcp_bidir": {"per_direction_GBps": tcp, "seconds": 5, "reference": "threads",
                           "threads": {"forward_GBps": tcp, "reverse_GBps": tcp, "per_direction_GBps": tcp}},
-            "rss": {"max_rss_bytes": int(rss_mib * (1 << 20)), "settle_s": 3, "fresh": [], "after_work": []},
+            "rss": {"max_rss_bytes": int(rss_mib * (1 << 20)), "settle_s": 3, "fresh": [], "after_work": [],
+                    "serving_growth_per_buffers": serving},
             "iters": {"small": 200, "large": 30, "small_max_bytes": 1 << 20, "warmup": 5},
             "meta": {"date_utc": "2026-01-01 00:00:00 UTC", "nproc": 2, "cpu": "x", "mem_bytes": 1 << 30,
                      "kernel": "k", "os": "o", "go": "g", "openmpi": "m", "torch": "t", "iperf3": "i",
@@ -140,7 +141,7 @@ class TargetsTest(unittest.TestCase):
 
     def test_each_threshold_fails_on_its_own_side(self):
         v = verdicts(fake_res(cvd2=1.0, gloo2=0.7, mpi2=0.56, tcp=1.2, cvd4=1.0, peer4=0.51, lat4b=(41, 200, 27),
-                              ring_us=MIB64 / 1e3 / 1.1, rss_mib=31))
+                              ring_us=MIB64 / 1e3 / 1.1, rss_mib=31, serving=2.01))
         self.assertEqual(set(v.values()), {"FAIL"}, v)
 
     def test_sidecar_overhead_is_percent_over_ring_only(self):
@@ -206,6 +207,22 @@ class TargetsTest(unittest.TestCase):
         (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
         self.assertAlmostEqual(t["value"], 10.0, places=6)
         self.assertNotIn("back-to-back pairs", report.markdown(res, "bench"))
+
+    def test_serving_memory_target(self):
+        self.assertEqual(verdicts(fake_res(serving=2.0))[report.SERVING_TARGET], "PASS")
+        self.assertEqual(verdicts(fake_res(serving=2.01))[report.SERVING_TARGET], "FAIL")
+        res = fake_res()
+        del res["rss"]["serving_growth_per_buffers"]  # a run from before it was measured
+        self.assertEqual(verdicts(res)[report.SERVING_TARGET], "n/a")
+
+    def test_serving_memory_table(self):
+        res = fake_res()
+        mib = 1 << 20
+        res["rss"]["fresh"] = [{"node": 0, "vmrss_bytes": 11 * mib, "private_bytes": 10 * mib, "buffer_bytes": 4 * mib}]
+        res["rss"]["serving"] = [{"node": 0, "samples": 40, "max_private_bytes": 15 * mib, "growth_bytes": 5 * mib,
+                                  "max_shmem_bytes": 64 * mib}]
+        md = report.markdown(res, "bench")
+        self.assertIn("| 0 | 40 | 64.0 | 10.0 | 15.0 | 5.0 | 4.0 | 1.25 |", md)
 
     def test_sidecar_without_ring_only_is_not_measured(self):
         res = fake_res()
@@ -534,17 +551,32 @@ class WorkerArgsTest(unittest.TestCase):
         self.assertIn("--seconds 0.0: want more than 0", p.stderr)
 
 
-@unittest.skipUnless(os.access(os.path.join(HERE, ".build", "collectived"), os.X_OK),
-                     "bench/.build/collectived not built (run bench/compare once)")
+# make test builds the daemon and names it in COLLECTIVED_BIN; by hand,
+# bench/compare's build serves.
+COLLECTIVED_BIN = os.environ.get("COLLECTIVED_BIN") or os.path.join(HERE, ".build", "collectived")
+
+
+@unittest.skipUnless(os.access(COLLECTIVED_BIN, os.X_OK),
+                     f"{COLLECTIVED_BIN} not built (make build, or run bench/compare once)")
 class RSSTest(unittest.TestCase):
-    def test_idle_and_after_work(self):
-        got = rss.measure(os.path.join(HERE, ".build", "collectived"), settle_s=0.5)
+    def test_idle_serving_and_after_work(self):
+        got = rss.measure(COLLECTIVED_BIN, settle_s=0.5)
         for when in ("fresh", "after_work"):
             self.assertEqual([s["node"] for s in got[when]], [0, 1])
             for s in got[when]:
                 self.assertGreater(s["vmrss_bytes"], 1 << 20)
                 self.assertEqual(s["memfds"], 0, f"{when}: daemon holds memfds with no trainer attached")
         self.assertEqual(got["max_rss_bytes"], max(s["vmrss_bytes"] for s in got["fresh"] + got["after_work"]))
+        # While serving: sampled more than once, the 64 MiB segment seen in
+        # the daemon's shared RSS, and the growth beyond it set against the
+        # ring's buffers as the daemon reports them.
+        for f, sv in zip(got["fresh"], got["serving"]):
+            self.assertGreater(sv["samples"], 1)
+            self.assertGreaterEqual(sv["max_shmem_bytes"], 64 << 20)
+            self.assertGreater(f["buffer_bytes"], 1 << 20)
+            self.assertEqual(sv["growth_bytes"], sv["max_private_bytes"] - f["private_bytes"])
+        self.assertEqual(got["serving_growth_per_buffers"],
+                         max(sv["growth_bytes"] / f["buffer_bytes"] for f, sv in zip(got["fresh"], got["serving"])))
         for s in got["fresh"]:  # the daemons were stopped by their PIDs
             self.assertFalse(os.path.exists(f"/proc/{s['pid']}/status") and _alive(s["pid"]), s["pid"])
 

@@ -37,6 +37,8 @@ type RingStatus struct {
 	Step             int     `json:"step,omitempty"`
 	HeardFromNextSec float64 `json:"heard_from_next_sec,omitempty"`
 	HeardFromPrevSec float64 `json:"heard_from_prev_sec,omitempty"`
+	// BufferBytes is the ring's pipeline buffers (ring.Status.BufferBytes).
+	BufferBytes int64 `json:"buffer_bytes,omitempty"`
 }
 
 // TrainerStatus is one local rank's slot.
@@ -81,6 +83,7 @@ func (d *Daemon) Status() Status {
 	}
 	if d.ring != nil {
 		rs := d.ring.Status()
+		st.Ring.BufferBytes = rs.BufferBytes
 		if rs.Op != 0 {
 			st.Ring.Op, st.Ring.Step = fmt.Sprintf("%s seq %d", rs.Op, rs.Seq), rs.Step
 		}

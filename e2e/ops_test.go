@@ -210,6 +210,9 @@ func TestStatusWaitingOnPeer(t *testing.T) {
 	if _, ok := ring["heard_from_prev_sec"].(float64); !ok {
 		t.Fatalf("status ring = %v, want heard_from_prev_sec", ring)
 	}
+	if b, _ := ring["buffer_bytes"].(float64); b < 64<<10 {
+		t.Fatalf("status ring = %v, want buffer_bytes: the ring's pipeline buffers, at least its receive buffers", ring)
+	}
 	out, err := exec.Command(daemonBin, "status", "--socket", w.sockets[0], "--job", "e2e").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "in allreduce seq 0 step") || !strings.Contains(string(out), "heard") {
 		t.Fatalf("plain status while waiting on the peer: %v\n%s", err, out)

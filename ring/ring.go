@@ -66,6 +66,7 @@ type Ring struct {
 	done        chan txDone
 	timer       *time.Timer
 	scratch     []byte
+	bufBytes    int64 // the frame buffers allocated at New (BufferBytes)
 
 	// The op under way as heartbeats announce it, so that ranks whose
 	// diverged calls exchange no data (broadcasts naming different roots)
@@ -152,6 +153,7 @@ func New(cfg Config, links Links) (*Ring, error) {
 		r.prev = append(r.prev, newStream(r, i, fromPrev, links.Prev[i], prevRank, links.PrevAddr))
 	}
 	r.all = append(append([]*stream(nil), r.next...), r.prev...)
+	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*r.maxPayload+len(r.next[0].wbuf)))
 	for _, s := range r.all {
 		r.wg.Add(1)
 		go s.readLoop()

@@ -22,6 +22,12 @@ type Status struct {
 	// each neighbour (zero in a world of one).
 	LastFromNext, LastFromPrev time.Time
 	Err                        error // the first failure, nil while healthy
+	// BufferBytes is what the ring allocated at New for its pipeline: the
+	// receive buffers of the streams from the previous rank, the write
+	// buffers of those to the next, and the small-op scratch. Ops borrow
+	// the caller's buffer for everything else, so this bounds what a ring
+	// adds to its process's memory whatever the sizes reduced.
+	BufferBytes int64
 }
 
 // Status may be called from any goroutine.
@@ -29,6 +35,7 @@ func (r *Ring) Status() Status {
 	st := Status{
 		Rank: r.rank, Size: r.size, Generation: r.gen.Load(), Started: r.started.Load(),
 		Op: collective.Op(r.curOp.Load()), Seq: r.nextSeq.Load(), Step: -1, Err: r.Err(),
+		BufferBytes: r.bufBytes,
 	}
 	if st.Op != collective.OpInvalid {
 		st.Seq = r.curSeq.Load()
