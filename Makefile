@@ -37,9 +37,10 @@ cclient:
 demo: $(SETUP) build
 	./$(BIN) bench --nodes 3 --local 2 --sizes 4,4096,65536,1048576,16777216 --iters 20
 
-lint:
+lint: $(SETUP)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(PY) -m mypy --strict clients/python/src/collectived
 
 gotest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./...

@@ -38,7 +38,10 @@ if [ ! -x .venv/bin/python ]; then
 	python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q numpy pytest
+# mypy: make test type-checks the client, which ships py.typed;
+# setuptools 77+: the client's build backend (SPDX license string), which
+# the packaging test runs offline from this venv.
+.venv/bin/python -m pip install -q numpy pytest mypy 'setuptools>=77'
 .venv/bin/python -m pip install -q -e ./clients/python
 
 echo "setup: Python venv .venv-torch (Debian's python3 and torch, for the PyTorch tests)"
