@@ -20,6 +20,7 @@ func TestMismatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := startWorld(t, 2, 2, "")
+			bs := w.fleet().baselines()
 			trs := w.startTrainers("-mode", "repeat", "-times", "2", "-count", "1024", "-count-for", tc.ranks+"=1000", "-mismatch-call", "0")
 			for i, tr := range trs {
 				evs, err := tr.wait(t, 60*time.Second)
@@ -47,6 +48,7 @@ func TestMismatch(t *testing.T) {
 					t.Errorf("trainer %d call 1 ran in generation 0; the failed generation should have been replaced", i)
 				}
 			}
+			w.fleet().checkBaselines(bs, 20*time.Second)
 		})
 	}
 }
@@ -56,6 +58,7 @@ func TestMismatch(t *testing.T) {
 // naming it; a replacement trainer attaches and the world goes on.
 func TestTrainerKilled(t *testing.T) {
 	w := startWorld(t, 2, 2, "")
+	bs := w.fleet().baselines()
 	var trs []*trainer
 	for i := 0; i < 3; i++ {
 		trs = append(trs, w.startTrainer(i/2, "-mode", "repeat", "-times", "2", "-count", "4096"))
@@ -92,6 +95,7 @@ func TestTrainerKilled(t *testing.T) {
 		}
 	}
 	t.Logf("trainer killed at %v; all survivors told and recovered", killed.Format(time.StampMilli))
+	w.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // TestDaemonKilled: kill -9 one daemon mid-allreduce; the trainers of the
@@ -115,6 +119,7 @@ func TestDaemonStopped(t *testing.T) {
 // daemon's summary, however the survivor heard of it (itself or by abort).
 func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetect time.Duration, culprit string) {
 	w := startWorld(t, 3, 1, "")
+	bs := w.fleet().baselines(0, 1) // the survivors; node 2 may be a new process
 	// Trainers of nodes 0 and 1 loop on 1 MiB allreduces until one fails.
 	var survivors []*trainer
 	for n := 0; n < 2; n++ {
@@ -187,6 +192,7 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 			t.Errorf("trainer on node %d after healing ran in generation %d, not after the failed generation %d", i, g, genBefore)
 		}
 	}
+	w.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // TestLateTrainerFailsTheFailedCall: collective 0 fails on node 0 (its
@@ -196,6 +202,7 @@ func testDaemonFault(t *testing.T, fault, heal func(*world), minDetect, maxDetec
 // generation, so every trainer's second call meets in the new one.
 func TestLateTrainerFailsTheFailedCall(t *testing.T) {
 	w := startWorld(t, 2, 2, "")
+	bs := w.fleet().baselines()
 	var early []*trainer
 	for i := 0; i < 2; i++ {
 		early = append(early, w.startTrainer(0, "-mode", "repeat", "-times", "2", "-count", "64", "-count-for", "0=32", "-mismatch-call", "0"))
@@ -222,6 +229,7 @@ func TestLateTrainerFailsTheFailedCall(t *testing.T) {
 			t.Errorf("trainer %d call 1: ok=%v gen=%d %s %s; want success in a new generation", i, evs[1].OK, evs[1].Gen, evs[1].Code, evs[1].Message)
 		}
 	}
+	w.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // TestIdleFailureOwesNothing: a node dies while the ring is idle and is
@@ -229,6 +237,7 @@ func TestLateTrainerFailsTheFailedCall(t *testing.T) {
 // collective had begun when the ring failed.
 func TestIdleFailureOwesNothing(t *testing.T) {
 	w := startWorld(t, 2, 1, "")
+	bs := w.fleet().baselines(1) // the survivor
 	first := w.startTrainers("-mode", "repeat", "-times", "2", "-count", "8")
 	for i, tr := range first {
 		if evs, err := tr.wait(t, 30*time.Second); err != nil || len(evs) != 2 || !evs[1].OK {
@@ -247,6 +256,7 @@ func TestIdleFailureOwesNothing(t *testing.T) {
 			t.Fatalf("fresh trainer %d after an idle failure: %v %+v", i, err, evs)
 		}
 	}
+	w.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // TestTrainerKilledInLane: on nodes of one trainer a small call runs on
@@ -256,6 +266,7 @@ func TestIdleFailureOwesNothing(t *testing.T) {
 // naming it; a replacement attaches and the world goes on.
 func TestTrainerKilledInLane(t *testing.T) {
 	w := startWorld(t, 2, 1, "")
+	bs := w.fleet().baselines()
 	victim := w.startTrainer(0, "-mode", "repeat", "-times", "1", "-count", "16")
 	waitFor(t, 10*time.Second, "the victim's call to wait in the ring", func() bool {
 		return strings.Contains(w.log(0), "world_rank=0")
@@ -280,4 +291,5 @@ func TestTrainerKilledInLane(t *testing.T) {
 	if evs, err := replacement.wait(t, 60*time.Second); err != nil || len(evs) != 1 || !evs[0].OK {
 		t.Fatalf("replacement: %v %+v", err, evs)
 	}
+	w.fleet().checkBaselines(bs, 20*time.Second)
 }

@@ -216,6 +216,8 @@ func (w *world) stop() {
 	os.RemoveAll(w.dir)
 }
 
+func (w *world) fleet() fleet { return fleet{t: w.t, sockets: w.sockets, log: w.log} }
+
 func (w *world) log(i int) string {
 	b, _ := os.ReadFile(w.logs[i])
 	if len(b) > 6000 {
