@@ -33,6 +33,11 @@ func (n *notifier) stopping() { n.send(sd.SdNotifyStopping) }
 // status forwards a one-line ring state; it must not block the daemon.
 func (n *notifier) status(line string) { n.send("STATUS=" + line) }
 
+// progressor is what the watchdog asks: *daemon.Daemon.
+type progressor interface{ Progress() string }
+
+var _ progressor = (*daemon.Daemon)(nil)
+
 // progressEvery is how often STATUS= is refreshed with the daemon's
 // progress (calls made, the collective under way) between state changes.
 const progressEvery = 5 * time.Second
@@ -43,7 +48,7 @@ const progressEvery = 5 * time.Second
 // the two). Both go out only once Progress has taken the daemon's main
 // lock: a daemon wedged on that lock stops the pings and systemd restarts
 // it.
-func (n *notifier) watchdog(d *daemon.Daemon) (stop func()) {
+func (n *notifier) watchdog(d progressor) (stop func()) {
 	if os.Getenv("NOTIFY_SOCKET") == "" {
 		return func() {}
 	}
