@@ -34,9 +34,12 @@
 // algorithm: it queues frames to the writers, takes received frames from
 // the readers and reduces. Received payloads land in buffers allocated at
 // New (rxBuffers per stream, each SegmentBytes or the small-message
-// limit), never in memory sized by a peer; the writers send straight from
-// the caller's buffer. An op returns only when no writer reads its buffer
-// any more. Steady-state ops allocate nothing (TestZeroAllocs).
+// limit) or, in the allgather half of a large allreduce, straight in the
+// caller's buffer at the segment the op expects there (inplace.go); never
+// in memory sized by a peer. The writers send straight from the caller's
+// buffer. An op returns only when no writer reads its buffer and no
+// reader writes it any more. Steady-state ops allocate nothing
+// (TestZeroAllocs).
 //
 // # Frames
 //

@@ -65,7 +65,14 @@ func (r *Ring) end(err error) error {
 		if e := r.opError(); e != nil {
 			err = e
 		}
+		if r.placed > 0 {
+			if r.healthy() == nil {
+				r.Abort(err) // every failed op has failed the ring; make sure
+			}
+			r.stopPlacedReaders()
+		}
 	}
+	r.placing = false
 	r.setCurrent(false)
 	r.curStep.Store(-1)
 	r.seq++

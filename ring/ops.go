@@ -237,6 +237,10 @@ func (r *Ring) allReduceSmall(buf []byte, k kernel, f localFold) error {
 func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 	n := r.size
 	p := newPartition(len(buf)/es, n, es, r.cfg.SegmentBytes)
+	// Allgather segments land in buf itself once their turn comes
+	// (inplace.go); end stops placing.
+	r.pl = placement{buf: buf, p: p, total: uint64(2 * (n - 1) * p.nseg)}
+	r.placing = true
 	for step := 0; step < 2*(n-1); step++ {
 		r.setStep(step)
 		var sendC, recvC int
@@ -267,20 +271,30 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 				return err
 			}
 			dst := buf[ro : ro+rl]
-			if !gather {
+			switch {
+			case !gather:
 				f.fold(dst, ro)
 				k(dst, b.data, dst)
-			} else {
+			case b.place:
+				// Received where it belongs (placeFor checked the
+				// reduce-scatter had sent these bytes before handing
+				// them to the reader).
+				if rl > 0 && &b.data[0] != &dst[0] {
+					return r.failLocal(r.prev[(r.recvCount-1)%r.nstreams], fmt.Errorf("internal error: segment %d of step %d was received at the wrong place", j, step))
+				}
+				r.inPlace++
+				f.copyBack(dst, ro)
+			default:
 				// The bytes overwritten here were sent in reduce-scatter
 				// step t; make sure that write is finished.
 				if err := r.waitSent(uint64((step-(n-1))*p.nseg + j)); err != nil {
-					r.release(b)
+					r.releasePlaced(b)
 					return err
 				}
 				copy(dst, b.data)
 				f.copyBack(dst, ro)
 			}
-			r.release(b)
+			r.releasePlaced(b)
 		}
 	}
 	return nil

@@ -59,10 +59,14 @@ type Ring struct {
 	desc        collective.Desc
 	fp          uint64
 	step        int
-	sendCount   uint64   // frames queued in this op, over all streams
-	recvCount   uint64   // frames received in this op
-	outstanding []int    // per next stream: queued, not yet reported done
-	completed   []uint64 // per next stream: writes reported done in this op
+	sendCount   uint64    // frames queued in this op, over all streams
+	recvCount   uint64    // frames received in this op
+	outstanding []int     // per next stream: queued, not yet reported done
+	completed   []uint64  // per next stream: writes reported done in this op
+	pl          placement // the allreduce under way, while placing (inplace.go)
+	placing     bool
+	placed      int    // places the readers hold or will fill
+	inPlace     uint64 // frames received in place, ever (tests read it)
 	done        chan txDone
 	timer       *time.Timer
 	scratch     []byte

@@ -58,6 +58,12 @@ type stream struct {
 	// fromPrev: received data frames, and the buffers to receive into.
 	free chan *rxBuf
 	full chan *rxBuf
+	// fromPrev, owned by the op goroutine: receiving in place
+	// (inplace.go). spare holds the stream's own buffers while places
+	// stand in for them; placeFree the place stand-ins not in use.
+	spare     []*rxBuf
+	placeFree []*rxBuf
+	places    [rxBuffers]rxBuf
 
 	// toNext: frames queued for the writer goroutine.
 	reqs chan txReq
@@ -92,8 +98,11 @@ type stream struct {
 
 type rxBuf struct {
 	hdr  header
-	buf  []byte // capacity maxPayload, preallocated
+	buf  []byte // capacity maxPayload, preallocated; or a place (inplace.go)
 	data []byte // buf[:hdr.Length]
+	// place: buf is where the frame belongs in the caller's buffer, of
+	// exactly the segment's length (inplace.go).
+	place bool
 }
 
 type txReq struct {
@@ -136,7 +145,10 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 		s.full = make(chan *rxBuf, rxBuffers)
 		for i := 0; i < rxBuffers; i++ {
 			s.free <- &rxBuf{buf: make([]byte, r.maxPayload)}
+			s.places[i].place = true
+			s.placeFree = append(s.placeFree, &s.places[i])
 		}
+		s.spare = make([]*rxBuf, 0, rxBuffers)
 	} else {
 		s.reqs = make(chan txReq, txDepth)
 		s.wbuf = make([]byte, headerLen+coalesceBytes)
@@ -254,6 +266,13 @@ func (s *stream) receive(h header) *rxBuf {
 		if b == nil {
 			return nil
 		}
+	}
+	if int(h.Length) > len(b.buf) {
+		// Only a place is shorter than the longest payload: the op knows
+		// how long this segment is, and the peer sent more.
+		s.free <- b
+		s.r.failFrom(s, badFrame("data frame of %d bytes where a segment of %d was due (seq %d, step %d)", h.Length, len(b.buf), h.Seq, h.Step))
+		return nil
 	}
 	b.hdr = h
 	b.data = b.buf[:h.Length]
