@@ -1,9 +1,6 @@
 package ring
 
-import (
-	"net"
-	"time"
-)
+import "time"
 
 // Receiving in place.
 //
@@ -24,7 +21,8 @@ import (
 // caller's again the moment the op returns.
 
 // placement is what an allreduce needs to know to place its allgather
-// frames: set by allReduceRing for the op under way (placing).
+// frames: set by allReduceRing for the op under way, zero otherwise (and
+// then nothing is placed).
 type placement struct {
 	buf   []byte
 	p     partition
@@ -50,13 +48,14 @@ func (r *Ring) placeFor(m uint64) []byte {
 	return pl.buf[ro : ro+rl : ro+rl]
 }
 
-// releasePlaced returns b, the buffer of the frame just received, to its
-// stream: as it is, or in favour of a place for the frame that will take
-// its turn, rxBuffers frames later on the same stream.
-func (r *Ring) releasePlaced(b *rxBuf) {
+// release returns b, the buffer of the frame just received, to its
+// stream: as it is, or, while an allreduce places its allgather, in favour
+// of a place for the frame that will take its turn, rxBuffers frames later
+// on the same stream.
+func (r *Ring) release(b *rxBuf) {
 	s := r.prev[(r.recvCount-1)%r.nstreams]
 	var dst []byte
-	if r.placing {
+	if r.pl.total > 0 {
 		dst = r.placeFor(r.recvCount - 1 + rxBuffers*r.nstreams)
 	}
 	switch {
@@ -105,5 +104,3 @@ func (r *Ring) stopPlacedReaders() {
 	}
 	r.placed = 0
 }
-
-var _ interface{ CloseRead() error } = (*net.TCPConn)(nil)

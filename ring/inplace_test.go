@@ -56,6 +56,9 @@ func TestAllGatherLandsInPlace(t *testing.T) {
 			if r.placed != 0 {
 				t.Errorf("rank %d: %d places still out after a successful op", i, r.placed)
 			}
+			if r.pl.buf != nil {
+				t.Errorf("rank %d: the ring still holds the caller's buffer after the op", i)
+			}
 		}
 	}
 }

@@ -72,7 +72,7 @@ func (r *Ring) end(err error) error {
 			r.stopPlacedReaders()
 		}
 	}
-	r.placing = false
+	r.pl = placement{} // nothing more is placed, nor is the buffer kept reachable
 	r.setCurrent(false)
 	r.curStep.Store(-1)
 	r.seq++
@@ -226,10 +226,6 @@ func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
 			return nil, r.failLocal(s, r.timeout("waiting for data from"))
 		}
 	}
-}
-
-func (r *Ring) release(b *rxBuf) {
-	r.prev[(r.recvCount-1)%r.nstreams].free <- b
 }
 
 func (r *Ring) timeout(what string) error {

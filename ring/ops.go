@@ -240,7 +240,6 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 	// Allgather segments land in buf itself once their turn comes
 	// (inplace.go); end stops placing.
 	r.pl = placement{buf: buf, p: p, total: uint64(2 * (n - 1) * p.nseg)}
-	r.placing = true
 	for step := 0; step < 2*(n-1); step++ {
 		r.setStep(step)
 		var sendC, recvC int
@@ -288,13 +287,13 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 				// The bytes overwritten here were sent in reduce-scatter
 				// step t; make sure that write is finished.
 				if err := r.waitSent(uint64((step-(n-1))*p.nseg + j)); err != nil {
-					r.releasePlaced(b)
+					r.release(b)
 					return err
 				}
 				copy(dst, b.data)
 				f.copyBack(dst, ro)
 			}
-			r.releasePlaced(b)
+			r.release(b)
 		}
 	}
 	return nil

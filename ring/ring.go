@@ -63,10 +63,9 @@ type Ring struct {
 	recvCount   uint64    // frames received in this op
 	outstanding []int     // per next stream: queued, not yet reported done
 	completed   []uint64  // per next stream: writes reported done in this op
-	pl          placement // the allreduce under way, while placing (inplace.go)
-	placing     bool
-	placed      int    // places the readers hold or will fill
-	inPlace     uint64 // frames received in place, ever (tests read it)
+	pl          placement // the allreduce under way, while it places (inplace.go)
+	placed      int       // places the readers hold or will fill
+	inPlace     uint64    // frames received in place, ever (tests read it)
 	done        chan txDone
 	timer       *time.Timer
 	scratch     []byte
