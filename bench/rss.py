@@ -37,6 +37,9 @@ def _proc_mem(pid: int) -> dict:
                 got[want[k]] = int(line.split()[1]) * 1024
     if "vmrss_bytes" not in got:
         raise RunError(f"/proc/{pid}/status has no VmRSS line")
+    # What the daemon itself holds: the trainers' segments it maps are
+    # theirs (RssShmem).
+    got["private_bytes"] = got["vmrss_bytes"] - got.get("rss_shmem_bytes", 0)
     return got
 
 
@@ -116,11 +119,24 @@ def measure(binary, settle_s=3.0, timeout=60, serving_iters=20, sample_every_s=0
                     p.wait()
             for log in logs:
                 log.close()
-    for f, sv in zip(fresh, serving):
-        sv["growth_bytes"] = sv["max_private_bytes"] - f["private_bytes"]
     return {"settle_s": settle_s, "fresh": fresh, "serving": serving, "after_work": after,
             "max_rss_bytes": max(s["vmrss_bytes"] for s in fresh + after),
-            "serving_growth_per_buffers": max(sv["growth_bytes"] / f["buffer_bytes"] for f, sv in zip(fresh, serving))}
+            "serving_growth_per_buffers": growth_per_buffers(fresh, serving)}
+
+
+def growth_per_buffers(fresh, serving) -> float:
+    """The largest daemon's growth of RSS beyond the shared segments, from
+    idle to its peak while serving, over the ring's pipeline buffers it
+    reports; each serving sample gets its growth_bytes."""
+    ratios = []
+    for f, sv in zip(fresh, serving):
+        if not f.get("buffer_bytes"):
+            raise RunError(f"daemon {f['node']} (pid {f['pid']}) reports no ring.buffer_bytes in status --json "
+                           f"(got {f.get('buffer_bytes')!r}): a collectived older than the memory-while-serving "
+                           "measurement, or its ring is not up")
+        sv["growth_bytes"] = sv["max_private_bytes"] - f["private_bytes"]
+        ratios.append(sv["growth_bytes"] / f["buffer_bytes"])
+    return max(ratios)
 
 
 def _watch(daemons, trainers, deadline, every_s) -> list[dict]:
@@ -134,7 +150,6 @@ def _watch(daemons, trainers, deadline, every_s) -> list[dict]:
         running = any(t.poll() is None for t in trainers)
         for i, p in enumerate(daemons):
             m = _proc_mem(p.pid)
-            m["private_bytes"] = m["vmrss_bytes"] - m.get("rss_shmem_bytes", 0)
             max_shmem[i] = max(max_shmem[i], m.get("rss_shmem_bytes", 0))
             if peak[i] is None or m["private_bytes"] > peak[i]["private_bytes"]:
                 peak[i] = m
@@ -151,9 +166,7 @@ def _sample(binary, daemons, socks, job, env) -> list[dict]:
     for i, (p, sock) in enumerate(zip(daemons, socks)):
         st = _status(binary, sock, job, env)
         proc = st.get("process", {})
-        m = _proc_mem(p.pid)
-        out.append({"node": i, "pid": p.pid, **m, "private_bytes": m["vmrss_bytes"] - m.get("rss_shmem_bytes", 0),
-                    "status_rss_bytes": proc.get("rss_bytes"), "goroutines": proc.get("goroutines"),
+        out.append({"node": i, "pid": p.pid, **_proc_mem(p.pid), "status_rss_bytes": proc.get("rss_bytes"), "goroutines": proc.get("goroutines"),
                     "memfds": proc.get("memfds"), "buffer_bytes": st.get("ring", {}).get("buffer_bytes")})
     return out
 

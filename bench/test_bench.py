@@ -551,6 +551,20 @@ class WorkerArgsTest(unittest.TestCase):
         self.assertIn("--seconds 0.0: want more than 0", p.stderr)
 
 
+class RSSGrowthTest(unittest.TestCase):
+    def test_growth_needs_the_daemons_buffer_figure(self):
+        fresh = [{"node": 0, "pid": 11, "private_bytes": 10, "buffer_bytes": 4},
+                 {"node": 1, "pid": 12, "private_bytes": 10, "buffer_bytes": 4}]
+        serving = [{"max_private_bytes": 14}, {"max_private_bytes": 18}]
+        self.assertEqual(rss.growth_per_buffers(fresh, serving), 2.0)
+        self.assertEqual([sv["growth_bytes"] for sv in serving], [4, 8])
+        fresh[1]["buffer_bytes"] = None
+        with self.assertRaises(runners.RunError) as cm:
+            rss.growth_per_buffers(fresh, serving)
+        self.assertIn("daemon 1 (pid 12) reports no ring.buffer_bytes", str(cm.exception))
+
+
+
 # make test builds the daemon and names it in COLLECTIVED_BIN; by hand,
 # bench/compare's build serves.
 COLLECTIVED_BIN = os.environ.get("COLLECTIVED_BIN") or os.path.join(HERE, ".build", "collectived")
