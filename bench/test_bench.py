@@ -564,7 +564,6 @@ class RSSGrowthTest(unittest.TestCase):
         self.assertIn("daemon 1 (pid 12) reports no ring.buffer_bytes", str(cm.exception))
 
 
-
 # make test builds the daemon and names it in COLLECTIVED_BIN; by hand,
 # bench/compare's build serves.
 COLLECTIVED_BIN = os.environ.get("COLLECTIVED_BIN") or os.path.join(HERE, ".build", "collectived")
