@@ -133,8 +133,10 @@
 //     others.
 //
 // Integer sums and products wrap (two's complement). Max and min
-// propagate NaN: if either operand is NaN the result is NaN (which NaN,
-// when both are, is the CPU's choice, but it is the same on every rank).
+// propagate NaN: if either operand is NaN the result is NaN. Which NaN,
+// when both operands are NaNs, is the CPU's and the kernel's choice: the
+// same on every rank whose CPU runs the same kernels (the vector kernels
+// of kernel_amd64.go where the CPU has AVX2, the Go kernels elsewhere).
 //
 // # Failures
 //

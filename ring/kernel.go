@@ -21,7 +21,12 @@ func kernelFor(dt collective.DType, op collective.ReduceOp) kernel {
 	return kernels[dt][op]
 }
 
-var kernels = [...][5]kernel{
+// kernels is what the ring runs: portable, with the entries this CPU has
+// vector code for replaced at init (kernel_amd64.go).
+var kernels = portable
+
+// portable are the kernels in Go, for every host.
+var portable = [...][5]kernel{
 	collective.Float32: {collective.Sum: f32Sum, collective.Prod: f32Prod, collective.Max: f32Max, collective.Min: f32Min},
 	collective.Float64: {collective.Sum: f64Sum, collective.Prod: f64Prod, collective.Max: f64Max, collective.Min: f64Min},
 	collective.Int32:   {collective.Sum: i32Sum, collective.Prod: i32Prod, collective.Max: i32Max, collective.Min: i32Min},

@@ -1,0 +1,405 @@
+// AVX2 reduce kernels (see kernel_amd64.go), all of one shape:
+// d[i] = a[i] OP b[i] over n bytes, n a multiple of 32, four 32-byte
+// blocks per turn and then single blocks. Each block's a is loaded and
+// its b read before its d is stored, so d may be a or b. a is the first
+// source operand, whose NaN the instruction returns when both are NaN.
+
+//go:build !purego
+
+#include "textflag.h"
+
+// func vaddF32(d, a, b *byte, n int)
+TEXT ·vaddF32(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VADDPS 0(DX), Y0, Y0
+	VADDPS 32(DX), Y1, Y1
+	VADDPS 64(DX), Y2, Y2
+	VADDPS 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VADDPS (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vaddF64(d, a, b *byte, n int)
+TEXT ·vaddF64(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VADDPD 0(DX), Y0, Y0
+	VADDPD 32(DX), Y1, Y1
+	VADDPD 64(DX), Y2, Y2
+	VADDPD 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VADDPD (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vaddI32(d, a, b *byte, n int)
+TEXT ·vaddI32(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPADDD 0(DX), Y0, Y0
+	VPADDD 32(DX), Y1, Y1
+	VPADDD 64(DX), Y2, Y2
+	VPADDD 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VPADDD (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vaddI64(d, a, b *byte, n int)
+TEXT ·vaddI64(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPADDQ 0(DX), Y0, Y0
+	VPADDQ 32(DX), Y1, Y1
+	VPADDQ 64(DX), Y2, Y2
+	VPADDQ 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VPADDQ (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vmulF32(d, a, b *byte, n int)
+TEXT ·vmulF32(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMULPS 0(DX), Y0, Y0
+	VMULPS 32(DX), Y1, Y1
+	VMULPS 64(DX), Y2, Y2
+	VMULPS 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VMULPS (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vmulF64(d, a, b *byte, n int)
+TEXT ·vmulF64(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMULPD 0(DX), Y0, Y0
+	VMULPD 32(DX), Y1, Y1
+	VMULPD 64(DX), Y2, Y2
+	VMULPD 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VMULPD (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vmulI32(d, a, b *byte, n int)
+TEXT ·vmulI32(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPMULLD 0(DX), Y0, Y0
+	VPMULLD 32(DX), Y1, Y1
+	VPMULLD 64(DX), Y2, Y2
+	VPMULLD 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VPMULLD (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vmaxI32(d, a, b *byte, n int)
+TEXT ·vmaxI32(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPMAXSD 0(DX), Y0, Y0
+	VPMAXSD 32(DX), Y1, Y1
+	VPMAXSD 64(DX), Y2, Y2
+	VPMAXSD 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VPMAXSD (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
+
+// func vminI32(d, a, b *byte, n int)
+TEXT ·vminI32(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+block128:
+	CMPQ CX, $128
+	JLT  block32
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VPMINSD 0(DX), Y0, Y0
+	VPMINSD 32(DX), Y1, Y1
+	VPMINSD 64(DX), Y2, Y2
+	VPMINSD 96(DX), Y3, Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 64(DI)
+	VMOVDQU Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $128, CX
+	JMP  block128
+
+block32:
+	CMPQ CX, $32
+	JLT  done
+	VMOVDQU (SI), Y0
+	VPMINSD (DX), Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $32, CX
+	JMP  block32
+
+done:
+	VZEROUPPER
+	RET
