@@ -93,19 +93,7 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("collectived node %d: ring listener: %w", cfg.Rank, err)
 	}
 
-	scfg := ipc.DefaultServerConfig()
-	scfg.Path = cfg.SocketPath
-	scfg.Mode = cfg.SocketMode
-	scfg.AllowedUIDs = cfg.AllowedUIDs
-	scfg.AllowedGIDs = cfg.AllowedGIDs
-	scfg.HelloTimeout = cfg.HelloTimeout
-	scfg.InlineLimit = cfg.InlineBytes
-	scfg.MaxInFlight = cfg.MaxInFlight
-	scfg.ShmQuota = cfg.ShmQuota
-	scfg.MaxClients = cfg.MaxClients
-	scfg.Spin = cfg.Spin
-	scfg.Logger = d.log
-	srv, err := ipc.Listen(scfg)
+	srv, err := ipc.Listen(cfg.ServerConfig(d.log))
 	if err != nil {
 		rv.Close()
 		return nil, fmt.Errorf("collectived node %d: unix socket: %w", cfg.Rank, err)

@@ -53,9 +53,9 @@ func TestDaemonSteadyStateAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		shm[i] = s
-		// From ipc.RearmMinBytes the daemon also re-arms its session
+		// From ipc.DefaultRearmMinBytes the daemon also re-arms its session
 		// reader's poll as it answers.
-		if long[i], _, err = cvd.AllocSlice[float32](c, ipc.RearmMinBytes/4); err != nil {
+		if long[i], _, err = cvd.AllocSlice[float32](c, ipc.DefaultRearmMinBytes/4); err != nil {
 			t.Fatal(err)
 		}
 	}

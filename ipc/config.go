@@ -28,6 +28,14 @@ type ServerConfig struct {
 	// Spin is how long a session's reader polls a quiet connection for the
 	// client's next request before it sleeps (Conn.SetSpin); 0 never polls.
 	Spin time.Duration
+	// RearmMinBytes is the smallest call after whose answer the session
+	// re-arms its reader's poll (Conn.Rearm), so that the client's next
+	// call, which follows at once, finds the reader polling; 0 re-arms
+	// after every call. DefaultServerConfig sets DefaultRearmMinBytes. A
+	// daemon serving several trainers on its node sets 0: there every
+	// call waits for the other trainers' calls as well as for the ring,
+	// long enough for its reader to park (docs/TUNING.md, section 15).
+	RearmMinBytes uint64
 	// InlineLimit is the largest buffer that travels inside CALL/CALL_OK.
 	InlineLimit int
 	// MaxInFlight is the number of calls a connection may have outstanding.
@@ -55,18 +63,19 @@ const (
 
 // DefaultServerConfig returns the defaults: the standard socket path, mode
 // 0660, own uid and root only, 5 s hello timeout, 10 s write timeout,
-// 64 KiB inline limit, 64 calls in flight, 1 GiB of segments per
-// connection, 256 connections.
+// 64 KiB inline limit, polls re-armed after calls of 4 MiB and more, 64
+// calls in flight, 1 GiB of segments per connection, 256 connections.
 func DefaultServerConfig() ServerConfig {
 	return ServerConfig{
-		Path:         DefaultSocketPath,
-		Mode:         DefaultSocketMode,
-		HelloTimeout: 5 * time.Second,
-		WriteTimeout: 10 * time.Second,
-		InlineLimit:  DefaultInlineLimit,
-		MaxInFlight:  64,
-		ShmQuota:     1 << 30,
-		MaxClients:   256,
+		Path:          DefaultSocketPath,
+		Mode:          DefaultSocketMode,
+		HelloTimeout:  5 * time.Second,
+		WriteTimeout:  10 * time.Second,
+		InlineLimit:   DefaultInlineLimit,
+		RearmMinBytes: DefaultRearmMinBytes,
+		MaxInFlight:   64,
+		ShmQuota:      1 << 30,
+		MaxClients:    256,
 	}
 }
 
@@ -106,9 +115,9 @@ func (c ServerConfig) maxFrame() uint32 {
 // the collective.
 const PollMaxBytes = 256 << 10
 
-// RearmMinBytes is the smallest call after whose answer the daemon
-// re-arms its session reader's poll (Conn.Rearm): through a long call the
-// reader has parked, and the trainer's next call comes right after the
-// answer. Below it, the re-armed poll competes with the trainer's own
-// wake-up (docs/TUNING.md, sections 9 and 11).
-const RearmMinBytes = 4 << 20
+// DefaultRearmMinBytes is ServerConfig.RearmMinBytes for a daemon with one
+// trainer: through a long call the reader has parked, and the trainer's
+// next call comes right after the answer. Below it, with one trainer, the
+// re-armed poll competes with the trainer's own wake-up (docs/TUNING.md,
+// sections 9 and 11).
+const DefaultRearmMinBytes = 4 << 20

@@ -33,6 +33,9 @@ type testHandler struct {
 	seq    atomic.Uint64
 	gone   chan goneEvent
 	status []byte
+	// onPark, if set, hears each time a trainer session's reader parks
+	// (Session.SetOnPark).
+	onPark chan struct{}
 }
 
 type goneEvent struct {
@@ -71,6 +74,14 @@ func (h *testHandler) Hello(s *Session, m Hello) (HelloOK, error) {
 	}
 	h.ranks[rank] = s
 	s.SetValue(rank)
+	if parked := h.onPark; parked != nil {
+		s.SetOnPark(func() {
+			select {
+			case parked <- struct{}{}:
+			default:
+			}
+		})
+	}
 	ok.LocalRank, ok.WorldRank = uint32(rank), uint32(rank)
 	return ok, nil
 }

@@ -198,3 +198,51 @@ func TestCloseWakesParkedRead(t *testing.T) {
 		t.Fatalf("parked ReadFrame after CloseSocket: %v, want net.ErrClosed", err)
 	}
 }
+
+// A session re-arms its reader's poll after answering a call of
+// ServerConfig.RearmMinBytes or more. With 0 (a daemon serving several
+// trainers) even a small call's answer sends the parked reader back to
+// polling, so it parks once more with no frame in between; with the
+// default a small answer leaves it parked.
+func TestSessionRearmsAfterAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		min    uint64
+		rearms bool
+	}{
+		{"every call", 0, true},
+		{"default, small call", DefaultRearmMinBytes, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, h := startServer(t, func(c *ServerConfig) {
+				c.Spin = 2 * time.Millisecond
+				c.RearmMinBytes = tc.min
+			})
+			parked := make(chan struct{}, 64)
+			h.mu.Lock()
+			h.onPark = parked
+			h.mu.Unlock()
+			c := dial(t, srv.Path())
+			c.attach()
+			waitParked(t, parked, "after the handshake")
+			h.setHold()
+			call := Call{Desc: descInt32(2, ""), Data: make([]byte, 8)}
+			c.send(call.Encode(c.id()), -1)
+			waitParked(t, parked, "while its call was held")
+			h.release()
+			if f := c.read(); f.Type != TypeCallOK {
+				t.Fatalf("answer: %s %v", f.Type, c.errorOf(f))
+			}
+			select {
+			case <-parked:
+				if !tc.rearms {
+					t.Fatalf("the reader polled and parked again after an 8-byte answer with RearmMinBytes %d", tc.min)
+				}
+			case <-time.After(300 * time.Millisecond):
+				if tc.rearms {
+					t.Fatal("the reader stayed parked after the answer: RearmMinBytes 0 should have re-armed its poll")
+				}
+			}
+		})
+	}
+}

@@ -160,7 +160,7 @@ func (s *Session) writeLoop() {
 			err := s.conn.WriteFrame(r.out, -1)
 			// Through a long call the reader has stopped polling; the
 			// trainer's next call comes right after this answer.
-			rearm := r.Desc.Bytes() >= RearmMinBytes
+			rearm := r.Desc.Bytes() >= s.srv.cfg.RearmMinBytes
 			s.reuse(r)
 			if err != nil {
 				s.Close(err)

@@ -1,9 +1,12 @@
+// The configurations of the daemon's parts, derived from its Config.
+
 package daemon
 
 import (
 	"log/slog"
 	"time"
 
+	"github.com/collectived/collectived/ipc"
 	"github.com/collectived/collectived/rendezvous"
 	"github.com/collectived/collectived/ring"
 )
@@ -22,6 +25,29 @@ func (c Config) RendezvousConfig(log *slog.Logger) rendezvous.Config {
 	rc.HandshakeTimeout = c.HelloTimeout
 	rc.Logger = log
 	return rc
+}
+
+// ServerConfig is the trainers' socket's configuration for this node.
+func (c Config) ServerConfig(log *slog.Logger) ipc.ServerConfig {
+	sc := ipc.DefaultServerConfig()
+	sc.Path = c.SocketPath
+	sc.Mode = c.SocketMode
+	sc.AllowedUIDs = c.AllowedUIDs
+	sc.AllowedGIDs = c.AllowedGIDs
+	sc.HelloTimeout = c.HelloTimeout
+	sc.InlineLimit = c.InlineBytes
+	sc.MaxInFlight = c.MaxInFlight
+	sc.ShmQuota = c.ShmQuota
+	sc.MaxClients = c.MaxClients
+	sc.Spin = c.Spin
+	if c.LocalSize > 1 {
+		// A call waits for the node's other trainers as well as for the
+		// ring, and its reader parks through the wait: have it poll
+		// again after every answer (docs/TUNING.md, section 15).
+		sc.RearmMinBytes = 0
+	}
+	sc.Logger = log
+	return sc
 }
 
 // RingConfig is the ring engine's configuration for this node, proposing
