@@ -72,7 +72,7 @@ type Timeouts struct {
 type Ring struct {
 	Streams      int   // TCP streams per link
 	SegmentBytes int64 // pipeline segment: receive, reduce and send overlap at this grain
-	SmallBytes   int64 // buffers up to this size circulate whole once (0 disables)
+	SmallBytes   int64 // buffers up to this size (inclusive) circulate whole once (0: only those with fewer elements than ranks)
 	// Spin is how long the daemon polls a quiet socket (ring links and
 	// trainers' connections) before it sleeps: it saves small collectives
 	// a CPU wake-up per hop, which costs tens of microseconds on virtual
@@ -142,8 +142,11 @@ const (
 	// docs/BENCHMARKS.md, "Tuning").
 	DefaultStreams      = 2
 	DefaultSegmentBytes = 512 * KiB
-	DefaultSmallBytes   = 4096
-	DefaultSpin         = 200 * time.Microsecond
+	// Buffers up to 16 KiB circulate whole: their frames are the largest
+	// the op writes itself (ring/direct.go). 4 KiB to 16 KiB calls took
+	// half the time or less than on the ring (docs/TUNING.md, section 16).
+	DefaultSmallBytes = 16 * KiB
+	DefaultSpin       = 200 * time.Microsecond
 
 	DefaultInlineBytes   = 64 * KiB
 	DefaultShmQuotaBytes = 4 * GiB

@@ -14,7 +14,10 @@ import (
 // protocol version, so peers of different versions can still tell each
 // other which version they speak.
 const (
-	ProtocolVersion = 1
+	// ProtocolVersion 2: an allreduce of exactly ring.small_bytes takes
+	// the whole-buffer path (version 1 sent it round the ring), so peers
+	// of the two versions would not agree on its frames.
+	ProtocolVersion = 2
 
 	magic      = "CLVD"
 	headerLen  = 8

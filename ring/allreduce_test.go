@@ -82,14 +82,14 @@ func fold[T int32 | int64 | float32 | float64](op collective.ReduceOp, a, b T) T
 }
 
 // reference computes allreduce the way doc.go documents it, one element
-// at a time: below SmallBytes (or fewer elements than ranks) a left fold
+// at a time: up to SmallBytes (or fewer elements than ranks) a left fold
 // over ranks 0..N-1; otherwise element e lies in chunk c (count split in
 // N parts, the first count%N one longer) and is folded left starting at
 // rank c: ((x_c op x_c+1) op ...) op x_c-1.
 func reference(dt collective.DType, op collective.ReduceOp, ins [][]byte, count, smallBytes int) []byte {
 	n, es := len(ins), dt.Size()
 	out := make([]byte, count*es)
-	small := count*es < smallBytes || count < n
+	small := count*es <= smallBytes || count < n
 	base, rem := count/n, count%n
 	chunkOf := func(e int) int {
 		if e < rem*(base+1) {

@@ -17,8 +17,9 @@ type Config struct {
 	// SegmentBytes is the pipeline segment: the largest data frame payload
 	// and the size of each receive buffer. A multiple of 8.
 	SegmentBytes int
-	// SmallBytes is the allreduce size below which every rank's whole
-	// buffer circulates once instead of the reduce-scatter/allgather ring.
+	// SmallBytes is the largest allreduce whose every rank's whole buffer
+	// circulates once instead of going round the reduce-scatter/allgather
+	// ring (a buffer of exactly SmallBytes circulates whole).
 	SmallBytes int
 	// OpTimeout fails an op that makes no progress (no frame received, no
 	// frame sent) for this long.
@@ -70,7 +71,7 @@ func DefaultConfig() Config {
 		Rank:              0,
 		Size:              1,
 		SegmentBytes:      256 << 10,
-		SmallBytes:        4096,
+		SmallBytes:        16 << 10,
 		OpTimeout:         60 * time.Second,
 		HeartbeatInterval: time.Second,
 		HeartbeatTimeout:  10 * time.Second,

@@ -92,7 +92,7 @@
 // largest generation it knows and takes the maximum with what it
 // receives. All ranks end with the maximum proposal; seq restarts at 0.
 //
-// AllReduce, large (len >= SmallBytes and count >= N): reduce-scatter
+// AllReduce, large (len > SmallBytes and count >= N): reduce-scatter
 // then allgather, 2(N-1) steps. The count is cut into N chunks (the first
 // count%N one element longer) and every chunk into the same number of
 // segments (at most SegmentBytes each). In reduce-scatter step s, rank r

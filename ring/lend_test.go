@@ -232,8 +232,8 @@ func TestSmallIsTheRingsRule(t *testing.T) {
 	}{
 		{64, []tcase{
 			{ar(1, collective.Float32), true},
-			{ar(15, collective.Float32), true},  // 60 bytes
-			{ar(16, collective.Float32), false}, // 64 bytes: SmallBytes itself is large
+			{ar(16, collective.Float32), true},  // 64 bytes: SmallBytes itself is small
+			{ar(17, collective.Float32), false}, // 68 bytes
 			{ar(1<<20, collective.Float64), false},
 			{collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 1}, false},
 			{collective.Desc{Op: collective.OpBarrier}, false},

@@ -38,7 +38,7 @@ type Ring struct {
 	next, prev []*stream
 	all        []*stream
 	maxPayload int // bound of a data frame payload and size of each receive buffer
-	smallLimit int // allreduce below this many bytes takes the small path
+	smallLimit int // no allreduce on the small path is longer
 
 	// hungPeer is 1 + the rank found hung (0: none). Its streams are closed
 	// at once on failure: an abort frame cannot reach a peer that does not
