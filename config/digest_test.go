@@ -15,7 +15,7 @@ func digestBase() *Config {
 	c.Peers = []string{"10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"}
 	// Pinned, not the defaults: the golden digest below was computed for
 	// these values, and defaults may be retuned.
-	c.Ring.Streams, c.Ring.SegmentBytes = 1, 1*MiB
+	c.Ring.Streams, c.Ring.SegmentBytes, c.Ring.SmallBytes = 1, 1*MiB, 4096
 	return &c
 }
 

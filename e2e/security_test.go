@@ -36,6 +36,7 @@ import (
 // checks the documented layout.
 const (
 	rvHeaderLen   = 8
+	rvVersion     = 2 // rendezvous.ProtocolVersion
 	rvHello       = 1
 	rvAuth        = 2
 	rvStatus      = 3
@@ -197,7 +198,7 @@ func (c *cluster) validHello(rank int) rvHelloMsg {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	h := rvHelloMsg{version: 1, rank: uint32(rank), world: uint32(c.nodes), streams: uint16(cfg.Ring.Streams), digest: cfg.ShapeDigest(), job: "e2e"}
+	h := rvHelloMsg{version: rvVersion, rank: uint32(rank), world: uint32(c.nodes), streams: uint16(cfg.Ring.Streams), digest: cfg.ShapeDigest(), job: "e2e"}
 	rand.Read(h.nonce[:])
 	return h
 }
@@ -299,11 +300,11 @@ func TestRingPortStrangersDuringAllReduce(t *testing.T) {
 		logged string
 	}{
 		{"garbage", []byte("GET / HTTP/1.1\r\nHost: collectived\r\n\r\n"), -1, "", "bad magic"},
-		{"over-long length", rvFrame(1, rvHello, nil)[:6], -1, "", "hello frame of 65535 bytes exceeds limit 512"},
+		{"over-long length", rvFrame(rvVersion, rvHello, nil)[:6], -1, "", "hello frame of 65535 bytes exceeds limit 512"},
 		{"ring frame before any handshake", ringHeaderClaiming(hugeLength), -1, "", "bad magic"},
 		{"other byte order", bad(func(h *rvHelloMsg) { h.swapBOM = true }), rvCodeByteOrder, "other byte order", "other byte order"},
-		{"other version", bad(func(h *rvHelloMsg) { h.version = 9 }), rvCodeVersion, "peer 9, ours 1", "other protocol version: peer 9, ours 1"},
-		{"truncated hello", rvFrame(1, rvHello, make([]byte, 40)), rvCodeMalformed, "hello of 40 bytes", "malformed handshake: hello of 40 bytes"},
+		{"other version", bad(func(h *rvHelloMsg) { h.version = 9 }), rvCodeVersion, "peer 9, ours 2", "other protocol version: peer 9, ours 2"},
+		{"truncated hello", rvFrame(rvVersion, rvHello, make([]byte, 40)), rvCodeMalformed, "hello of 40 bytes", "malformed handshake: hello of 40 bytes"},
 		{"other job", bad(func(h *rvHelloMsg) { h.job = "stranger" }), rvCodeJob, "stranger", `other job: peer \"stranger\", ours \"e2e\"`},
 		{"other world size", bad(func(h *rvHelloMsg) { h.world = 5 }), rvCodeWorld, "peer 5, ours 2", "other world size: peer 5, ours 2"},
 		{"other shape digest", bad(func(h *rvHelloMsg) { h.digest[0] ^= 0xff }), rvCodeDigest, "other job shape digest", "other job shape digest"},
@@ -406,12 +407,12 @@ func TestRingWrongTokenWhileForming(t *testing.T) {
 	if !hmac.Equal(mac, proof(c.token, rvListenLabel, hd, hl)) {
 		t.Fatalf("node 1's proof is not HMAC-SHA256(token, listener label | our hello | its hello) as documented")
 	}
-	conn.Write(rvFrame(1, rvAuth, proof("another job's token, 32 bytes..", rvDialerLabel, hd, hl)))
+	conn.Write(rvFrame(rvVersion, rvAuth, proof("another job's token, 32 bytes..", rvDialerLabel, hd, hl)))
 	expectStatus(t, conn, rvCodeAuth, "proof does not match")
 	c.expectLogged(1, conn.LocalAddr().String(), "authentication failed")
 
 	conn, _, _, mac = handshake()
-	conn.Write(rvFrame(1, rvAuth, mac)) // node 1's own proof, reflected
+	conn.Write(rvFrame(rvVersion, rvAuth, mac)) // node 1's own proof, reflected
 	expectStatus(t, conn, rvCodeAuth, "proof does not match")
 	c.expectLogged(1, conn.LocalAddr().String(), "authentication failed")
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -177,7 +178,7 @@ func TestRejectOtherVersion(t *testing.T) {
 	}
 	defer c.Close()
 	c.Write(frame)
-	tg.expect(t, readStatus(t, c), ErrVersion, "peer 3, ours 1")
+	tg.expect(t, readStatus(t, c), ErrVersion, fmt.Sprintf("peer 3, ours %d", ProtocolVersion))
 }
 
 // The dialer names a listener of another version, whatever it says next.
@@ -201,7 +202,7 @@ func TestRejectOtherVersionAtDialer(t *testing.T) {
 	}()
 	p := craft(t, []string{"127.0.0.1:1", ln.Addr().String()}, 0)
 	_, err = dialCrafted(ln.Addr().String(), p)
-	wantErr(t, "dialer", err, ErrVersion, "peer 3, ours 1")
+	wantErr(t, "dialer", err, ErrVersion, fmt.Sprintf("peer 3, ours %d", ProtocolVersion))
 }
 
 func TestRejectGarbage(t *testing.T) {
