@@ -144,6 +144,17 @@ class TargetsTest(unittest.TestCase):
                               ring_us=MIB64 / 1e3 / 1.1, rss_mib=31, serving=2.01))
         self.assertEqual(set(v.values()), {"FAIL"}, v)
 
+    def test_sidecar_interval(self):
+        pair = lambda c, r: {"collectived_us": c, "ring_only_us": r}
+        # Pairs that all say +10% leave nothing for resampling to move.
+        res = {"sidecar": {"pairs": [pair(110.0, 100.0), pair(220.0, 200.0), pair(55.0, 50.0)]}}
+        lo, hi = report.sidecar_interval(res)
+        self.assertAlmostEqual(lo, 10.0, places=6)
+        self.assertAlmostEqual(hi, 10.0, places=6)
+        # One pair is no spread to resample; no pairs, no figure.
+        self.assertIsNone(report.sidecar_interval({"sidecar": {"pairs": [pair(110.0, 100.0)]}}))
+        self.assertIsNone(report.sidecar_interval({}))
+
     def test_sidecar_overhead_is_percent_over_ring_only(self):
         res = fake_res(cvd2=1.0)
         c2 = res["rows"][0]["median_us"]
@@ -192,6 +203,12 @@ class TargetsTest(unittest.TestCase):
         over = report.paired_overheads(res)
         self.assertEqual([round(o, 1) for o in over], [0.0, 1.0, 188.5, 4.0, 120.0])
         self.assertIn("the median of the pairs' own overheads is +4.0%, and they range from +0.0% to +188.5%", md)
+        lo, hi = report.sidecar_interval(res)
+        self.assertLessEqual(lo, 3.0)
+        self.assertGreaterEqual(hi, 3.0)
+        self.assertLess(lo, hi)  # the pairs differ, so resampling moves the figure
+        self.assertEqual(report.sidecar_interval(res), (lo, hi))  # fixed seed: the same report twice
+        self.assertIn(f"moves the figure between {lo:+.1f}% and {hi:+.1f}% (the central 95%)", md)
         # A sixth pair: even counts take the middle two, (103 + 110) / 2 over
         # (99 + 100) / 2, +7.0%.
         res["per_round"][2]["sidecar_pairs"] = [sidecar_pair(200.0, 90.0, "collectived")]
