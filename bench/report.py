@@ -433,6 +433,7 @@ GAINS = [
     "| 14. AVX2 reduce kernels (one 512 KiB float32 fold: 10.8 → 44.5 GB/s) | 64 MiB, ring engines alone 31.8 / 29.5 ms, daemon 33.0 / 33.9 ms (two sets); 16 MiB 7.23 / 5.93 ms; 4 MiB daemon 1.93 ms | 28.7 / 30.6 ms, 31.4 / 28.8 ms; 4.69 / 5.84 ms; 1.69 ms |",
     "| 15. nodes with several trainers re-arm the session's poll after every answer (world 2 x 2) | 4 B 292 µs, 4 KiB 378, 64 KiB 455, 1 MiB 897 | 65 µs, 208, 210, 689 |",
     "| 16. buffers up to 16 KiB circulate whole (`ring.small_bytes` 4096 → 16KiB, inclusive) | 4 KiB 40 µs, 16 KiB 56 µs; 2 x 2 16 KiB 102 µs | 23 µs, 24 µs; 76 µs |",
+    "| 17. the op writes frames up to 64 KiB itself (writev), and buffers up to 64 KiB circulate whole | 32 KiB 64.9 µs, 64 KiB 115.0 µs | 33.6 µs, 57.4 µs |",
     "",
 ]
 

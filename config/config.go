@@ -142,10 +142,11 @@ const (
 	// docs/BENCHMARKS.md, "Tuning").
 	DefaultStreams      = 2
 	DefaultSegmentBytes = 512 * KiB
-	// Buffers up to 16 KiB circulate whole: their frames are the largest
-	// the op writes itself (ring/direct.go). 4 KiB to 16 KiB calls took
-	// half the time or less than on the ring (docs/TUNING.md, section 16).
-	DefaultSmallBytes = 16 * KiB
+	// Buffers up to 64 KiB circulate whole: their frames are the largest
+	// the op writes itself (ring/direct.go). On 2 nodes 4-64 KiB calls
+	// took half the time or less than on the ring (docs/TUNING.md,
+	// sections 16 and 17).
+	DefaultSmallBytes = 64 * KiB
 	DefaultSpin       = 200 * time.Microsecond
 
 	DefaultInlineBytes   = 64 * KiB

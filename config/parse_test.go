@@ -45,7 +45,7 @@ func TestDefaults(t *testing.T) {
 		{"heartbeat_timeout", d.Timeouts.HeartbeatTimeout, 10 * time.Second},
 		{"streams", d.Ring.Streams, 2},
 		{"segment", d.Ring.SegmentBytes, int64(512 << 10)},
-		{"small", d.Ring.SmallBytes, int64(16 << 10)},
+		{"small", d.Ring.SmallBytes, int64(64 << 10)},
 		{"inline", d.Limits.InlineBytes, int64(64 << 10)},
 		{"shm quota", d.Limits.ShmQuotaBytes, int64(4 << 30)},
 		{"max_in_flight", d.Limits.MaxInFlight, 64},

@@ -61,7 +61,7 @@ func DefaultConfig() Config {
 		SocketMode:        0o660,
 		Streams:           2,
 		SegmentBytes:      512 << 10,
-		SmallBytes:        16 << 10,
+		SmallBytes:        64 << 10,
 		ConnectTimeout:    60 * time.Second,
 		CollectiveTimeout: 300 * time.Second,
 		FirstCallTimeout:  10 * time.Minute,

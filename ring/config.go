@@ -71,7 +71,7 @@ func DefaultConfig() Config {
 		Rank:              0,
 		Size:              1,
 		SegmentBytes:      256 << 10,
-		SmallBytes:        16 << 10,
+		SmallBytes:        64 << 10,
 		OpTimeout:         60 * time.Second,
 		HeartbeatInterval: time.Second,
 		HeartbeatTimeout:  10 * time.Second,

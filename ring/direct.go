@@ -3,21 +3,26 @@ package ring
 import (
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // directBytes is the largest payload the op goroutine writes itself (see
-// trySendDirect).
-const directBytes = coalesceBytes
+// trySendDirect): every frame of a small op, and the segments of
+// mid-size ops, whose hand-off to the writer goroutine cost more than
+// their write.
+const directBytes = 64 << 10
 
-// trySendDirect writes a small frame from the op goroutine itself, when
-// nothing of this op is queued on the stream and its write lock is free.
-// Handing the frame to the writer goroutine costs every step of a small
-// op a goroutine wake-up, and, while a P is idle, an OS thread's. It
-// reports false, having written nothing, when the frame must be queued
-// instead: the lock is held (a heartbeat), the socket is full, or the
-// stream is not a plain socket.
+// trySendDirect writes a frame from the op goroutine itself, when nothing
+// of this op is queued on the stream and its write lock is free. Handing
+// the frame to the writer goroutine costs every step of a small op a
+// goroutine wake-up, and, while a P is idle, an OS thread's. It reports
+// false, having written nothing, when the frame must be queued instead:
+// the lock is held (a heartbeat), the socket is full, or the stream is
+// not a plain socket. A payload up to coalesceBytes is copied behind the
+// header and written with write(2); a longer one goes out with the header
+// in one writev(2), from where it is.
 func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error) {
 	if s.rc == nil {
 		return false, nil
@@ -30,13 +35,18 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 	defer func() { <-s.wsem }()
 	// wbuf is the writer goroutine's, but only under wsem, which we hold.
 	h.encode(s.wbuf[:headerLen])
-	n := copy(s.wbuf[headerLen:], payload)
-	s.direct = s.wbuf[:headerLen+n]
+	if len(payload) <= coalesceBytes {
+		n := copy(s.wbuf[headerLen:], payload)
+		s.direct, s.directPay = s.wbuf[:headerLen+n], nil
+	} else {
+		s.direct, s.directPay = s.wbuf[:headerLen], payload
+	}
 	s.directOff, s.directErr, s.directFull = 0, nil, false
 	if rerr := s.rc.Write(s.directFn); rerr != nil && s.directErr == nil {
 		s.directErr = rerr
 	}
-	s.direct = nil
+	s.direct, s.directPay = nil, nil
+	s.iov = [2]unix.Iovec{} // keep no pointer into the caller's buffer
 	if s.directFull {
 		return false, nil
 	}
@@ -51,8 +61,9 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 // writeDirect is the RawConn.Write callback of trySendDirect; false means
 // "wait until writable", which it asks only to finish a frame begun.
 func (s *stream) writeDirect(fd uintptr) bool {
-	for s.directOff < len(s.direct) {
-		n, err := unix.Write(int(fd), s.direct[s.directOff:])
+	total := len(s.direct) + len(s.directPay)
+	for s.directOff < total {
+		n, err := s.writeSome(fd)
 		switch err {
 		case nil:
 			s.directOff += n
@@ -69,6 +80,30 @@ func (s *stream) writeDirect(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// writeSome writes what is left of the frame from directOff: the rest of
+// the header (or coalesced frame), then the payload, in one system call.
+func (s *stream) writeSome(fd uintptr) (int, error) {
+	if len(s.directPay) == 0 {
+		return unix.Write(int(fd), s.direct[s.directOff:])
+	}
+	n := 0
+	if s.directOff < len(s.direct) {
+		rest := s.direct[s.directOff:]
+		s.iov[n].Base = &rest[0]
+		s.iov[n].SetLen(len(rest))
+		n++
+	}
+	pay := s.directPay[max(0, s.directOff-len(s.direct)):]
+	s.iov[n].Base = &pay[0]
+	s.iov[n].SetLen(len(pay))
+	n++
+	w, _, errno := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(n))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(w), nil
 }
 
 // rawConn is c's syscall.RawConn, nil when c has none.

@@ -179,6 +179,7 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 			return err
 		}
 		if sent {
+			r.sentDirect++
 			r.completed[i]++
 			r.sendCount++
 			return nil

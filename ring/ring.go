@@ -66,6 +66,7 @@ type Ring struct {
 	pl          placement // the allreduce under way, while it places (inplace.go)
 	placed      int       // places the readers hold or will fill
 	inPlace     uint64    // frames received in place, ever (tests read it)
+	sentDirect  uint64    // frames the op goroutine wrote itself, ever (tests read it)
 	done        chan txDone
 	timer       *time.Timer
 	scratch     []byte

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/collectived/collectived/collective"
 )
 
@@ -75,7 +77,9 @@ type stream struct {
 	// toNext: frames the op goroutine writes itself (direct.go), with
 	// the state of the RawConn.Write callback. Owned by the op goroutine.
 	rc         syscall.RawConn
-	direct     []byte
+	direct     []byte // the header, or header and coalesced payload
+	directPay  []byte // a longer payload, written from the caller's buffer
+	iov        [2]unix.Iovec
 	directOff  int
 	directErr  error
 	directFull bool
