@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func TestAllGatherLandsInPlace(t *testing.T) {
 // never reaches the buffer.
 func TestFailedOpLeavesNoPlace(t *testing.T) {
 	const seg = 4096
-	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) { c.SegmentBytes = seg })
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) { c.SegmentBytes, c.SmallBytes = seg, seg })
 	fake := newFakeRank(links[1], 1, 2)
 	go fake.start(11)
 	defer fake.closeAll()
@@ -138,7 +139,7 @@ func TestFailedOpLeavesNoPlace(t *testing.T) {
 // lengths; it is not written past its place in the caller's buffer.
 func TestPlacedFrameTooLong(t *testing.T) {
 	const seg, segLen = 4096, 4000 // 8 segments of 1000 float32 per chunk
-	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) { c.SegmentBytes = seg })
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) { c.SegmentBytes, c.SmallBytes = seg, seg })
 	fake := newFakeRank(links[1], 1, 2)
 	go fake.start(11)
 	defer fake.closeAll()
@@ -162,5 +163,34 @@ func TestPlacedFrameTooLong(t *testing.T) {
 	expectAll(t, rings, errs, ErrBadFrame, "data frame of 4096 bytes where a segment of 4000 was due")
 	if tail := buf[d.Bytes():]; !bytes.Equal(tail, make([]byte, seg)) {
 		t.Fatal("bytes past the op's buffer were written")
+	}
+}
+
+// TestWrongLengthFrameWhileMoreArrive: a data frame of the wrong length is
+// a bad frame naming both lengths, even while the frames behind it keep
+// arriving. The op gives the frame's buffer back to its reader before it
+// fails the ring, and the reader at once reads the next frame into it:
+// the length in the message must be taken first (-race flagged the read
+// of a length the reader was rewriting).
+func TestWrongLengthFrameWhileMoreArrive(t *testing.T) {
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) { c.SmallBytes = 64 << 10 })
+	fake := newFakeRank(links[1], 1, 2)
+	go fake.start(11)
+	defer fake.closeAll()
+	startAll(t, rings)
+	const count = 16 << 10 // 64 KiB of float32: the small path, one whole frame
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: count}
+	var stream []byte
+	for i := 0; i < rxBuffers+2; i++ { // a short frame, then more than the reader has buffers for
+		h := header{Kind: kindData, Sender: 1, Generation: 11, Step: 0, Length: 4096}
+		h.setDesc(&d, d.Fingerprint())
+		b := make([]byte, headerLen+4096)
+		h.encode(b)
+		stream = append(stream, b...)
+	}
+	fake.writeNext(stream)
+	err := rings[0].AllReduce(d, make([]byte, d.Bytes()))
+	if !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), "segment of 4096 bytes at step 0, want 65536") {
+		t.Fatalf("got %v, want a bad frame of 4096 bytes where 65536 were due", err)
 	}
 }

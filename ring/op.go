@@ -258,12 +258,15 @@ func (r *Ring) checkFrame(s *stream, kind frameKind, h *header) error {
 // expectLen checks a data frame's payload length against what the
 // algorithm computed for this segment.
 func (r *Ring) expectLen(b *rxBuf, n int) error {
-	if len(b.data) == n {
+	got := len(b.data)
+	if got == n {
 		return nil
 	}
+	// Released, b is the reader's again, and it may be reading the next
+	// frame into it already: take its length first.
 	r.release(b)
 	s := r.prev[(r.recvCount-1)%r.nstreams]
-	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes and small_bytes must be the same on every rank)", len(b.data), r.step, n))
+	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes and small_bytes must be the same on every rank)", got, r.step, n))
 }
 
 // waitSent waits until the g-th frame queued in this op has been written,
