@@ -166,12 +166,15 @@ const (
 	MaxStreams      = 16
 	MinSegmentBytes = 4 * KiB
 	MaxSegmentBytes = 64 * MiB
-	MaxSmallBytes   = 1 * MiB // the ring engine's bound for the whole-buffer path
-	MaxSpin         = 10 * time.Millisecond
-	MaxInlineBytes  = 1 * MiB
-	MaxInFlightCap  = 65536
-	MaxClientsCap   = 65536
-	MaxTimeout      = 24 * time.Hour
+	// MaxSmallBytes: whole-buffer frames beyond what the ring's op writes
+	// itself (64 KiB) measured several times slower (docs/TUNING.md,
+	// section 17), so a larger setting is refused rather than obeyed.
+	MaxSmallBytes  = 64 * KiB
+	MaxSpin        = 10 * time.Millisecond
+	MaxInlineBytes = 1 * MiB
+	MaxInFlightCap = 65536
+	MaxClientsCap  = 65536
+	MaxTimeout     = 24 * time.Hour
 	// MaxSocketPath is what fits in sockaddr_un.sun_path with its NUL.
 	MaxSocketPath = 107
 	// MinTokenBytes is the shortest token accepted: HMAC keys shorter than

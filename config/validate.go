@@ -278,7 +278,7 @@ func (v *checker) ring() {
 		v.failf("ring.segment_bytes", "%d is not a multiple of 8; a segment must never split an element", r.SegmentBytes)
 	}
 	if r.SmallBytes < 0 || r.SmallBytes > MaxSmallBytes {
-		v.failf("ring.small_bytes", "%s is out of range: 0 to %s", FormatSize(r.SmallBytes), FormatSize(MaxSmallBytes))
+		v.failf("ring.small_bytes", "%s is out of range: 0 to %s (larger buffers circulating whole measured several times slower than the ring; docs/TUNING.md, section 17)", FormatSize(r.SmallBytes), FormatSize(MaxSmallBytes))
 	}
 	if r.Spin < 0 || r.Spin > MaxSpin {
 		v.failf("ring.spin", "%v is out of range: 0 (never poll) to %v", r.Spin, MaxSpin)
