@@ -244,7 +244,7 @@ func (c *cluster) startAll() {
 		c.startOnly(i)
 	}
 	for i := 0; i < c.nodes; i++ {
-		c.waitUp(i, 0, 30*time.Second)
+		c.fleet().waitUp(i, 0, 30*time.Second)
 	}
 }
 
@@ -380,24 +380,9 @@ func clusterStatus(socket string) (nodeStatus, error) {
 	return st, json.Unmarshal(raw, &st)
 }
 
-// waitUp waits until daemon i's ring is up in a generation >= minGen and
-// returns its status.
-func (c *cluster) waitUp(i int, minGen uint32, d time.Duration) nodeStatus {
-	c.t.Helper()
-	return c.fleet().waitUp(i, minGen, d)
-}
-
+// fleet is the cluster's daemons seen through their sockets: waitUp,
+// baselines and checkBaselines (baseline_test.go), as for a world.
 func (c *cluster) fleet() fleet { return fleet{t: c.t, sockets: c.sockets, log: c.log} }
-
-func (c *cluster) baselines(nodes ...int) []baseline {
-	c.t.Helper()
-	return c.fleet().baselines(nodes...)
-}
-
-func (c *cluster) checkBaselines(bs []baseline, d time.Duration) {
-	c.t.Helper()
-	c.fleet().checkBaselines(bs, d)
-}
 
 // nodeStatus is the part of the daemon's STATUS_OK document (daemon.Status)
 // these tests read; decoding only it keeps them independent of the rest.

@@ -109,7 +109,7 @@ func TestNetnsPartition(t *testing.T) {
 func runDaemonFault(t *testing.T, f daemonFault) {
 	c := newNetCluster(t, netNodes, netLocal)
 	c.startAll()
-	bs := c.baselines()
+	bs := c.fleet().baselines()
 	// Every trainer loops on 1 MiB allreduces; after the fault each goes
 	// on until 3 calls in a row succeed in the re-formed ring.
 	loopArgs := []string{"-mode", "loop", "-count", loopCount, "-until-ok", "3", "-need-fail", "-max-fails", "4"}
@@ -170,7 +170,7 @@ func runDaemonFault(t *testing.T, f daemonFault) {
 	if f.restarted {
 		// The dead daemon's trainers lost their connection; new ones
 		// take their places and join the re-formed ring's first call.
-		c.waitUp(f.victim, preGen+1, 30*time.Second)
+		c.fleet().waitUp(f.victim, preGen+1, 30*time.Second)
 		for l := 0; l < netLocal; l++ {
 			trs = append(trs, c.startFT(f.victim, "-mode", "loop", "-count", loopCount, "-until-ok", "3", "-max-fails", "3"))
 		}
@@ -201,7 +201,7 @@ func runDaemonFault(t *testing.T, f daemonFault) {
 			keep = append(keep, b)
 		}
 	}
-	c.checkBaselines(keep, 20*time.Second)
+	c.fleet().checkBaselines(keep, 20*time.Second)
 }
 
 func containsAny(s string, subs []string) bool {
@@ -222,7 +222,7 @@ func containsAny(s string, subs []string) bool {
 func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 	c := newNetCluster(t, netNodes, netLocal)
 	c.startAll()
-	bs := c.baselines()
+	bs := c.fleet().baselines()
 	const node, segs = 1, 3
 	loopArgs := []string{"-mode", "loop", "-count", "1024", "-until-ok", "2", "-need-fail", "-max-fails", "3"}
 	var trs []*ftProc
@@ -293,5 +293,5 @@ func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 			t.Fatalf("trainer %d on node %d did not recover: %+v", i, p.node, evs)
 		}
 	}
-	c.checkBaselines(bs, 20*time.Second)
+	c.fleet().checkBaselines(bs, 20*time.Second)
 }

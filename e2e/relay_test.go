@@ -312,7 +312,7 @@ func TestNetnsDelayLoss(t *testing.T) {
 		c.iptables(e.at, "-A", "INPUT", "-p", "tcp", "-s", c.nodeIP(e.peer), "-m", "statistic", "--mode", "random", "--probability", "0.01", "-j", "DROP")
 	}
 	c.startAll()
-	bs := c.baselines()
+	bs := c.fleet().baselines()
 	trs := make([]*trainer, 0, netNodes*netLocal)
 	for n := 0; n < netNodes; n++ {
 		for l := 0; l < netLocal; l++ {
@@ -346,7 +346,7 @@ func TestNetnsDelayLoss(t *testing.T) {
 	if rate := float64(dropped) / float64(seen); rate < 0.004 || rate > 0.02 {
 		t.Errorf("%d of %d packets dropped (%.2f%%), want about 1%%: the loss rule did not act as configured", dropped, seen, 100*rate)
 	}
-	c.checkBaselines(bs, 20*time.Second)
+	c.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // inputCounters reads the packet counters of the counting rule and the

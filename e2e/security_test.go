@@ -283,7 +283,7 @@ func (c *cluster) stopLoop(trs []*ftProc, stopFile string, since time.Time) {
 func TestRingPortStrangersDuringAllReduce(t *testing.T) {
 	c := newLoopCluster(t, 2, 1)
 	c.startAll()
-	bs := c.baselines()
+	bs := c.fleet().baselines()
 	trs, stopFile := c.loopUntilStopped(loopCount)
 	port := c.addrs[1]
 	bad := func(mut func(*rvHelloMsg)) []byte {
@@ -355,7 +355,7 @@ func TestRingPortStrangersDuringAllReduce(t *testing.T) {
 		expectStatus(t, conn, rvCodeWorld, "peer 7")
 	})
 	c.stopLoop(trs, stopFile, time.Now())
-	c.checkBaselines(bs, 20*time.Second)
+	c.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // TestRingWrongTokenWhileForming: a handshake is only authenticated while
@@ -417,8 +417,8 @@ func TestRingWrongTokenWhileForming(t *testing.T) {
 	c.expectLogged(1, conn.LocalAddr().String(), "authentication failed")
 
 	c.startOnly(0)
-	c.waitUp(0, 0, 30*time.Second)
-	c.waitUp(1, 0, 30*time.Second)
+	c.fleet().waitUp(0, 0, 30*time.Second)
+	c.fleet().waitUp(1, 0, 30*time.Second)
 	trs := []*ftProc{c.startFT(0, "-mode", "loop", "-until-ok", "3", "-max-fails", "1"), c.startFT(1, "-mode", "loop", "-until-ok", "3", "-max-fails", "1")}
 	for i, p := range trs {
 		evs, err := p.wait(60 * time.Second)
@@ -442,7 +442,7 @@ func TestRingFrameClaimingGiB(t *testing.T) {
 	rl := startRelay(t, relayOpts{listen: "127.0.0.1:0", target: c.listen[1]})
 	c.addrs[1] = rl.addr()
 	c.startAll()
-	bs := c.baselines()
+	bs := c.fleet().baselines()
 	var trs []*ftProc
 	for n := 0; n < 2; n++ {
 		trs = append(trs, c.startFT(n, "-mode", "loop", "-count", loopCount, "-until-ok", "3", "-need-fail", "-max-fails", "3"))
@@ -481,7 +481,7 @@ func TestRingFrameClaimingGiB(t *testing.T) {
 	expectStatus(t, conn, rvCodeReplay, "seen before")
 	c.expectLogged(1, conn.LocalAddr().String(), "replayed handshake")
 	// rssSlack is far below the 3 GiB claimed.
-	c.checkBaselines(bs, 20*time.Second)
+	c.fleet().checkBaselines(bs, 20*time.Second)
 }
 
 // TestUnixSocketAbuse: on the Unix socket, /dev/zero offered as a
@@ -493,7 +493,7 @@ func TestRingFrameClaimingGiB(t *testing.T) {
 func TestUnixSocketAbuse(t *testing.T) {
 	c := newLoopCluster(t, 1, 2)
 	c.startAll()
-	bs := c.baselines()
+	bs := c.fleet().baselines()
 	sock := c.sockets[0]
 
 	r := dialRaw(t, sock)
@@ -545,7 +545,7 @@ func TestUnixSocketAbuse(t *testing.T) {
 	}
 	t.Logf("20 silent connections closed %v after they opened", time.Since(start).Round(10*time.Millisecond))
 
-	c.checkBaselines(bs, 20*time.Second)
+	c.fleet().checkBaselines(bs, 20*time.Second)
 	for _, p := range []*ftProc{c.startFT(0, "-mode", "loop", "-until-ok", "2", "-max-fails", "1"), c.startFT(0, "-mode", "loop", "-until-ok", "2", "-max-fails", "1")} {
 		if evs, err := p.wait(30 * time.Second); err != nil || len(evs) != 2 || !evs[1].OK {
 			t.Fatalf("trainer after the abuse: %v %+v", err, evs)
