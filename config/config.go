@@ -167,8 +167,9 @@ const (
 	MinSegmentBytes = 4 * KiB
 	MaxSegmentBytes = 64 * MiB
 	// MaxSmallBytes: whole-buffer frames beyond what the ring's op writes
-	// itself (64 KiB) measured several times slower (docs/TUNING.md,
-	// section 17), so a larger setting is refused rather than obeyed.
+	// itself (64 KiB, the ring's own bound) measured several times slower
+	// (docs/TUNING.md, section 17), so a larger setting is refused here,
+	// with the reason, rather than by the ring when the daemon starts.
 	MaxSmallBytes  = 64 * KiB
 	MaxSpin        = 10 * time.Millisecond
 	MaxInlineBytes = 1 * MiB

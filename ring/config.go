@@ -55,7 +55,10 @@ type Config struct {
 const (
 	minSegmentBytes = 64
 	maxSegmentBytes = 64 << 20
-	maxSmallBytes   = 1 << 20
+	// A whole-buffer frame longer than the op writes itself went through
+	// the writer goroutine and measured several times slower than the
+	// ring (docs/TUNING.md, section 17).
+	maxSmallBytes = directBytes
 )
 
 // StripeSegments is the stripe threshold collectived derives from the

@@ -20,6 +20,7 @@ func TestConfigVerify(t *testing.T) {
 		"segment_bytes 134217728": func(c *Config) { c.SegmentBytes = 128 << 20 },
 		"small_bytes -1":          func(c *Config) { c.SmallBytes = -1 },
 		"small_bytes 2097152":     func(c *Config) { c.SmallBytes = 2 << 20 },
+		"small_bytes 65544":       func(c *Config) { c.SmallBytes = directBytes + 8 },
 		"op_timeout 0s":           func(c *Config) { c.OpTimeout = 0 },
 		"heartbeat_interval 0s":   func(c *Config) { c.HeartbeatInterval = 0 },
 		"heartbeat_timeout 1s":    func(c *Config) { c.HeartbeatTimeout = time.Second },

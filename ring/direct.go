@@ -45,8 +45,10 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 	if rerr := s.rc.Write(s.directFn); rerr != nil && s.directErr == nil {
 		s.directErr = rerr
 	}
+	if s.directPay != nil {
+		s.iov = [2]unix.Iovec{} // keep no pointer into the caller's buffer
+	}
 	s.direct, s.directPay = nil, nil
-	s.iov = [2]unix.Iovec{} // keep no pointer into the caller's buffer
 	if s.directFull {
 		return false, nil
 	}

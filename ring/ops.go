@@ -136,7 +136,8 @@ func (r *Ring) Small(d collective.Desc) bool {
 }
 
 // isSmall tells whether an allreduce of n bytes of es-byte elements takes
-// the small path: up to SmallBytes, or fewer elements than ranks (every rank's whole buffer circulates once).
+// the small path (every rank's whole buffer circulates once): up to
+// SmallBytes, or fewer elements than ranks.
 func (r *Ring) isSmall(n, es int) bool { return n <= r.cfg.SmallBytes || n/es < r.size }
 
 func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bool, stop func() error) error {
