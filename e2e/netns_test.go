@@ -224,7 +224,9 @@ func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 	c.startAll()
 	bs := c.fleet().baselines()
 	const node, segs = 1, 3
-	loopArgs := []string{"-mode", "loop", "-count", "1024", "-until-ok", "2", "-need-fail", "-max-fails", "3"}
+	// 512 float32s (2 KiB) go inline: the others hold no segment of their
+	// own, so the daemon's memfds are the holder's alone.
+	loopArgs := []string{"-mode", "loop", "-count", "512", "-until-ok", "2", "-need-fail", "-max-fails", "3"}
 	var trs []*ftProc
 	for n := 0; n < netNodes; n++ {
 		locals := netLocal
@@ -235,7 +237,7 @@ func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 			trs = append(trs, c.startFT(n, loopArgs...))
 		}
 	}
-	holder := c.startFT(node, "-mode", "hold", "-segments", fmt.Sprint(segs), "-segment-bytes", fmt.Sprint(1<<20), "-count", "1024", "-hold-calls", "1")
+	holder := c.startFT(node, "-mode", "hold", "-segments", fmt.Sprint(segs), "-segment-bytes", fmt.Sprint(1<<20), "-count", "512", "-hold-calls", "1")
 	var held ftEvent
 	waitFor(t, 60*time.Second, "the holder to hold its segments", func() bool {
 		for _, e := range holder.events() {
@@ -283,7 +285,7 @@ func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 		}
 		return attached == netLocal-1
 	})
-	trs = append(trs, c.startFT(node, "-mode", "loop", "-count", "1024", "-until-ok", "2", "-max-fails", "2"))
+	trs = append(trs, c.startFT(node, "-mode", "loop", "-count", "512", "-until-ok", "2", "-max-fails", "2"))
 	for i, p := range trs {
 		evs, err := p.wait(60 * time.Second)
 		if err != nil {

@@ -10,8 +10,8 @@ import (
 
 // Start sends one collective call on buf (len(buf) == d.Bytes()) and
 // returns at once. The result lands in buf; buf must not be touched until
-// Wait returns. buf may be plain memory (inline when it fits, else copied
-// through a scratch segment) or lie inside a Segment (zero copy).
+// Wait returns. buf may be plain memory (inline up to InlineMax, else
+// copied through a scratch segment) or lie inside a Segment (zero copy).
 func (c *Client) Start(d collective.Desc, buf []byte) (*Handle, error) {
 	return c.start(&Handle{done: make(chan struct{}, 1)}, d, buf)
 }
@@ -29,7 +29,7 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 		call.SHM, call.Segment, call.Offset = true, seg.id, off
 		return c.sendWith(h, call.Append, nil)
 	}
-	if len(buf) <= c.InlineLimit() {
+	if len(buf) <= c.inlineMax {
 		call.Data = buf
 		return c.sendWith(h, call.Append, buf)
 	}
@@ -37,19 +37,19 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	if err != nil {
 		return nil, err
 	}
+	if s == nil {
+		// Every small-call scratch segment is in use (calls in flight):
+		// this one goes inline rather than making another.
+		call.Data = buf
+		return c.sendWith(h, call.Append, buf)
+	}
 	copy(s.mem, buf)
 	call.SHM, call.Segment = true, s.id
+	h.scratch, h.copyBack = s, buf
 	h, err = c.sendWith(h, call.Append, nil)
 	if err != nil {
 		c.putScratch(s)
 		return nil, err
-	}
-	h.finish = func(err error) error {
-		if err == nil {
-			copy(buf, s.mem[:len(buf)])
-		}
-		c.putScratch(s)
-		return err
 	}
 	return h, nil
 }

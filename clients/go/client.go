@@ -40,10 +40,22 @@ type Options struct {
 	// ipc.PollMaxBytes never poll (their polling would only take CPU from
 	// the daemons). 0 means DefaultSpin; a negative value never polls.
 	Spin time.Duration
+	// InlineMax is the largest call on plain memory (not in a Segment)
+	// whose data travels inside the request and its answer; a larger one
+	// is copied through a scratch segment of shared memory. Never more
+	// than the daemon's limit (InlineLimit). 0 means DefaultInlineMax; a
+	// negative value copies every call through shared memory.
+	InlineMax int
 }
 
 // DefaultSpin is the client's default Options.Spin.
 const DefaultSpin = 200 * time.Microsecond
+
+// DefaultInlineMax is the client's default Options.InlineMax. Above about
+// a kilobyte, copying a call into shared memory and its result out costs
+// less than carrying it through the socket both ways, which copies it
+// four times more (docs/TUNING.md, section 18).
+const DefaultInlineMax = 2048
 
 // Client is one trainer's connection to its daemon.
 type Client struct {
@@ -65,6 +77,8 @@ type Client struct {
 	token     chan struct{} // the right to read the connection (read.go)
 	closeOnce sync.Once
 	spin      time.Duration // how long Wait polls for its reply before parking
+	inlineMax int           // Options.InlineMax, resolved and capped by the daemon's limit
+	nscratch  int           // scratch segments made for small calls (segment.go)
 }
 
 // Dial connects to the daemon and says HELLO.
@@ -113,11 +127,24 @@ func Dial(opts Options) (*Client, error) {
 		token:   make(chan struct{}, 1),
 		spin:    spin,
 	}
+	c.inlineMax = resolveInlineMax(opts.InlineMax, int(info.InlineLimit))
 	c.token <- struct{}{}
 	if c.timeout <= 0 {
 		c.timeout = info.Timeout() + 10*time.Second
 	}
 	return c, nil
+}
+
+// resolveInlineMax is Options.InlineMax with its defaults, capped by the
+// daemon's inline limit.
+func resolveInlineMax(want, limit int) int {
+	switch {
+	case want == 0:
+		want = DefaultInlineMax
+	case want < 0:
+		return -1
+	}
+	return min(want, limit)
 }
 
 func hello(conn *ipc.Conn, opts Options) (ipc.HelloOK, error) {
@@ -176,8 +203,14 @@ func (c *Client) NodeRank() int { return int(c.info.NodeRank) }
 // NodeCount is the number of daemons in the ring.
 func (c *Client) NodeCount() int { return int(c.info.NodeCount) }
 
-// InlineLimit is the largest buffer that travels inside a request.
+// InlineLimit is the daemon's limit: the largest buffer that may travel
+// inside a request.
 func (c *Client) InlineLimit() int { return int(c.info.InlineLimit) }
+
+// InlineMax is the largest call on plain memory that this client sends
+// inside its request (Options.InlineMax); -1 when every call goes through
+// shared memory.
+func (c *Client) InlineMax() int { return c.inlineMax }
 
 // Generation is the ring generation when the client attached.
 func (c *Client) Generation() uint32 { return c.info.Generation }

@@ -193,3 +193,35 @@ func TestCallsOutliveDialTimeout(t *testing.T) {
 		}
 	}
 }
+
+// A call allocates nothing in the steady state, whichever way its data
+// travels: inline, copied through the client's scratch segment, or in a
+// segment of the caller's. The daemon runs in this process, so its
+// allocations count too.
+func TestCallsDoNotAllocate(t *testing.T) {
+	c := dial(t)
+	seg, _, err := collectived.AllocSlice[float32](c, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		buf  []float32
+	}{
+		{"inline 1KiB", make([]float32, 256)},
+		{"copied 16KiB", make([]float32, 4096)},
+		{"segment 256KiB", seg},
+	} {
+		call := func() {
+			if err := collectived.AllReduce(c, tc.buf, collectived.Sum); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k := 0; k < 50; k++ {
+			call() // warm up: scratch segment, pools, read buffer
+		}
+		if n := testing.AllocsPerRun(200, call); n > 0.05 {
+			t.Errorf("%s: %.2f allocations per call, want 0", tc.name, n)
+		}
+	}
+}

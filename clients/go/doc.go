@@ -8,11 +8,13 @@
 //	grad := make([]float32, 1024)
 //	err = collectived.AllReduce(c, grad, collectived.Sum) // every trainer now holds the sum
 //
-// Small buffers travel inside the request (up to the daemon's inline
-// limit). For large buffers, allocate them in shared memory with
-// [Client.Alloc] or [AllocSlice]: calls on such memory move no bytes
-// through the socket, the daemon reduces in place. Other large buffers are
-// copied through a scratch segment, which costs two copies.
+// Small buffers travel inside the request (up to [Options.InlineMax], 2 KiB
+// by default, and never above the daemon's inline limit). For larger
+// buffers, allocate them in shared memory with [Client.Alloc] or
+// [AllocSlice]: calls on such memory move no bytes through the socket, the
+// daemon reduces in place. Other buffers are copied through a scratch
+// segment, which costs two copies: from a few kilobytes on, fewer than the
+// socket's.
 //
 // Calls match by order across the world, as in MPI: the k-th call of every
 // trainer joins collective k, and all must describe the same operation.

@@ -123,7 +123,16 @@ func (c *Client) locate(b []byte) (*Segment, uint64, bool) {
 	return nil, 0, false
 }
 
-// takeScratch returns a free scratch segment of at least n bytes.
+// smallScratch is how many scratch segments a client makes for calls it
+// could send inline (up to the daemon's InlineLimit): one for the call in
+// flight and one for the next. Further small calls in flight at once go
+// inline instead of each making a segment.
+const smallScratch = 2
+
+// takeScratch returns a free scratch segment of at least n bytes. For a
+// call that could go inline it returns nil, nil when the client has made
+// its smallScratch segments and none is free, or cannot make one (the
+// daemon's shared-memory quota): such a call goes inline.
 func (c *Client) takeScratch(n int) (*Segment, error) {
 	c.mu.Lock()
 	for i, s := range c.scratch {
@@ -133,8 +142,25 @@ func (c *Client) takeScratch(n int) (*Segment, error) {
 			return s, nil
 		}
 	}
+	small := n <= c.InlineLimit()
+	if small && c.nscratch >= smallScratch {
+		c.mu.Unlock()
+		return nil, nil
+	}
+	if small {
+		c.nscratch++
+		// One size for all of them, so that any serves any small call.
+		n = c.InlineLimit()
+	}
 	c.mu.Unlock()
-	return c.Alloc(n)
+	s, err := c.Alloc(n)
+	if err != nil && small {
+		c.mu.Lock()
+		c.nscratch = smallScratch // do not ask again on every call
+		c.mu.Unlock()
+		return nil, nil
+	}
+	return s, err
 }
 
 func (c *Client) putScratch(s *Segment) {

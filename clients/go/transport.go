@@ -27,7 +27,8 @@ type Handle struct {
 	status   []byte
 	gen      uint32
 	seq      uint64
-	finish   func(error) error // runs in Wait, once (copy back, release scratch)
+	scratch  *Segment // a copied call's scratch segment, released in complete
+	copyBack []byte   // where a copied call's result goes
 	finished bool
 	bulk     bool // a call too large for polling to pay (pollMaxBytes)
 }
@@ -104,12 +105,35 @@ func (h *Handle) timedOut() error {
 func (h *Handle) complete(err error) error {
 	if !h.finished {
 		h.finished = true
-		if h.finish != nil {
-			err = h.finish(err)
+		if h.scratch != nil {
+			err = h.releaseScratch(err)
 		}
 		h.err = err
 	}
 	return h.err
+}
+
+// releaseScratch ends a copied call: the result goes to the caller's
+// buffer and the scratch segment back to the free list, unless no answer
+// came (a timeout, a lost connection), when the daemon may still write
+// into it: then it is never used again.
+func (h *Handle) releaseScratch(err error) error {
+	s, buf := h.scratch, h.copyBack
+	h.scratch, h.copyBack = nil, nil
+	if err == nil {
+		copy(buf, s.mem[:len(buf)])
+	} else if !daemonAnswered(err) {
+		return err
+	}
+	h.c.putScratch(s)
+	return err
+}
+
+// daemonAnswered reports whether err is the daemon's answer to a call, after
+// which the daemon holds nothing of the call's buffer.
+func daemonAnswered(err error) bool {
+	var e *ipc.Error
+	return errors.As(err, &e) && !e.Fatal
 }
 
 // signal hands the handle its outcome (dispatch filled it in).

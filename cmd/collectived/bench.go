@@ -38,6 +38,7 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
+			&cli.IntFlag{Name: "client-inline-max", Usage: "trainers' Options.InlineMax: the largest buffer sent inline, larger ones up to the daemon's inline limit are copied through shared memory (0: the client's default; negative: none inline)"},
 			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "with --ring-only: how long the whole run may take"},
 		},
@@ -107,7 +108,7 @@ func runBench(c *cli.Context) error {
 			cmd := exec.Command(self, "bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
 				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
 				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")),
-				"--spin", c.Duration("client-spin").String())
+				"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")))
 			var eb bytes.Buffer
 			cmd.Stderr = &eb
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

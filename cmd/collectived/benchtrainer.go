@@ -16,7 +16,7 @@ import (
 type sizeResult struct {
 	Bytes   int64   `json:"bytes"`
 	TimesNS []int64 `json:"times_ns"`
-	Path    string  `json:"path"` // inline or shm
+	Path    string  `json:"path"` // inline, copied (through the client's scratch segment) or shm
 }
 
 // benchTrainerCommand is one trainer of `collectived bench`: a hidden
@@ -35,13 +35,14 @@ func benchTrainerCommand() *cli.Command {
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "local-rank", Value: -1},
 			&cli.DurationFlag{Name: "spin"},
+			&cli.IntFlag{Name: "inline-max"},
 		},
 		Action: func(c *cli.Context) error {
 			sizes, dt, op, err := parseWorkload(c)
 			if err != nil {
 				return err
 			}
-			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin")})
+			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin"), InlineMax: c.Int("inline-max")})
 			if err != nil {
 				return err
 			}
@@ -95,6 +96,9 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 		res.Path = "shm"
 	} else {
 		buf = make([]byte, n)
+		if n > cl.InlineMax() {
+			res.Path = "copied"
+		}
 	}
 	var err error
 	res.TimesNS, err = measure(buf, dt, op, cl.Rank(), cl.Size(), iters, warmup,
