@@ -460,6 +460,8 @@ struct cvd_client {
 	int observer;
 	int64_t timeout_ms;
 	int64_t spin_ns; /* cvd_options.spin_us; 0: never poll */
+	int64_t inline_max; /* cvd_options.inline_max, capped by info.inline_limit; -1: none */
+	int small_scratch;  /* scratch segments made for calls that could go inline */
 	uint64_t next_id;
 	uint64_t bytes_sent;
 	uint8_t *rbuf;
@@ -479,6 +481,14 @@ struct cvd_client {
  * CPU from the daemons doing it. */
 #define POLL_MAX_BYTES (256u << 10)
 #define DEFAULT_SPIN_NS 200000
+/* Above this, a call on plain memory costs less copied through a scratch
+ * segment than carried through the socket both ways (docs/TUNING.md,
+ * section 18). */
+#define DEFAULT_INLINE_MAX 2048
+/* Scratch segments made for calls the daemon would take inline: one for
+ * the call in flight, one for the next; more such calls in flight at once
+ * go inline. */
+#define SMALL_SCRATCH 2
 #define MAX_SPIN_US 10000
 
 static int64_t now_ns(void)
@@ -1150,6 +1160,9 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 		c->spin_ns = DEFAULT_SPIN_NS;
 	else if (opt->spin_us > 0)
 		c->spin_ns = (opt->spin_us > MAX_SPIN_US ? MAX_SPIN_US : opt->spin_us) * 1000;
+	c->inline_max = opt->inline_max == 0 ? DEFAULT_INLINE_MAX : opt->inline_max < 0 ? -1 : opt->inline_max;
+	if (c->inline_max > (int64_t)c->info.inline_limit)
+		c->inline_max = (int64_t)c->info.inline_limit;
 	tv.tv_sec = (time_t)(c->timeout_ms / 1000);
 	tv.tv_usec = (long)(c->timeout_ms % 1000) * 1000;
 	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -1409,6 +1422,10 @@ static seg *find_seg(cvd_client *c, const uint8_t *p, size_t n, size_t esize)
 	return NULL;
 }
 
+/* A free scratch segment of at least n bytes, made if need be. For a call
+ * the daemon would take inline (n <= inline_limit) it returns NULL with
+ * err->code 0 when the client has made its SMALL_SCRATCH segments and none
+ * is free, or cannot make one: that call goes inline. */
 static seg *take_scratch(cvd_client *c, size_t n, cvd_error *err)
 {
 	seg *s, *best = NULL;
@@ -1416,6 +1433,20 @@ static seg *take_scratch(cvd_client *c, size_t n, cvd_error *err)
 	for (s = c->segs; s; s = s->next)
 		if (s->scratch && !s->busy && s->size >= n && (!best || s->size < best->size))
 			best = s;
+	if (!best && n <= c->info.inline_limit) {
+		if (c->small_scratch < SMALL_SCRATCH) {
+			c->small_scratch++;
+			/* one size for all of them, so that any serves any such call */
+			best = alloc_seg(c, c->info.inline_limit, 1, err);
+			if (!best)
+				c->small_scratch = SMALL_SCRATCH; /* do not ask on every call */
+		}
+		if (!best) {
+			if (err)
+				err->code = 0;
+			return NULL;
+		}
+	}
 	if (!best) {
 		for (size = SCRATCH_MIN; size < n; size *= 2)
 			;
@@ -1491,13 +1522,13 @@ cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
 		f.flags = CVD_CALL_SHM;
 		f.segment = s->id;
 		f.offset = (uint64_t)((const uint8_t *)call->buf - s->base);
-	} else if (nbytes <= c->info.inline_limit) {
+	} else if (nbytes == 0 || (int64_t)nbytes <= c->inline_max ||
+		   (!(s = take_scratch(c, nbytes, err)) && nbytes <= c->info.inline_limit)) {
 		f.data = (const uint8_t *)call->buf;
 		f.data_len = nbytes;
 		r->copy_back = (uint8_t *)call->buf;
 		r->nbytes = nbytes;
 	} else {
-		s = take_scratch(c, nbytes, err);
 		if (!s) {
 			free_req(r);
 			return NULL;

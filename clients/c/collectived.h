@@ -139,6 +139,14 @@ typedef struct cvd_options {
 				     * looks) before it sleeps, which saves a small call a
 				     * thread wake-up; 0: 200; < 0: never poll; at most
 				     * 10000 */
+	int64_t inline_max;         /* largest call on plain memory (not from cvd_alloc)
+				     * whose data travels inside the call and its answer;
+				     * a larger one is copied through a scratch segment of
+				     * shared memory, fewer copies than the socket's; never
+				     * above the daemon's inline_limit; 0: 2048; < 0: none.
+				     * Calls the daemon would take inline share two scratch
+				     * segments; one started while both are busy goes
+				     * inline */
 } cvd_options;
 
 /* Fill *opt with the defaults (local_rank -1, everything else 0/NULL). */

@@ -29,7 +29,7 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 		call.SHM, call.Segment, call.Offset = true, seg.id, off
 		return c.sendWith(h, call.Append, nil)
 	}
-	if len(buf) <= c.inlineMax {
+	if len(buf) == 0 || len(buf) <= c.inlineMax {
 		call.Data = buf
 		return c.sendWith(h, call.Append, buf)
 	}

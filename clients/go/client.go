@@ -44,7 +44,9 @@ type Options struct {
 	// whose data travels inside the request and its answer; a larger one
 	// is copied through a scratch segment of shared memory. Never more
 	// than the daemon's limit (InlineLimit). 0 means DefaultInlineMax; a
-	// negative value copies every call through shared memory.
+	// negative value copies every call through shared memory. Calls the
+	// daemon would take inline share two scratch segments; one started
+	// while both are in use goes inline.
 	InlineMax int
 }
 

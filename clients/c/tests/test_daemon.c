@@ -188,8 +188,9 @@ static int world_start(world *w, const char *bin, int nodes, int local)
 
 typedef void (*trainer_fn)(cvd_client *c, const world *w);
 
-/* cvd_options.spin_us of the trainers run_trainers starts. */
+/* cvd_options.spin_us and inline_max of the trainers run_trainers starts. */
 static int64_t trainer_spin_us;
+static int64_t trainer_inline_max;
 
 /* Fork one trainer per world rank; each runs fn and reports its counters. */
 static void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s)
@@ -219,6 +220,7 @@ static void run_trainers(const world *w, trainer_fn fn, const char *what, int ti
 			o.local_rank = i % w->local;
 			o.label = "ctest trainer";
 			o.spin_us = trainer_spin_us;
+			o.inline_max = trainer_inline_max;
 			/* The daemon frees a local rank when it notices the previous
 			 * holder's disconnect, which can lag its exit: retry briefly. */
 			o.rank_retry_ms = 5000;
@@ -362,6 +364,80 @@ static void every_dtype_op(cvd_client *c, const world *w)
 					free(buf);
 			}
 		}
+	}
+}
+
+/* One float32 sum of n bytes on plain memory; checks the result and whether
+ * its data went through the socket (inline) or not (copied through the
+ * client's scratch segment). */
+static void plain_call(cvd_client *c, size_t nbytes, int want_inline, const char *what)
+{
+	size_t n = nbytes / 4, i, bad = 0;
+	float *x = (float *)malloc(nbytes);
+	int rank = cvd_rank(c), size = cvd_size(c);
+	uint64_t sent, before = cvd_bytes_sent(c);
+	cvd_error err;
+	for (i = 0; i < n; i++)
+		x[i] = (float)(rank + 1) + (float)(i % 7);
+	CHECK(cvd_allreduce(c, x, n, CVD_FLOAT32, CVD_SUM, &err) == 0, "%s %lu B: %s", what,
+	      (unsigned long)nbytes, err.message);
+	for (i = 0; i < n; i++)
+		bad += x[i] != (float)(size * (size + 1) / 2) + (float)(size * (int)(i % 7));
+	CHECK(bad == 0, "%s %lu B: %lu of %lu elements wrong", what, (unsigned long)nbytes,
+	      (unsigned long)bad, (unsigned long)n);
+	sent = cvd_bytes_sent(c) - before;
+	CHECK(want_inline ? sent >= nbytes : sent < 128, "%s %lu B: %llu bytes sent, want it %s", what,
+	      (unsigned long)nbytes, (unsigned long long)sent,
+	      want_inline ? "inline" : "copied through shared memory");
+	free(x);
+}
+
+/* Calls on plain memory go inline up to cvd_options.inline_max (default
+ * 2048, capped by the daemon's limit) and through a scratch segment above;
+ * calls the daemon would take inline share two scratch segments, and one
+ * started while both are busy goes inline. */
+static void plain_memory_path(cvd_client *c, const world *w)
+{
+	static const size_t sizes[] = {8, 2048, 2052, 16384, 65536};
+	size_t limit = cvd_get_info(c)->inline_limit, k;
+	int64_t max = trainer_inline_max == 0 ? 2048 : trainer_inline_max < 0 ? -1 : trainer_inline_max;
+	enum { K = 4, N = 4096 };
+	cvd_request *reqs[K];
+	float *bufs[K];
+	cvd_error err;
+	if (max > (int64_t)limit)
+		max = (int64_t)limit;
+	CHECK(limit == 65536, "the daemon's inline limit is %lu, this test assumes 65536", (unsigned long)limit);
+	for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+		plain_call(c, sizes[k], (int64_t)sizes[k] <= max, "one call");
+	if (max >= (int64_t)(N * sizeof(float)) || w->nodes < 2)
+		return;
+	/* Node 0's trainers start K calls while node 1's wait, so that none
+	 * can complete (and free its scratch segment) meanwhile. */
+	if (cvd_node_rank(c) != 0)
+		sleep_ms(300);
+	for (k = 0; k < K; k++) {
+		uint64_t sent, before = cvd_bytes_sent(c);
+		size_t i;
+		bufs[k] = (float *)malloc(N * sizeof(float));
+		for (i = 0; i < N; i++)
+			bufs[k][i] = (float)k;
+		reqs[k] = cvd_allreduce_async(c, bufs[k], N, CVD_FLOAT32, CVD_SUM, &err);
+		CHECK(reqs[k] != NULL, "async %lu: %s", (unsigned long)k, err.message);
+		sent = cvd_bytes_sent(c) - before;
+		CHECK(cvd_node_rank(c) != 0 || (k < 2 ? sent < 128 : sent >= N * sizeof(float)),
+		      "call %lu of %d in flight: %llu bytes sent, want it %s", (unsigned long)k, K,
+		      (unsigned long long)sent, k < 2 ? "copied through shared memory" : "inline");
+	}
+	for (k = 0; k < K; k++) {
+		size_t i, bad = 0;
+		if (!reqs[k])
+			continue;
+		CHECK(cvd_wait(reqs[k], -1, &err) == 0, "wait %lu: %s", (unsigned long)k, err.message);
+		for (i = 0; i < N; i++)
+			bad += bufs[k][i] != (float)(k * (size_t)cvd_size(c));
+		CHECK(bad == 0, "async %lu: %lu wrong elements", (unsigned long)k, (unsigned long)bad);
+		free(bufs[k]);
 	}
 }
 
@@ -538,6 +614,12 @@ int run_daemon_tests(const char *bin)
 		run_trainers(&w, every_dtype_op, "every_dtype_op", 180);
 		run_trainers(&w, broadcast_barrier, "broadcast_barrier", 120);
 		run_trainers(&w, mismatch_then_recover, "mismatch_then_recover", 120);
+		run_trainers(&w, plain_memory_path, "plain_memory_path", 120);
+		trainer_inline_max = 1 << 20; /* capped at the daemon's 64 KiB */
+		run_trainers(&w, plain_memory_path, "plain_memory_path, inline up to the limit", 120);
+		trainer_inline_max = -1;
+		run_trainers(&w, plain_memory_path, "plain_memory_path, none inline", 120);
+		trainer_inline_max = 0;
 		/* Waiting without polling, and polling for as long as allowed. */
 		trainer_spin_us = -1;
 		run_trainers(&w, every_dtype_op, "every_dtype_op, never polling", 180);
