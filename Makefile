@@ -42,8 +42,12 @@ lint: $(SETUP)
 	$(GO) vet ./...
 	$(PY) -m mypy --strict clients/python/src/collectived
 
+# The ring again with -tags purego: the portable reduce kernels alone, as
+# on a CPU without AVX2 (ring/kernel_amd64.go installs the vector ones).
 gotest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) vet -tags purego ./ring/
+	$(GO) test -tags purego -timeout 10m ./ring/
 
 pytest: build
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests bench/test_bench.py
