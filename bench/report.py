@@ -505,7 +505,9 @@ def markdown(res, plot_rel) -> str:
           "100 calls).",
           "- algbw = bytes / median time; busbw = algbw x 2(W-1)/W (the NCCL convention, W = world size).",
           "- collectived: `collectived bench` (daemons and trainers as separate processes, default config: "
-          f"{_cfg(res, 'daemon')}; buffers above the inline limit in memfd shared memory).",
+          f"{_cfg(res, 'daemon')}; buffers up to the daemon's inline limit (64 KiB) in the trainer's own memory, which "
+          "the Go client sends inline up to 2 KiB and copies through its scratch segment above; larger buffers "
+          "allocated in memfd shared memory, zero copy).",
           "- OpenMPI TCP: `--mca pml ob1 --mca btl tcp,self` on `lo` (every rank pair over TCP, as between machines). "
           "OpenMPI shm: `--mca pml ob1 --mca btl self,vader` (OpenMPI's shared-memory transport, with its default CMA "
           "single copy for large messages; named explicitly because this build also has UCX, which OpenMPI might pick "

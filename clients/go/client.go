@@ -53,10 +53,10 @@ type Options struct {
 // DefaultSpin is the client's default Options.Spin.
 const DefaultSpin = 200 * time.Microsecond
 
-// DefaultInlineMax is the client's default Options.InlineMax. Above about
-// a kilobyte, copying a call into shared memory and its result out costs
-// less than carrying it through the socket both ways, which copies it
-// four times more (docs/TUNING.md, section 18).
+// DefaultInlineMax is the client's default Options.InlineMax. From a few
+// kilobytes on, copying a call into shared memory and its result out costs
+// less than carrying both through the socket, which copies each several
+// times (docs/TUNING.md, section 18).
 const DefaultInlineMax = 2048
 
 // Client is one trainer's connection to its daemon.
