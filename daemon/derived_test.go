@@ -6,6 +6,7 @@ import (
 
 	"github.com/collectived/collectived/daemon"
 	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/rendezvous"
 )
 
 // The trainers' socket carries the daemon's settings, and a node with
@@ -29,5 +30,19 @@ func TestServerConfig(t *testing.T) {
 	c.LocalSize = 2
 	if sc := c.ServerConfig(nil); sc.RearmMinBytes != 0 {
 		t.Errorf("two trainers: RearmMinBytes %d, want 0 (re-arm after every call)", sc.RearmMinBytes)
+	}
+}
+
+// Every node must stripe the same ops, and daemons of different builds
+// learn whether they do only from the ring handshake's version: a change
+// to the stripe rule without a new rendezvous.ProtocolVersion (or the
+// other way round) fails here. Version 3 stripes from 4 segments, 2 MiB
+// by default (docs/TUNING.md, section 19).
+func TestStripeRuleIsVersioned(t *testing.T) {
+	c := daemon.DefaultConfig()
+	rc := c.RingConfig(0, nil)
+	if rc.StripeBytes != 4*c.SegmentBytes || rc.StripeBytes != 2<<20 || rendezvous.ProtocolVersion != 3 {
+		t.Errorf("ring handshake version %d with ops striped from %d bytes (%d segments of %d); version 3 stripes from 4 segments, 2 MiB by default",
+			rendezvous.ProtocolVersion, rc.StripeBytes, rc.StripeBytes/c.SegmentBytes, c.SegmentBytes)
 	}
 }

@@ -36,7 +36,7 @@ import (
 // checks the documented layout.
 const (
 	rvHeaderLen   = 8
-	rvVersion     = 2 // rendezvous.ProtocolVersion
+	rvVersion     = 3 // rendezvous.ProtocolVersion
 	rvHello       = 1
 	rvAuth        = 2
 	rvStatus      = 3
@@ -303,7 +303,7 @@ func TestRingPortStrangersDuringAllReduce(t *testing.T) {
 		{"over-long length", rvFrame(rvVersion, rvHello, nil)[:6], -1, "", "hello frame of 65535 bytes exceeds limit 512"},
 		{"ring frame before any handshake", ringHeaderClaiming(hugeLength), -1, "", "bad magic"},
 		{"other byte order", bad(func(h *rvHelloMsg) { h.swapBOM = true }), rvCodeByteOrder, "other byte order", "other byte order"},
-		{"other version", bad(func(h *rvHelloMsg) { h.version = 9 }), rvCodeVersion, "peer 9, ours 2", "other protocol version: peer 9, ours 2"},
+		{"other version", bad(func(h *rvHelloMsg) { h.version = 9 }), rvCodeVersion, fmt.Sprintf("peer 9, ours %d", rvVersion), fmt.Sprintf("other protocol version: peer 9, ours %d", rvVersion)},
 		{"truncated hello", rvFrame(rvVersion, rvHello, make([]byte, 40)), rvCodeMalformed, "hello of 40 bytes", "malformed handshake: hello of 40 bytes"},
 		{"other job", bad(func(h *rvHelloMsg) { h.job = "stranger" }), rvCodeJob, "stranger", `other job: peer \"stranger\", ours \"e2e\"`},
 		{"other world size", bad(func(h *rvHelloMsg) { h.world = 5 }), rvCodeWorld, "peer 5, ours 2", "other world size: peer 5, ours 2"},

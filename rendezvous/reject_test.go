@@ -171,14 +171,14 @@ func TestRejectOtherVersion(t *testing.T) {
 	tg := newTarget(t, false, nil)
 	p := craft(t, tg.peers, 0)
 	frame := appendHello(nil, &p.hello)
-	frame[4] = 3
+	frame[4] = ProtocolVersion + 1
 	c, err := net.Dial("tcp", tg.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.Write(frame)
-	tg.expect(t, readStatus(t, c), ErrVersion, fmt.Sprintf("peer 3, ours %d", ProtocolVersion))
+	tg.expect(t, readStatus(t, c), ErrVersion, fmt.Sprintf("peer %d, ours %d", ProtocolVersion+1, ProtocolVersion))
 }
 
 // The dialer names a listener of another version, whatever it says next.
@@ -196,13 +196,13 @@ func TestRejectOtherVersionAtDialer(t *testing.T) {
 		defer c.Close()
 		var buf frameBuf
 		readFrame(c, &buf)
-		reply := appendStatus(nil, codeVersion, "speaks version 3")
-		reply[4] = 3
+		reply := appendStatus(nil, codeVersion, "speaks another version")
+		reply[4] = ProtocolVersion + 1
 		c.Write(reply)
 	}()
 	p := craft(t, []string{"127.0.0.1:1", ln.Addr().String()}, 0)
 	_, err = dialCrafted(ln.Addr().String(), p)
-	wantErr(t, "dialer", err, ErrVersion, fmt.Sprintf("peer 3, ours %d", ProtocolVersion))
+	wantErr(t, "dialer", err, ErrVersion, fmt.Sprintf("peer %d, ours %d", ProtocolVersion+1, ProtocolVersion))
 }
 
 func TestRejectGarbage(t *testing.T) {

@@ -16,8 +16,11 @@ import (
 const (
 	// ProtocolVersion 2: an allreduce of exactly ring.small_bytes takes
 	// the whole-buffer path (version 1 sent it round the ring), so peers
-	// of the two versions would not agree on its frames.
-	ProtocolVersion = 2
+	// of the two versions would not agree on its frames. Version 3: ops
+	// stripe over every stream of a link from 4 segments (2 MiB by
+	// default; version 2 from 8), so peers of versions 2 and 3 would not
+	// agree on which stream carries the frames of a 2-4 MiB op.
+	ProtocolVersion = 3
 
 	magic      = "CLVD"
 	headerLen  = 8

@@ -63,9 +63,11 @@ const (
 
 // StripeSegments is the stripe threshold collectived derives from the
 // segment size (StripeBytes = StripeSegments × SegmentBytes): measured on
-// loopback, several streams double busbw from 16 MiB up but double latency
-// at 1 MiB and below (docs/TUNING.md).
-const StripeSegments = 8
+// loopback, several streams double busbw from 16 MiB up and already gain
+// at 2-3 MiB, but cost 1-1.5 MiB ops 40-60% (docs/TUNING.md, sections 5
+// and 19). Peers must agree on it: changing it changes the ring
+// handshake's version (rendezvous.ProtocolVersion).
+const StripeSegments = 4
 
 // DefaultConfig returns a Config for a single rank with the defaults
 // measured on loopback (see BenchmarkAllReduce).
