@@ -422,7 +422,7 @@ GAINS = [
     "| 1. no allocation per call (pooled client handles, status rendered lazily) | 5 allocs/call | 0 (daemon: 0.02-0.04 per collective) |",
     "| 3. poll quiet sockets 200 µs before sleeping, yielding CPU and P | 4 B 131-154 µs | 40-77 µs |",
     "| 4. 512 KiB segments x 2 streams per link | 64 MiB 1.55-1.58 GB/s | 2.10-2.91 GB/s |",
-    "| 5. stripe only ops of 4 MiB and more | 64 KiB 358-368 µs (striped) | 109-158 µs |",
+    "| 5. stripe only ops of 4 MiB and more (2 MiB since 19) | 64 KiB 358-368 µs (striped) | 109-158 µs |",
     "| 6. the Go client polls for its reply in `Wait` | 4 B 44.7-84.6 µs | 25.3-41.2 µs |",
     "| 8. local buffers folded inside the ring (`AllReduceLocal`), 2 x 2 | 64 MiB 50.4-52.7 ms | 42.5-50.1 ms |",
     "| 9. no client polling around calls over 256 KiB | 1 MiB 1136-1546 µs | 611-842 µs |",
@@ -434,6 +434,8 @@ GAINS = [
     "| 15. nodes with several trainers re-arm the session's poll after every answer (world 2 x 2) | 4 B 292 µs, 4 KiB 378, 64 KiB 455, 1 MiB 897 | 65 µs, 208, 210, 689 |",
     "| 16. buffers up to 16 KiB circulate whole (`ring.small_bytes` 4096 → 16KiB, inclusive) | 4 KiB 40 µs, 16 KiB 56 µs; 2 x 2 16 KiB 102 µs | 23 µs, 24 µs; 76 µs |",
     "| 17. the op writes frames up to 64 KiB itself (writev), and buffers up to 64 KiB circulate whole | 32 KiB 64.9 µs, 64 KiB 115.0 µs | 33.6 µs, 57.4 µs |",
+    "| 18. the Go client copies calls on plain memory over 2 KiB through shared memory (inline before, up to 64 KiB) | 16 KiB 26.7 µs, 64 KiB 53.8 µs; 2 x 2 64 KiB 122.4 µs | 22.5 µs, 42.2 µs; 71.6 µs |",
+    "| 19. ops stripe over both streams from 2 MiB (4 MiB before) | 2 MiB 1099 µs, 3 MiB 2168 µs; 2 x 2 3 MiB 3042 µs | 1004 µs, 1661 µs; 2199 µs |",
     "",
 ]
 
