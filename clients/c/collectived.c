@@ -1524,6 +1524,8 @@ cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
 		f.offset = (uint64_t)((const uint8_t *)call->buf - s->base);
 	} else if (nbytes == 0 || (int64_t)nbytes <= c->inline_max ||
 		   (!(s = take_scratch(c, nbytes, err)) && nbytes <= c->info.inline_limit)) {
+		/* inline: within inline_max, or a call the daemon takes inline
+		 * that found no scratch segment free (take_scratch) */
 		f.data = (const uint8_t *)call->buf;
 		f.data_len = nbytes;
 		r->copy_back = (uint8_t *)call->buf;
