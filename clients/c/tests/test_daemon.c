@@ -2,6 +2,7 @@
  * SIGTERM, then SIGKILL), in 1x1 and 2x2 worlds on loopback. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -79,6 +80,23 @@ static void print_log(const world *w, int r)
 	fprintf(stderr, "--- daemon %d log (tail) ---\n%s\n", r, buf);
 }
 
+/* Removes the files trainers leave in the world's directory (started_mark). */
+static void remove_marks(const world *w)
+{
+	DIR *d = opendir(w->dir);
+	struct dirent *e;
+	char path[sizeof w->dir + 1 + 256];
+	if (!d)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		if (strncmp(e->d_name, "started.", 8) != 0)
+			continue;
+		snprintf(path, sizeof path, "%s/%s", w->dir, e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+}
+
 static void world_stop(world *w)
 {
 	int r, i, st;
@@ -99,6 +117,7 @@ static void world_stop(world *w)
 		unlink(w->log[r]);
 	}
 	unlink(w->cfg);
+	remove_marks(w);
 	rmdir(w->dir);
 }
 
@@ -392,6 +411,13 @@ static void plain_call(cvd_client *c, size_t nbytes, int want_inline, const char
 	free(x);
 }
 
+/* The file by which world rank r of node 0 says it has started its calls in
+ * plain_memory_path's run for the current trainer_inline_max. */
+static void started_mark(char *out, size_t n, const world *w, int r)
+{
+	snprintf(out, n, "%s/started.%lld.%d", w->dir, (long long)trainer_inline_max, r);
+}
+
 /* Calls on plain memory go inline up to cvd_options.inline_max (default
  * 2048, capped by the daemon's limit) and through a scratch segment above;
  * calls the daemon would take inline share two scratch segments, and one
@@ -412,10 +438,23 @@ static void plain_memory_path(cvd_client *c, const world *w)
 		plain_call(c, sizes[k], (int64_t)sizes[k] <= max, "one call");
 	if (max >= (int64_t)(N * sizeof(float)) || w->nodes < 2)
 		return;
-	/* Node 0's trainers start K calls while node 1's wait, so that none
-	 * can complete (and free its scratch segment) meanwhile. */
-	if (cvd_node_rank(c) != 0)
-		sleep_ms(300);
+	/* Node 0's trainers start K calls while node 1's wait until they have,
+	 * so that none can complete (and free its scratch segment) meanwhile. */
+	if (cvd_node_rank(c) != 0) {
+		int r, ready = 0;
+		int64_t deadline = mono_ms() + 30000;
+		while (!ready && mono_ms() < deadline) {
+			ready = 1;
+			for (r = 0; r < w->local; r++) {
+				char mark[160];
+				started_mark(mark, sizeof mark, w, r);
+				ready = ready && access(mark, F_OK) == 0;
+			}
+			if (!ready)
+				sleep_ms(5);
+		}
+		CHECK(ready, "node 0's trainers did not start their calls within 30 s");
+	}
 	for (k = 0; k < K; k++) {
 		uint64_t sent, before = cvd_bytes_sent(c);
 		size_t i;
@@ -428,6 +467,15 @@ static void plain_memory_path(cvd_client *c, const world *w)
 		CHECK(cvd_node_rank(c) != 0 || (k < 2 ? sent < 128 : sent >= N * sizeof(float)),
 		      "call %lu of %d in flight: %llu bytes sent, want it %s", (unsigned long)k, K,
 		      (unsigned long long)sent, k < 2 ? "copied through shared memory" : "inline");
+	}
+	if (cvd_node_rank(c) == 0) {
+		char mark[160];
+		int fd;
+		started_mark(mark, sizeof mark, w, cvd_rank(c));
+		fd = open(mark, O_CREAT | O_WRONLY, 0600);
+		CHECK(fd >= 0, "create %s: %s", mark, strerror(errno));
+		if (fd >= 0)
+			close(fd);
 	}
 	for (k = 0; k < K; k++) {
 		size_t i, bad = 0;
