@@ -34,13 +34,7 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 	}
 	defer func() { <-s.wsem }()
 	// wbuf is the writer goroutine's, but only under wsem, which we hold.
-	h.encode(s.wbuf[:headerLen])
-	if len(payload) <= coalesceBytes {
-		n := copy(s.wbuf[headerLen:], payload)
-		s.direct, s.directPay = s.wbuf[:headerLen+n], nil
-	} else {
-		s.direct, s.directPay = s.wbuf[:headerLen], payload
-	}
+	s.direct, s.directPay = s.frame(h, payload)
 	s.directOff, s.directErr, s.directFull = 0, nil, false
 	if rerr := s.rc.Write(s.directFn); rerr != nil && s.directErr == nil {
 		s.directErr = rerr

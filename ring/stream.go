@@ -358,6 +358,19 @@ func (s *stream) writeLoop() {
 	}
 }
 
+// frame lays a frame out in wbuf, which the caller holds (wsem): the
+// header, with the payload copied behind it when it is at most
+// coalesceBytes. rest is the payload still to write after head, nil when
+// it was copied.
+func (s *stream) frame(h *header, payload []byte) (head, rest []byte) {
+	h.encode(s.wbuf[:headerLen])
+	if len(payload) <= coalesceBytes {
+		n := copy(s.wbuf[headerLen:], payload)
+		return s.wbuf[:headerLen+n], nil
+	}
+	return s.wbuf[:headerLen], payload
+}
+
 func (s *stream) writeData(req *txReq) error {
 	select {
 	case <-s.r.dying:
@@ -365,13 +378,10 @@ func (s *stream) writeData(req *txReq) error {
 	case s.wsem <- struct{}{}:
 	}
 	defer func() { <-s.wsem }()
-	req.hdr.encode(s.wbuf[:headerLen])
-	var err error
-	if len(req.payload) <= coalesceBytes {
-		n := copy(s.wbuf[headerLen:], req.payload)
-		_, err = s.conn.Write(s.wbuf[:headerLen+n])
-	} else if _, err = s.conn.Write(s.wbuf[:headerLen]); err == nil {
-		_, err = s.conn.Write(req.payload)
+	head, rest := s.frame(&req.hdr, req.payload)
+	_, err := s.conn.Write(head)
+	if err == nil && rest != nil {
+		_, err = s.conn.Write(rest)
 	}
 	s.lastWrite.Store(time.Now().UnixNano())
 	if err != nil {
