@@ -2,6 +2,7 @@ package ring
 
 import (
 	"errors"
+	"os"
 	"runtime"
 	"time"
 
@@ -21,12 +22,17 @@ import (
 // own step). It keeps the link between such calls and gives it back with
 // GiveBack when they stop; any other op gives it back first.
 //
-// While the link is lent, a companion goroutine keeps this process's
-// other P busy by yielding in a loop (keepBusy). Without it the idle P's
-// thread sleeps in epoll_wait (the daemon always has goroutines parked in
-// the netpoller and timers armed) and every frame that arrives wakes it,
-// which measured slower than the hand-offs saved (docs/TUNING.md, section
-// 10). It runs only while the link is lent.
+// While the link is lent, the process runs on one P (narrow): its work is
+// the borrower's alone. An idle second P would have its thread sleep in
+// epoll_wait (the daemon always has goroutines parked in the netpoller and
+// timers armed), and every frame that arrives would wake it, which
+// measured slower than the hand-offs saved (docs/TUNING.md, section 10).
+// A companion goroutine yielding in a loop on that P (section 10's cure)
+// kept it awake but was one more thread wanting a CPU on every turn of
+// every poller on the machine (section 20). GOMAXPROCS goes back to what
+// it was (widen) when the link does, before any other op, so the large
+// ops that follow run on every P. Changing it stops the world for some
+// microseconds, once per stretch of small calls.
 
 const (
 	lendNone  int32 = iota // the reader reads
@@ -90,6 +96,7 @@ func (r *Ring) giveBack() {
 			}
 		case lendOut:
 			s.lend.Store(lendNone)
+			r.widen()
 			select {
 			case s.resume <- struct{}{}:
 			default:
@@ -147,10 +154,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 				return r.accept(s, kind, b)
 			default:
 			}
-			if r.busyKept.CompareAndSwap(false, true) {
-				r.wg.Add(1)
-				go r.keepBusy(s)
-			}
+			r.narrow()
 			s.sr.borrowed = true
 			b, st := s.readFrame()
 			s.sr.borrowed = false
@@ -187,18 +191,29 @@ func (r *Ring) accept(s *stream, kind frameKind, b *rxBuf) (*rxBuf, error) {
 	return b, nil
 }
 
-// keepBusy yields in a loop while the link is lent (see the top of this
-// file): it keeps the P it runs on from going idle.
-func (r *Ring) keepBusy(s *stream) {
-	defer r.wg.Done()
-	defer r.busyKept.Store(false)
-	for s.lend.Load() == lendOut {
-		select {
-		case <-r.dying:
-			return
-		default:
-		}
-		runtime.Gosched()
-		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+// narrow runs the process on one P while the link is lent (see the top of
+// this file); widen restores what it was, when the link comes back or the
+// ring closes.
+func (r *Ring) narrow() {
+	if r.narrowedFrom.Load() != 0 {
+		return
 	}
+	if prev := runtime.GOMAXPROCS(0); prev > 1 {
+		runtime.GOMAXPROCS(1)
+		r.narrowedFrom.Store(int32(prev))
+	}
+}
+
+func (r *Ring) widen() {
+	prev := r.narrowedFrom.Swap(0)
+	if prev == 0 {
+		return
+	}
+	if os.Getenv("GOMAXPROCS") == "" {
+		// Back to the runtime's own choice, which follows the CPU
+		// quota; a GOMAXPROCS call would have frozen it.
+		runtime.SetDefaultGOMAXPROCS()
+		return
+	}
+	runtime.GOMAXPROCS(int(prev))
 }

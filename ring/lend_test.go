@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,7 @@ func TestAllReduceLent(t *testing.T) {
 	for _, tc := range []struct{ n, streams int }{{2, 1}, {3, 2}, {4, 1}} {
 		t.Run(fmt.Sprintf("world%d_streams%d", tc.n, tc.streams), func(t *testing.T) {
 			n := tc.n
+			wide := runtime.GOMAXPROCS(0)
 			rings := lentWorld(t, n, tc.streams, func(c *Config) {
 				c.HeartbeatInterval = 50 * time.Millisecond
 				c.HeartbeatTimeout = 400 * time.Millisecond
@@ -88,16 +90,27 @@ func TestAllReduceLent(t *testing.T) {
 			if lentOut == 0 {
 				t.Errorf("no rank borrowed its link in 200 small calls")
 			}
+			// While a link is lent, the process runs on one P (lend.go,
+			// narrow); the large op below gives it back its Ps.
+			if wide > 1 && runtime.GOMAXPROCS(0) != 1 {
+				t.Errorf("GOMAXPROCS %d with links lent, want 1", runtime.GOMAXPROCS(0))
+			}
 			// A large allreduce (lent or not) and a barrier take the link back.
 			big := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 100_003}
 			bufs, want := float32Bufs(n, 100_003, 1)
 			noErrors(t, "large allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(big, [][]byte{bufs[i]}, nil) }))
 			checkFloat32(t, "large", bufs, want)
+			if got := runtime.GOMAXPROCS(0); got != wide {
+				t.Errorf("GOMAXPROCS %d after a large op, want %d as before the lent calls", got, wide)
+			}
 			lent(5, 2)
 			noErrors(t, "barrier", onAll(t, rings, func(i int, r *Ring) error { return r.Barrier(collective.Desc{Op: collective.OpBarrier}) }))
 			lent(3, 3)
 			for _, r := range rings {
 				r.GiveBack()
+			}
+			if got := runtime.GOMAXPROCS(0); got != wide {
+				t.Errorf("GOMAXPROCS %d after GiveBack, want %d", got, wide)
 			}
 			time.Sleep(700 * time.Millisecond) // > HeartbeatTimeout: silence would be a hung peer
 			for i, r := range rings {

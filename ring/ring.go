@@ -46,8 +46,8 @@ type Ring struct {
 	// this rank's own error by that much.
 	hungPeer atomic.Int64
 
-	// busyKept is set while keepBusy runs (lend.go).
-	busyKept atomic.Bool
+	// narrowedFrom is GOMAXPROCS before narrow, while it holds (lend.go).
+	narrowedFrom atomic.Int32
 
 	// Op state, owned by the goroutine inside an op (busy guards it).
 	lent        bool         // this op reads the lent link itself (AllReduceLent)
@@ -247,6 +247,7 @@ func (r *Ring) Close() error {
 	r.fail(e, "rank "+strconv.Itoa(r.rank)+" closed its ring")
 	close(r.stop)
 	r.wg.Wait()
+	r.widen()
 	return nil
 }
 
