@@ -86,7 +86,7 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 	desc := r.Desc
 	switch desc.Op {
 	case collective.OpAllGather:
-		r.Fail(ipc.Errorf(ipc.CodeUnsupported, "allgather through the daemon is not implemented in protocol version 1"))
+		r.Fail(ipc.Errorf(ipc.CodeUnsupported, "allgather through the daemon is not implemented in protocol versions 1 and 2"))
 		return
 	case collective.OpBroadcast:
 		if int(desc.Root) >= len(d.cfg.Peers)*d.cfg.LocalSize {

@@ -51,6 +51,9 @@ type TrainerStatus struct {
 	Calls     uint64 `json:"calls"`
 	LastCall  string `json:"last_call,omitempty"`
 	Queued    int    `json:"queued"`
+	// Lane: the trainer's small calls come through its lane of shared
+	// memory (protocol version 2) rather than the socket.
+	Lane bool `json:"lane,omitempty"`
 }
 
 // InFlightStatus is the collective being waited for or run, and on whom.
@@ -96,6 +99,9 @@ func (d *Daemon) Status() Status {
 		s := &d.slots[l]
 		ts := TrainerStatus{LocalRank: l, WorldRank: d.worldRank(l), Attached: s.session != nil,
 			PID: s.pid, Label: s.label, Calls: s.calls, Queued: len(s.queue)}
+		if s.session != nil {
+			ts.Lane = s.session.HasLane()
+		}
 		if s.calls > 0 {
 			ts.LastCall = s.last.String()
 		}

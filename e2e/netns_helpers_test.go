@@ -397,8 +397,21 @@ type nodeStatus struct {
 		WorldRank int   `json:"world_rank"`
 		Attached  bool  `json:"attached"`
 		PID       int32 `json:"pid"`
+		Lane      bool  `json:"lane"`
 	} `json:"trainers"`
 	Process procStatus `json:"process"`
+}
+
+// lanes is how many attached trainers have a lane: each is a memfd the
+// daemon holds (docs/PROTOCOL.md, LANE).
+func (st nodeStatus) lanes() int {
+	n := 0
+	for _, tr := range st.Trainers {
+		if tr.Attached && tr.Lane {
+			n++
+		}
+	}
+	return n
 }
 
 // faultTrainerBin is e2e/faulttrainer, built once on first use.

@@ -252,8 +252,13 @@ func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := bs[node].ps.Memfds + segs; st.Process.Memfds != want {
-		t.Fatalf("daemon %d holds %d memfds while the holder has %d segments, want %d", node, st.Process.Memfds, segs, want)
+	// Go trainers attach with a lane each (protocol version 2), one memfd
+	// more per trainer.
+	if lanes := st.lanes(); lanes != netLocal {
+		t.Fatalf("daemon %d: %d of its %d trainers have a lane, want all", node, lanes, netLocal)
+	}
+	if want := bs[node].ps.Memfds + segs + netLocal; st.Process.Memfds != want {
+		t.Fatalf("daemon %d holds %d memfds while the holder has %d segments and %d trainers a lane each, want %d", node, st.Process.Memfds, segs, netLocal, want)
 	}
 	killedAt := time.Now()
 	holder.cmd.Process.Kill()
@@ -274,7 +279,7 @@ func TestNetnsTrainerKilledHoldingShm(t *testing.T) {
 	t.Logf("all 7 trainers told of %s's death within %v", victim, maxD.Round(time.Millisecond))
 	waitFor(t, 10*time.Second, fmt.Sprintf("daemon %d to close the dead trainer's segments and free its rank", node), func() bool {
 		st, err := c.status(node)
-		if err != nil || st.Process.Memfds != bs[node].ps.Memfds {
+		if err != nil || st.Process.Memfds != bs[node].ps.Memfds+st.lanes() {
 			return false
 		}
 		attached := 0

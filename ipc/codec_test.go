@@ -225,7 +225,8 @@ func TestDecodeErrors(t *testing.T) {
 		want  string
 	}{
 		{hello(func(p []byte) []byte { p[0] = 'X'; return p }), CodeBadFrame, true, "magic"},
-		{hello(func(p []byte) []byte { p[4] = 2; return p }), CodeVersion, true, "version 2, daemon speaks 1"},
+		{hello(func(p []byte) []byte { p[4] = 3; return p }), CodeVersion, true, "version 3, daemon speaks 1 to 2"},
+		{hello(func(p []byte) []byte { p[4] = 0; return p }), CodeVersion, true, "version 0, daemon speaks 1 to 2"},
 		{hello(func(p []byte) []byte { p[6] = 2; return p }), CodeBadFrame, true, "flags 0x0002"},
 		{hello(func(p []byte) []byte { p[16] = 200; return p }), CodeBadFrame, true, "job length 200"},
 		{hello(func(p []byte) []byte { return append(p, 0) }), CodeBadFrame, true, "after the label"},
@@ -276,7 +277,8 @@ func TestDecodeErrors(t *testing.T) {
 		mut  func(*HelloOK)
 		want string
 	}{
-		{func(m *HelloOK) { m.Version = 2 }, "daemon speaks protocol version 2"},
+		{func(m *HelloOK) { m.Version = 3 }, "daemon answers in protocol version 3, client speaks 1 to 2"},
+		{func(m *HelloOK) { m.Version = 0 }, "daemon answers in protocol version 0, client speaks 1 to 2"},
 		{func(m *HelloOK) { m.MaxFrame = 1024 }, "max_frame 1024"},
 		{func(m *HelloOK) { m.InlineLimit = 4000 }, "inline_limit 4000"},
 		{func(m *HelloOK) { m.MaxInFlight = 0 }, "max_in_flight is 0"},

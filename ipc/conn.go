@@ -60,7 +60,7 @@ type inFD struct {
 type Conn struct {
 	uc       *net.UnixConn
 	side     Side
-	fdType   Type
+	fdTypes  string // the frame types that arrive with an fd, for errors
 	maxFrame atomic.Uint32
 
 	// Reader state, owned by the goroutine calling ReadFrame.
@@ -88,6 +88,10 @@ type Conn struct {
 	spin              atomic.Int64 // nanoseconds to poll a quiet socket (SetSpin)
 	readSpin          int64        // this read's polling budget
 	onPark            func()       // SetOnPark
+	lane              *Lane        // SetLane: polled beside the socket
+	laneParked        bool         // the lane says this reader sleeps on the socket
+	socketAt          int64        // unix nanoseconds: when a lane's poller next reads the socket
+	goschedAt         int64        // unix nanoseconds: when a poll last yielded its P
 	hupFn             func(fd uintptr)
 	hup               bool
 	msg               unix.Msghdr
@@ -113,9 +117,9 @@ func NewConn(uc *net.UnixConn, side Side) *Conn {
 		oob:  make([]byte, unix.CmsgSpace(4*maxFDsPerMsg)),
 		buf:  make([]byte, minReadBuf),
 	}
-	c.fdType = TypeRegister
+	c.fdTypes = "REGISTER"
 	if side == ClientSide {
-		c.fdType = TypeAllocOK
+		c.fdTypes = "ALLOC_OK and LANE_OK"
 	}
 	c.maxFrame.Store(MaxHelloFrame)
 	c.raw, c.rawErr = uc.SyscallConn()
@@ -155,6 +159,12 @@ func (c *Conn) pollHup(fd uintptr) {
 // reader is about to park in the netpoller. f runs on the reading
 // goroutine, inside the read, and must not block. Set it before reading.
 func (c *Conn) SetOnPark(f func()) { c.onPark = f }
+
+// SetLane makes reads look at l between polls of the socket, at frame
+// boundaries: a frame waiting there ends the read with ErrRung. A read
+// about to sleep on the socket marks the lane parked first, so that the
+// other side rings (a WAKE frame). Set it from the reading goroutine.
+func (c *Conn) SetLane(l *Lane) { c.lane = l }
 
 // SetMaxFrame sets the largest payload accepted from now on.
 func (c *Conn) SetMaxFrame(n uint32) { c.maxFrame.Store(n) }
@@ -258,6 +268,12 @@ func (c *Conn) read(spin int64) (Frame, error) {
 	}
 	c.readSpin = spin
 	f, err := c.readFrame()
+	if err == ErrRung {
+		// Nothing was read: the frame on the lane comes first. (Compared,
+		// not matched: a lane's every call ends a read this way, and
+		// errors.As would allocate.)
+		return f, err
+	}
 	if err != nil {
 		var e *Error
 		switch {
@@ -293,7 +309,7 @@ func (c *Conn) readFrame() (Frame, error) {
 		return Frame{}, Fatalf(CodeBadFrame, "%s (id %d) is a request, not a daemon frame", h.Type, h.ID)
 	}
 	f := Frame{Header: h, FD: -1}
-	if h.Type == c.fdType {
+	if h.Type.CarriesFD() {
 		// The fd came with the frame's first byte, which we hold.
 		if len(c.fds) == 0 || c.fds[0].start > c.off || c.fds[0].end <= c.off {
 			return Frame{}, Fatalf(CodeBadFD, "%s (id %d) arrived without an fd", h.Type, h.ID)
@@ -326,7 +342,7 @@ func (c *Conn) checkUnclaimed() error {
 				n++
 			}
 		}
-		return Fatalf(CodeBadFD, "%d fd(s) arrived with frames that carry none (only %s carries one, attached to the sendmsg that begins with its first byte)", n, c.fdType)
+		return Fatalf(CodeBadFD, "%d fd(s) arrived with frames that carry none (only %s carry one, attached to the sendmsg that begins with its first byte)", n, c.fdTypes)
 	}
 	return nil
 }
@@ -351,6 +367,9 @@ func (c *Conn) fill(need int) error {
 	c.w += n
 	if flags&unix.MSG_CTRUNC != 0 {
 		return Fatalf(CodeBadFD, "control message truncated (MSG_CTRUNC): more than %d fds in one message", maxFDsPerMsg)
+	}
+	if err == ErrRung {
+		return err
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) && c.w > c.r {

@@ -20,8 +20,9 @@
 // Conn frames a *net.UnixConn for either side. Reads go through recvmsg(2)
 // with MSG_CMSG_CLOEXEC into a reusable buffer; received fds are queued
 // with the stream range of the read that brought them and handed to the
-// one frame type that carries an fd on that side (REGISTER on the daemon,
-// ALLOC_OK on a client) only if they arrived with its first byte. Any
+// frame types that carry an fd on that side (REGISTER on the daemon,
+// ALLOC_OK and LANE_OK on a client) only if they arrived with its first
+// byte. Any
 // other fd, a surplus one, or a truncated control message (MSG_CTRUNC)
 // closes every fd received and fails with a fatal BAD_FD. Writes are
 // serialized; an fd goes with the sendmsg that begins with its frame, and
@@ -38,7 +39,17 @@
 // Handler as a Request. The Handler, the daemon core, answers with
 // Request.Reply or Request.Fail from any goroutine; answers are queued to
 // the session's writer and never block the core. Operations the daemon
-// does not implement (allgather in version 1) are the Handler's to refuse.
+// does not implement (allgather, in versions 1 and 2) are the Handler's
+// to refuse.
+//
+// # Lane
+//
+// A version-2 client may ask for a lane (LANE): a sealed memfd the session
+// makes and polls beside the socket, where a CALL and its answer meet
+// without a system call (lane.go has the layout and the handshake that
+// keeps a sleeping side from being missed). Conn.SetLane makes a read look
+// at it between frames; a frame waiting there ends the read with ErrRung,
+// and Lane.Take copies it out and checks it as Conn checks the socket's.
 //
 // The package knows nothing of rings, TCP or how collectives are computed.
 package ipc

@@ -51,7 +51,8 @@ func (c Code) String() string {
 	return fmt.Sprintf("CODE(%d)", uint16(c))
 }
 
-// Known reports whether c is a code of protocol version 1.
+// Known reports whether c is a code of the protocol (versions 1 and 2 have
+// the same codes).
 func (c Code) Known() bool { return c != 0 && int(c) < len(codeNames) }
 
 // Error makes a Code usable as a sentinel error. It is the code's name,

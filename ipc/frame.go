@@ -9,8 +9,11 @@ import (
 const (
 	// Magic opens every HELLO payload.
 	Magic = "CLVD"
-	// Version is the protocol version this package speaks.
-	Version = 1
+	// Version is the newest protocol version this package speaks; a
+	// daemon also serves clients of every version from MinVersion.
+	Version = 2
+	// MinVersion is the oldest protocol version a daemon still serves.
+	MinVersion = 1
 	// HeaderSize is the length of every frame header.
 	HeaderSize = 16
 	// MaxHelloFrame bounds a payload until HELLO_OK has been sent.
@@ -38,12 +41,16 @@ const (
 	TypeRegister   Type = 0x04
 	TypeCall       Type = 0x05
 	TypeStatus     Type = 0x06
+	TypeLane       Type = 0x10 // version 2
+	TypeWake       Type = 0x11 // version 2: the client rings a parked daemon
 	TypeHelloOK    Type = 0x81
 	TypeAllocOK    Type = 0x82
 	TypeFreeOK     Type = 0x83
 	TypeRegisterOK Type = 0x84
 	TypeCallOK     Type = 0x85
 	TypeStatusOK   Type = 0x86
+	TypeLaneOK     Type = 0x90 // version 2
+	TypeWakeClient Type = 0x91 // version 2: the daemon rings a parked client
 	TypeError      Type = 0xff
 )
 
@@ -61,6 +68,10 @@ func (t Type) String() string {
 		return "CALL"
 	case TypeStatus:
 		return "STATUS"
+	case TypeLane:
+		return "LANE"
+	case TypeWake:
+		return "WAKE"
 	case TypeHelloOK:
 		return "HELLO_OK"
 	case TypeAllocOK:
@@ -73,20 +84,35 @@ func (t Type) String() string {
 		return "CALL_OK"
 	case TypeStatusOK:
 		return "STATUS_OK"
+	case TypeLaneOK:
+		return "LANE_OK"
+	case TypeWakeClient:
+		return "WAKE_CLIENT"
 	case TypeError:
 		return "ERROR"
 	}
 	return fmt.Sprintf("type(0x%02x)", uint8(t))
 }
 
-// Known reports whether t is a frame type of protocol version 1.
+// Known reports whether t is a frame type of the protocol (of any version
+// up to Version; Session refuses those newer than the connection's).
 func (t Type) Known() bool {
 	switch t {
-	case TypeHello, TypeAlloc, TypeFree, TypeRegister, TypeCall, TypeStatus,
-		TypeHelloOK, TypeAllocOK, TypeFreeOK, TypeRegisterOK, TypeCallOK, TypeStatusOK, TypeError:
+	case TypeHello, TypeAlloc, TypeFree, TypeRegister, TypeCall, TypeStatus, TypeLane, TypeWake,
+		TypeHelloOK, TypeAllocOK, TypeFreeOK, TypeRegisterOK, TypeCallOK, TypeStatusOK, TypeLaneOK,
+		TypeWakeClient, TypeError:
 		return true
 	}
 	return false
+}
+
+// Since is the protocol version that introduced t.
+func (t Type) Since() uint16 {
+	switch t {
+	case TypeLane, TypeWake, TypeLaneOK, TypeWakeClient:
+		return 2
+	}
+	return 1
 }
 
 // IsRequest reports whether t travels from client to daemon.
@@ -96,7 +122,9 @@ func (t Type) IsRequest() bool { return t.Known() && t < 0x80 }
 func (t Type) Reply() Type { return t | 0x80 }
 
 // CarriesFD reports whether a frame of type t comes with exactly one fd.
-func (t Type) CarriesFD() bool { return t == TypeAllocOK || t == TypeRegister }
+func (t Type) CarriesFD() bool {
+	return t == TypeAllocOK || t == TypeRegister || t == TypeLaneOK
+}
 
 // FlagFatal is header flag bit 0 of an ERROR frame: the daemon closes the
 // connection after it. No other type defines header flags.

@@ -69,8 +69,8 @@ func DecodeHello(p []byte) (Hello, error) {
 		return m, Fatalf(CodeBadFrame, "HELLO: payload is %d bytes, too short for the version", len(p))
 	}
 	m.Version = binary.LittleEndian.Uint16(p[4:])
-	if m.Version != Version {
-		return m, Fatalf(CodeVersion, "HELLO: client speaks protocol version %d, daemon speaks %d", m.Version, Version)
+	if m.Version < MinVersion || m.Version > Version {
+		return m, Fatalf(CodeVersion, "HELLO: client speaks protocol version %d, daemon speaks %d to %d", m.Version, MinVersion, Version)
 	}
 	if len(p) < helloFixed {
 		return m, Fatalf(CodeBadFrame, "HELLO: payload is %d bytes, at least %d needed", len(p), helloFixed)
@@ -179,8 +179,8 @@ func DecodeHelloOK(p []byte) (HelloOK, error) {
 	}
 	m.ShmQuota = le.Uint64(p[44:])
 	m.TimeoutMS = le.Uint64(p[52:])
-	if m.Version != Version {
-		return m, Fatalf(CodeVersion, "HELLO_OK: daemon speaks protocol version %d, client speaks %d", m.Version, Version)
+	if m.Version < MinVersion || m.Version > Version {
+		return m, Fatalf(CodeVersion, "HELLO_OK: daemon answers in protocol version %d, client speaks %d to %d", m.Version, MinVersion, Version)
 	}
 	if uint64(m.MaxFrame) < uint64(m.InlineLimit)+FrameOverhead || m.MaxFrame < MaxHelloFrame {
 		return m, Fatalf(CodeBadFrame, "HELLO_OK: max_frame %d is below max(inline_limit %d + %d, %d)", m.MaxFrame, m.InlineLimit, FrameOverhead, MaxHelloFrame)

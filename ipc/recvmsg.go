@@ -32,6 +32,10 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 	}
 	for {
 		err := c.raw.Read(c.recvFn)
+		if c.laneParked {
+			c.laneParked = false
+			c.lane.unpark()
+		}
 		if err == nil {
 			return c.rn, c.roobn, c.rflags, c.rerr
 		}
@@ -48,6 +52,21 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 // readable".
 func (c *Conn) recvOnce(fd uintptr) bool {
 	for {
+		if c.lane != nil && c.r == c.w && c.pollUntil != 0 {
+			// Polling between frames with a lane: small calls come there,
+			// so the lane is looked at on every turn (a load) and the
+			// socket only every laneSocketEvery (a system call).
+			if c.lane.Rung() {
+				c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
+				return true
+			}
+			if now := time.Now().UnixNano(); now < c.socketAt && now < c.pollUntil {
+				c.yield(now)
+				continue
+			} else {
+				c.socketAt = now + laneSocketEvery
+			}
+		}
 		c.iov.Base = unsafe.SliceData(c.rp)
 		c.iov.SetLen(len(c.rp))
 		c.msg = unix.Msghdr{Iov: &c.iov, Iovlen: 1, Control: unsafe.SliceData(c.oob)}
@@ -60,14 +79,23 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			if c.pollUntil != 0 && time.Now().UnixNano() < c.pollUntil {
-				// Let this process's other goroutines have the P, and other
-				// processes the CPU, between polls.
-				if c.yieldP {
-					runtime.Gosched()
-				}
-				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			// The lane is looked at only between frames: a frame half read
+			// from the socket is finished first.
+			atBoundary := c.lane != nil && c.r == c.w
+			if atBoundary && c.lane.Rung() {
+				c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
+				return true
+			}
+			if now := time.Now().UnixNano(); c.pollUntil != 0 && now < c.pollUntil {
+				c.yield(now)
 				continue
+			}
+			if atBoundary && !c.laneParked {
+				if !c.lane.park() {
+					c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
+					return true
+				}
+				c.laneParked = true
 			}
 			if c.pollUntil != 0 && c.onPark != nil {
 				c.onPark()
@@ -85,4 +113,26 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			return true
 		}
 	}
+}
+
+// laneSocketEvery is how often a reader polling a lane also polls its
+// socket, and goschedEvery how often a polling reader that yields its P
+// (ReadFrame) does so. Each turn of a poller costs the pollers of the
+// other processes on its CPU their turn: on two CPUs a system call or a
+// trip through the Go scheduler in every turn measured slower than these
+// intervals (docs/TUNING.md, section 20).
+const (
+	laneSocketEvery = int64(20 * time.Microsecond)
+	goschedEvery    = int64(20 * time.Microsecond)
+)
+
+// yield ends one empty turn of a poll: other processes get the CPU
+// (sched_yield), and now and then, for ReadFrame, this process's other
+// goroutines the P.
+func (c *Conn) yield(now int64) {
+	if c.yieldP && now-c.goschedAt > goschedEvery {
+		c.goschedAt = now
+		runtime.Gosched()
+	}
+	_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 }

@@ -21,6 +21,8 @@ type Request struct {
 	Buf    []byte
 	Inline bool
 
+	lane bool // the call came on the lane: so does its answer, when it fits
+
 	s       *Session
 	release func()
 	frame   []byte // CallOKPrefix + inline data: Buf is frame[CallOKPrefix:]
@@ -77,11 +79,30 @@ func (r *Request) ReplyNow(generation uint32, seq uint64) {
 	}
 	s.mu.Unlock()
 	s.retire(r)
-	err := s.conn.WriteFrame(r.out, -1)
+	err := s.writeAnswer(r)
 	s.reuse(r)
 	if err != nil {
 		s.Close(err)
 	}
+}
+
+// writeAnswer sends r's answer: on the lane if the call came that way and
+// the answer fits, ringing the client if it sleeps on the socket; else on
+// the socket (a client takes answers from both).
+func (s *Session) writeAnswer(r *Request) error {
+	if !r.lane {
+		return s.conn.WriteFrame(r.out, -1)
+	}
+	// The client may put its next call as soon as it sees this answer:
+	// the lane is free before the answer is out.
+	s.laneBusy.Store(false)
+	if len(r.out) > LaneFrameMax {
+		return s.conn.WriteFrame(r.out, -1)
+	}
+	if s.lane.Put(r.out) {
+		return s.conn.WriteFrame(WakeClientFrame, -1)
+	}
+	return nil
 }
 
 // Fail answers the call with an ERROR: an *Error's code and message (never
@@ -157,7 +178,7 @@ func (s *Session) writeLoop() {
 		select {
 		case r := <-s.outq:
 			s.retire(r)
-			err := s.conn.WriteFrame(r.out, -1)
+			err := s.writeAnswer(r)
 			// Through a long call the reader has stopped polling; the
 			// trainer's next call comes right after this answer.
 			rearm := r.Desc.Bytes() >= s.srv.cfg.RearmMinBytes
@@ -185,6 +206,9 @@ func (s *Session) writeLoop() {
 func (s *Session) handleCall(f Frame) error {
 	if err := s.observerRefused(f.Type); err != nil {
 		return err
+	}
+	if s.fromLane && s.laneBusy.Load() {
+		return Fatalf(CodeBadFrame, "CALL (id %d) came on the lane before the lane's last call was answered", f.ID)
 	}
 	c := &s.call
 	if err := DecodeCall(f.Payload, c, &s.names); err != nil {
@@ -227,7 +251,7 @@ func (s *Session) handleCall(f Frame) error {
 		r = &Request{s: s, frame: make([]byte, CallOKPrefix+limit)}
 	}
 
-	r.ID, r.Desc, r.Inline = f.ID, d, !c.SHM
+	r.ID, r.Desc, r.Inline, r.lane = f.ID, d, !c.SHM, s.fromLane
 	if c.SHM {
 		buf, release, err := s.table.Acquire(c.Segment, c.Offset, d.Bytes())
 		if err != nil {
@@ -245,6 +269,9 @@ func (s *Session) handleCall(f Frame) error {
 	s.mu.Lock()
 	s.inflight[f.ID] = r
 	s.mu.Unlock()
+	if r.lane {
+		s.laneBusy.Store(true)
+	}
 	s.h.Call(s, r)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,10 +32,18 @@ type Session struct {
 	admitted bool // the handler accepted Hello: Disconnected is owed
 
 	// Reader-owned.
-	writing bool // the writer goroutine was started
-	wbuf    []byte
-	call    Call
-	names   Names
+	writing  bool // the writer goroutine was started
+	wbuf     []byte
+	call     Call
+	names    Names
+	lane     *Lane        // LANE: small calls and answers in shared memory
+	laneSeg  *shm.Segment // the lane's memfd
+	laneBuf  []byte       // the frame taken from the lane
+	fromLane bool         // the frame being dispatched came on the lane
+
+	// Shared with the goroutines that answer calls and report status.
+	laneBusy atomic.Bool // a call that came on the lane is not answered yet
+	hasLane  atomic.Bool // the lane is open
 
 	mu       sync.Mutex
 	closed   bool
@@ -188,6 +197,10 @@ func (s *Session) run() {
 	go s.writeLoop()
 	for {
 		f, err := s.conn.ReadFrame()
+		s.fromLane = err == ErrRung
+		if s.fromLane {
+			f, err = s.lane.Take(s.laneBuf, s.conn.MaxFrame())
+		}
 		if err != nil {
 			s.fatal(err)
 			return
@@ -261,7 +274,7 @@ func (s *Session) handshake() error {
 		return Fatalf(CodeInternal, "hello: %v", err)
 	}
 	s.admitted = true
-	ok.Version = Version
+	ok.Version = hello.Version // the client's: the daemon speaks every version from MinVersion
 	ok.InlineLimit = uint32(cfg.InlineLimit)
 	ok.MaxFrame = s.srv.maxFrame
 	ok.MaxInFlight = uint32(cfg.MaxInFlight)
@@ -288,6 +301,19 @@ func closeFD(fd int) { unix.Close(fd) }
 // sent as the request's ERROR and the session goes on; anything else ends
 // the session.
 func (s *Session) dispatch(f Frame) error {
+	if v := f.Type.Since(); v > s.hello.Version {
+		if f.FD >= 0 {
+			closeFD(f.FD)
+		}
+		return Fatalf(CodeBadFrame, "%s (id %d) needs protocol version %d; this connection speaks %d", f.Type, f.ID, v, s.hello.Version)
+	}
+	if f.Type == TypeWake {
+		// Only a ring: the lane is looked at on the next read.
+		if f.ID != 0 {
+			return Fatalf(CodeBadFrame, "WAKE has id %d, want 0", f.ID)
+		}
+		return DecodeEmpty(f.Type, f.Payload)
+	}
 	if f.ID == 0 {
 		if f.FD >= 0 {
 			closeFD(f.FD)
@@ -295,6 +321,8 @@ func (s *Session) dispatch(f Frame) error {
 		return Fatalf(CodeBadFrame, "%s uses id 0, which is reserved", f.Type)
 	}
 	switch f.Type {
+	case TypeLane:
+		return s.handleLane(f)
 	case TypeCall:
 		return s.handleCall(f)
 	case TypeAlloc:
@@ -344,6 +372,35 @@ func (s *Session) handleAlloc(f Frame) error {
 	}
 	return s.send(AllocOK{Segment: id, Size: uint64(seg.Size())}.Append(s.wbuf[:0], f.ID), seg.Fd())
 }
+
+// handleLane makes the connection's lane: a sealed memfd the daemon maps
+// and sends, which the reader polls from now on beside the socket.
+func (s *Session) handleLane(f Frame) error {
+	if err := s.observerRefused(f.Type); err != nil {
+		return err
+	}
+	if err := DecodeEmpty(f.Type, f.Payload); err != nil {
+		return err
+	}
+	if s.lane != nil {
+		return Errorf(CodeBadRequest, "LANE: this connection has its lane already")
+	}
+	seg, err := shm.Create(LaneSize)
+	if err != nil {
+		return Errorf(CodeInternal, "LANE: %v", err)
+	}
+	if err := s.send(LaneOK{Size: LaneSize}.Append(s.wbuf[:0], f.ID), seg.Fd()); err != nil {
+		seg.Close()
+		return err
+	}
+	s.laneSeg, s.lane, s.laneBuf = seg, newLane(seg.Bytes(), DaemonSide), make([]byte, LaneFrameMax)
+	s.conn.SetLane(s.lane)
+	s.hasLane.Store(true)
+	return nil
+}
+
+// HasLane reports whether the client opened the connection's lane (LANE).
+func (s *Session) HasLane() bool { return s.hasLane.Load() }
 
 func (s *Session) handleFree(f Frame) error {
 	if err := s.observerRefused(f.Type); err != nil {
@@ -427,6 +484,9 @@ func (s *Session) cleanup() {
 		<-s.wdone
 	}
 	s.table.Close()
+	if s.laneSeg != nil {
+		s.laneSeg.Close()
+	}
 	s.conn.Close()
 	s.log.Info("client detached", "cause", cause)
 }

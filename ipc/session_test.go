@@ -27,8 +27,19 @@ func TestHello(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: 3, LocalRank: -1, Job: "job"}.Encode(1), -1)
+		c.expectError(f, CodeVersion, true, "client speaks protocol version 3, daemon speaks 1 to 2")
+	})
+	t.Run("version 2 answered in 2", func(t *testing.T) {
+		c := dial(t, srv.Path())
 		f := c.roundTrip(Hello{Version: 2, LocalRank: -1, Job: "job"}.Encode(1), -1)
-		c.expectError(f, CodeVersion, true, "client speaks protocol version 2, daemon speaks 1")
+		if f.Type != TypeHelloOK {
+			t.Fatalf("got %s, want HELLO_OK", f.Type)
+		}
+		ok, err := DecodeHelloOK(f.Payload)
+		if err != nil || ok.Version != 2 {
+			t.Fatalf("HELLO_OK version %d, %v; want 2", ok.Version, err)
+		}
 	})
 	t.Run("job", func(t *testing.T) {
 		c := dial(t, srv.Path())

@@ -48,6 +48,9 @@ type Options struct {
 	// daemon would take inline share two scratch segments; one started
 	// while both are in use goes inline.
 	InlineMax int
+	// NoLane keeps small calls on the socket instead of the connection's
+	// lane of shared memory (docs/PROTOCOL.md, LANE), for comparison.
+	NoLane bool
 }
 
 // DefaultSpin is the client's default Options.Spin.
@@ -81,6 +84,10 @@ type Client struct {
 	spin      time.Duration // how long Wait polls for its reply before parking
 	inlineMax int           // Options.InlineMax, resolved and capped by the daemon's limit
 	nscratch  int           // scratch segments made for small calls (segment.go)
+
+	lane    *ipc.Lane // nil: no lane (lane.go)
+	laneBuf []byte    // a frame taken from the lane; the token's holder owns it
+	laneID  uint64    // the call on the lane, 0 if none; under mu
 }
 
 // Dial connects to the daemon and says HELLO.
@@ -133,6 +140,12 @@ func Dial(opts Options) (*Client, error) {
 	c.token <- struct{}{}
 	if c.timeout <= 0 {
 		c.timeout = info.Timeout() + 10*time.Second
+	}
+	if info.Version >= 2 && !opts.Observer && !opts.NoLane {
+		if err := c.openLane(); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -251,6 +264,7 @@ func (c *Client) Close() error {
 		for _, s := range segs {
 			s.unmap()
 		}
+		c.lane.Close()
 	})
 	return nil
 }

@@ -21,7 +21,10 @@
 // Every call waits at most Options.Timeout; an error from the daemon is an
 // [*Error] whose Code tells what happened (errors.Is(err, ErrMismatch), ...).
 //
-// The client speaks protocol version 1 (docs/PROTOCOL.md) and is safe for
-// use by several goroutines; calls from several goroutines are ordered by
-// when they reach the daemon.
+// The client speaks protocol version 2 (docs/PROTOCOL.md): a call of up
+// to ipc.PollMaxBytes made while no other is in flight goes to the daemon,
+// and its answer comes back, through the connection's lane of shared
+// memory rather than the socket (Options.NoLane keeps to the socket). It
+// is safe for use by several goroutines; calls from several goroutines are
+// ordered by when they reach the daemon.
 package collectived

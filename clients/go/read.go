@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/collectived/collectived/ipc"
 )
 
 // Replies are read by the goroutines waiting for them, one at a time: the
@@ -25,7 +27,7 @@ func (c *Client) readUntil(h *Handle, deadline time.Time) (timedOut bool) {
 		spin = 0
 	}
 	for !h.fired.Load() {
-		f, err := c.conn.ReadFrameBy(spin, deadline)
+		f, err := c.readFrame(spin, deadline)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && time.Now().After(deadline) {
 				return true
@@ -44,7 +46,7 @@ func (c *Client) readUntil(h *Handle, deadline time.Time) (timedOut bool) {
 // readArrived delivers the frames already received, without waiting.
 func (c *Client) readArrived() {
 	for {
-		f, err := c.conn.ReadFrameBy(0, time.Now())
+		f, err := c.readFrame(0, time.Now())
 		if err != nil {
 			if !errors.Is(err, os.ErrDeadlineExceeded) {
 				c.fail(c.lost(err))
@@ -62,7 +64,7 @@ func (c *Client) readArrived() {
 // delivering what comes: Close's wait for the daemon to let go.
 func (c *Client) drain(deadline time.Time) {
 	for {
-		f, err := c.conn.ReadFrameBy(0, deadline)
+		f, err := c.readFrame(0, deadline)
 		if err != nil {
 			return
 		}
@@ -71,6 +73,15 @@ func (c *Client) drain(deadline time.Time) {
 			return
 		}
 	}
+}
+
+// readFrame reads the next frame from the socket or the lane.
+func (c *Client) readFrame(spin time.Duration, deadline time.Time) (ipc.Frame, error) {
+	f, err := c.conn.ReadFrameBy(spin, deadline)
+	if err == ipc.ErrRung {
+		return c.lane.Take(c.laneBuf, c.conn.MaxFrame())
+	}
+	return f, err
 }
 
 func (c *Client) lost(err error) error {

@@ -49,7 +49,7 @@ func TestVersion(t *testing.T) {
 	app := newApp()
 	var out bytes.Buffer
 	app.Writer = &out
-	if err := app.Run([]string{"collectived", "version"}); err != nil || !strings.Contains(out.String(), "client protocol 1") {
+	if err := app.Run([]string{"collectived", "version"}); err != nil || !strings.Contains(out.String(), "client protocol 1 to 2") {
 		t.Fatalf("version: %v %q", err, out.String())
 	}
 }
