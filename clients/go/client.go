@@ -264,7 +264,7 @@ func (c *Client) Close() error {
 		for _, s := range segs {
 			s.unmap()
 		}
-		c.lane.Close()
+		c.closeLane()
 	})
 	return nil
 }

@@ -41,6 +41,26 @@ func (c *Client) openLane() error {
 	return nil
 }
 
+// closeLane unmaps the lane once no goroutine can touch it: writers put
+// on it under wmu, and the token's holder polls it. A reader that keeps
+// the token past closeWait (it cannot: the socket is closed and its next
+// poll fails) would leave the lane mapped rather than fault.
+func (c *Client) closeLane() {
+	if c.lane == nil {
+		return
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	select {
+	case <-c.token:
+		c.lane.Close()
+		c.conn.SetLane(nil)
+		c.lane = nil
+		c.token <- struct{}{}
+	case <-time.After(closeWait):
+	}
+}
+
 // takeLaneCall reports whether call id, whose frame is in c.wbuf, goes on
 // the lane, and if so claims the lane for it. c.wmu is held.
 func (c *Client) takeLaneCall(h *Handle, id uint64) bool {
