@@ -436,6 +436,9 @@ GAINS = [
     "| 17. the op writes frames up to 64 KiB itself (writev), and buffers up to 64 KiB circulate whole | 32 KiB 64.9 µs, 64 KiB 115.0 µs | 33.6 µs, 57.4 µs |",
     "| 18. the Go client copies calls on plain memory over 2 KiB through shared memory (inline before, up to 64 KiB) | 16 KiB 26.7 µs, 64 KiB 53.8 µs; 2 x 2 64 KiB 122.4 µs | 22.5 µs, 42.2 µs; 71.6 µs |",
     "| 19. ops stripe over both streams from 2 MiB (4 MiB before) | 2 MiB 1099 µs, 3 MiB 2168 µs; 2 x 2 3 MiB 3042 µs | 1004 µs, 1661 µs; 2199 µs |",
+    "| 20. (AMD EPYC machine) the lane: small calls through shared memory | 4 B 60.1 µs | 53.4 µs |",
+    "| 20. pollers with a lane read their socket every 20 µs; session pollers yield their P every 20 µs | 4 B 56.2 µs | 49.3 µs |",
+    "| 20. one P while the link is lent, instead of a companion goroutine | 4 B 48.1 µs | 43.1 µs |",
     "",
 ]
 
