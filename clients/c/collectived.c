@@ -119,6 +119,10 @@ const char *cvd_frame_type_name(uint8_t type)
 	case CVD_T_CALL_OK: return "CALL_OK";
 	case CVD_T_STATUS: return "STATUS";
 	case CVD_T_STATUS_OK: return "STATUS_OK";
+	case CVD_T_LANE: return "LANE";
+	case CVD_T_LANE_OK: return "LANE_OK";
+	case CVD_T_WAKE: return "WAKE";
+	case CVD_T_WAKE_CLIENT: return "WAKE_CLIENT";
 	case CVD_T_ERROR: return "ERROR";
 	}
 	return NULL;
@@ -274,6 +278,13 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err
 		f->data = p;
 		f->data_len = len;
 		return 0;
+	case CVD_T_LANE: case CVD_T_WAKE: case CVD_T_WAKE_CLIENT:
+		EXACT(0);
+		return 0;
+	case CVD_T_LANE_OK:
+		EXACT(8);
+		f->size = get64(p);
+		return 0;
 	case CVD_T_ERROR:
 		NEED(4, "code and reserved");
 		f->code = get16(p);
@@ -313,6 +324,8 @@ static size_t payload_len(const cvd_frame *f)
 	case CVD_T_ALLOC: case CVD_T_REGISTER: case CVD_T_FREE: return 8;
 	case CVD_T_ALLOC_OK: case CVD_T_REGISTER_OK: return 16;
 	case CVD_T_FREE_OK: case CVD_T_STATUS: return 0;
+	case CVD_T_LANE: case CVD_T_WAKE: case CVD_T_WAKE_CLIENT: return 0;
+	case CVD_T_LANE_OK: return 8;
 	case CVD_T_CALL:
 		if (f->name_len > 255)
 			return (size_t)-1;
@@ -365,7 +378,7 @@ static size_t encode_prefix(const cvd_frame *f, uint8_t *o, size_t plen)
 		put64(o + 44, f->info.shm_quota);
 		put64(o + 52, f->info.timeout_ms);
 		return CVD_HEADER_SIZE + plen;
-	case CVD_T_ALLOC: case CVD_T_REGISTER:
+	case CVD_T_ALLOC: case CVD_T_REGISTER: case CVD_T_LANE_OK:
 		put64(o, f->size);
 		return CVD_HEADER_SIZE + plen;
 	case CVD_T_ALLOC_OK: case CVD_T_REGISTER_OK:
@@ -474,7 +487,28 @@ struct cvd_client {
 	int broken;
 	cvd_error broken_err;
 	pid_t pid; /* the process that connected */
+	/* The lane (docs/PROTOCOL.md, LANE): NULL if none. */
+	uint8_t *lane;
+	uint8_t *lane_buf;  /* a frame taken from the lane */
+	uint32_t lane_own;  /* frames put in the c2d slot */
+	uint32_t lane_seen; /* frames taken from the d2c slot */
+	uint64_t lane_id;   /* the call on the lane, 0 if none */
+	int64_t sock_at;    /* while polling a lane: when to poll the socket next */
 };
+
+/* The lane's layout (docs/PROTOCOL.md, LANE). */
+#define LANE_SIZE 12288
+#define LANE_FRAME_MAX 4096
+#define L_C2D_SEQ 0
+#define L_C2D_TAKEN 64
+#define L_D2C_SEQ 128
+#define L_D_PARKED 192
+#define L_C_PARKED 256
+#define L_C2D 4096
+#define L_D2C 8192
+/* While polling with a lane, the socket is read this often (the lane on
+ * every turn): each turn's system call costs other pollers their turn. */
+#define LANE_SOCKET_EVERY_NS 20000
 
 /* Calls up to this size poll for their reply (as the daemon's
  * ipc.PollMaxBytes); a longer call outlasts the poll, which would only take
@@ -490,6 +524,24 @@ struct cvd_client {
  * go inline. */
 #define SMALL_SCRATCH 2
 #define MAX_SPIN_US 10000
+
+static uint32_t lane_load(const cvd_client *c, size_t off)
+{
+	return __atomic_load_n((const uint32_t *)(const void *)(c->lane + off), __ATOMIC_SEQ_CST);
+}
+
+static void lane_store(cvd_client *c, size_t off, uint32_t v)
+{
+	__atomic_store_n((uint32_t *)(void *)(c->lane + off), v, __ATOMIC_SEQ_CST);
+}
+
+/* The daemon has put an answer on the lane that is not taken yet. */
+static int lane_rung(const cvd_client *c) { return c->lane && lane_load(c, L_D2C_SEQ) != c->lane_seen; }
+
+/* The daemon has taken every call put on the lane: only then may a frame
+ * follow on the socket (the daemon matches calls in the order it reads
+ * them). */
+static int lane_free(const cvd_client *c) { return !c->lane || lane_load(c, L_C2D_TAKEN) == c->lane_own; }
 
 static int64_t now_ns(void)
 {
@@ -521,6 +573,7 @@ int cvd_node_count(const cvd_client *c) { return (int)c->info.node_count; }
 uint32_t cvd_generation(const cvd_client *c) { return c->info.generation; }
 int64_t cvd_default_timeout_ms(const cvd_client *c) { return c->timeout_ms; }
 uint64_t cvd_bytes_sent(const cvd_client *c) { return c->bytes_sent; }
+int cvd_has_lane(const cvd_client *c) { return c->lane != NULL; }
 
 /* Write every byte of the iovecs (blocking, bounded by SO_SNDTIMEO). The
  * optional fd rides with the first byte. */
@@ -615,6 +668,7 @@ static void break_conn(cvd_client *c, const cvd_error *e)
 	}
 	c->pending = NULL;
 	c->in_flight = 0;
+	c->lane_id = 0;
 	while (c->nfds)
 		close(c->fds[--c->nfds]);
 }
@@ -643,8 +697,19 @@ static int pop_fd(cvd_client *c)
 static int dispatch(cvd_client *c, const cvd_frame *f)
 {
 	cvd_error e;
-	cvd_request *r = find_req(c, f->id);
+	cvd_request *r;
 	memset(&e, 0, sizeof e);
+	if (f->type == CVD_T_WAKE_CLIENT) {
+		/* The daemon's ring: its answer is on the lane, looked at next. */
+		if (f->id == 0)
+			return 0;
+		set_err(&e, CVD_E_PROTOCOL, "WAKE_CLIENT carries id %llu, want 0", (unsigned long long)f->id);
+		break_conn(c, &e);
+		return -1;
+	}
+	if (c->lane_id != 0 && f->id == c->lane_id)
+		c->lane_id = 0; /* answered, whichever way: the lane is free */
+	r = find_req(c, f->id);
 	if (f->type == CVD_T_ERROR) {
 		e.code = f->code;
 		e.fatal = (f->frame_flags & CVD_FLAG_FATAL) != 0;
@@ -675,15 +740,26 @@ static int dispatch(cvd_client *c, const cvd_frame *f)
 	}
 	unlink_req(c, r);
 	switch (f->type) {
-	case CVD_T_ALLOC_OK: {
+	case CVD_T_ALLOC_OK: case CVD_T_LANE_OK: {
 		int fd = pop_fd(c);
+		struct stat st;
 		void *m;
 		if (fd < 0) {
-			set_err(&e, CVD_E_PROTOCOL, "ALLOC_OK (id %llu) arrived without an fd",
-				(unsigned long long)f->id);
+			set_err(&e, CVD_E_PROTOCOL, "%s (id %llu) arrived without an fd",
+				cvd_frame_type_name(f->type), (unsigned long long)f->id);
 			req_fail(r, &e);
 			break_conn(c, &e);
 			return -1;
+		}
+		memset(&st, 0, sizeof st);
+		if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < f->size) {
+			/* Mapping past the memfd's end would fault on first touch. */
+			set_err(&e, CVD_E_PROTOCOL, "%s (id %llu) says %llu bytes, its memfd has %lld",
+				cvd_frame_type_name(f->type), (unsigned long long)f->id,
+				(unsigned long long)f->size, (long long)st.st_size);
+			close(fd);
+			req_fail(r, &e);
+			goto out;
 		}
 		m = mmap(NULL, (size_t)f->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 		close(fd);
@@ -758,6 +834,70 @@ unmatched:
 	return -1;
 }
 
+/* Take the answer waiting on the lane, check it as a frame from the socket
+ * would be, and dispatch it. 0, or the broken connection's code. */
+static int lane_take(cvd_client *c, cvd_error *err)
+{
+	uint32_t n = lane_load(c, L_D2C_SEQ), plen;
+	cvd_frame f;
+	cvd_error e;
+	memset(&e, 0, sizeof e);
+	if (n != c->lane_seen + 1) {
+		set_err(&e, CVD_E_PROTOCOL, "lane: %lu answers put since the last taken, want 1",
+			(unsigned long)(n - c->lane_seen));
+		goto bad;
+	}
+	c->lane_seen = n;
+	/* Check the copy, never the slot: the daemon could still write to it. */
+	memcpy(c->lane_buf, c->lane + L_D2C, LANE_FRAME_MAX);
+	if (cvd_frame_header(c->lane_buf, c->info.max_frame, &f, &plen, &e) != 0)
+		goto bad;
+	if (plen > LANE_FRAME_MAX - CVD_HEADER_SIZE) {
+		set_err(&e, CVD_E_PROTOCOL, "lane: %s of %lu bytes does not fit the lane",
+			cvd_frame_type_name(f.type), (unsigned long)plen);
+		goto bad;
+	}
+	if (f.type != CVD_T_CALL_OK && f.type != CVD_T_ERROR) {
+		set_err(&e, CVD_E_PROTOCOL, "lane: %s (id %llu): only CALL_OK and ERROR may travel the lane",
+			cvd_frame_type_name(f.type), (unsigned long long)f.id);
+		goto bad;
+	}
+	if (cvd_frame_payload(&f, c->lane_buf + CVD_HEADER_SIZE, plen, &e) != 0)
+		goto bad;
+	if (dispatch(c, &f) != 0) {
+		copy_err(err, &c->broken_err);
+		return c->broken_err.code;
+	}
+	return 0;
+bad:
+	prefix_msg(e.message, sizeof e.message, "frame from the daemon: ");
+	break_conn(c, &e);
+	copy_err(err, &e);
+	return e.code;
+}
+
+/* Put a call, given as iovecs, on the lane and ring the daemon if it
+ * sleeps on the socket. The caller checked that it fits and the lane is
+ * free. */
+static int lane_put(cvd_client *c, const struct iovec *iov, int n, cvd_error *err)
+{
+	static const uint8_t wake[CVD_HEADER_SIZE] = {0, 0, 0, 0, CVD_T_WAKE};
+	struct iovec w;
+	size_t off = 0;
+	int i;
+	for (i = 0; i < n; i++) {
+		memcpy(c->lane + L_C2D + off, iov[i].iov_base, iov[i].iov_len);
+		off += iov[i].iov_len;
+	}
+	c->bytes_sent += off;
+	lane_store(c, L_C2D_SEQ, ++c->lane_own);
+	if (!lane_load(c, L_D_PARKED))
+		return 0;
+	w.iov_base = (void *)wake;
+	w.iov_len = sizeof wake;
+	return send_all(c, &w, 1, -1, err);
+}
+
 /* Read what is there (waiting until deadline_ms; polling without sleeping
  * until spin_until_ns first, if that is later than now) and dispatch whole
  * frames. Returns 0 after progress, CVD_E_WAIT_TIMEOUT, or the broken
@@ -778,13 +918,38 @@ static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, c
 	}
 	for (;;) {
 		int64_t rem = deadline_ms - now_ms();
+		int spinning = rem > 0 && spin_until_ns > 0 && now_ns() < spin_until_ns, parked = 0;
 		left = rem < 0 ? 0 : (rem > 1000000000 ? 1000000000 : (int)rem);
-		if (rem > 0 && spin_until_ns > 0 && now_ns() < spin_until_ns)
+		if (spinning)
 			left = 0; /* poll: look, yield the CPU, look again */
+		if (c->lane && c->rstart == c->rend) {
+			/* Between frames of the socket, the lane comes first. */
+			if (lane_rung(c))
+				return lane_take(c, err);
+			if (spinning) {
+				int64_t t = now_ns();
+				if (t < c->sock_at) {
+					sched_yield();
+					continue;
+				}
+				c->sock_at = t + LANE_SOCKET_EVERY_NS;
+			} else if (left > 0) {
+				/* About to sleep on the socket: say so, then look once
+				 * more, so that the daemon either rings or is seen. */
+				lane_store(c, L_C_PARKED, 1);
+				if (lane_rung(c)) {
+					lane_store(c, L_C_PARKED, 0);
+					return lane_take(c, err);
+				}
+				parked = 1;
+			}
+		}
 		pfd.fd = c->fd;
 		pfd.events = POLLIN;
 		pfd.revents = 0;
 		n = poll(&pfd, 1, left);
+		if (parked)
+			lane_store(c, L_C_PARKED, 0);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
@@ -912,10 +1077,38 @@ static int submit(cvd_client *c, cvd_request *r, struct iovec *iov, int n, int f
 				return rc;
 		}
 	}
+	if (c->lane && fd < 0 && r->reply_type == CVD_T_CALL_OK && r->call_bytes <= POLL_MAX_BYTES &&
+	    c->in_flight == 0) {
+		size_t total = 0;
+		int i;
+		for (i = 0; i < n; i++)
+			total += iov[i].iov_len;
+		if (total <= LANE_FRAME_MAX) {
+			r->next = c->pending;
+			c->pending = r;
+			c->in_flight++;
+			c->lane_id = r->id;
+			rc = lane_put(c, iov, n, err);
+			goto sent;
+		}
+	}
+	if (!lane_free(c)) {
+		/* The call on the lane must be read before anything that follows. */
+		int64_t deadline = now_ms() + c->timeout_ms;
+		while (!lane_free(c)) {
+			if (now_ms() > deadline) {
+				set_err(err, CVD_E_WAIT_TIMEOUT, "the daemon did not take the call on the lane within %lld ms",
+					(long long)c->timeout_ms);
+				return CVD_E_WAIT_TIMEOUT;
+			}
+			sched_yield();
+		}
+	}
 	r->next = c->pending;
 	c->pending = r;
 	c->in_flight++;
 	rc = send_all(c, iov, n, fd, err);
+sent:
 	if (rc) {
 		cvd_error e;
 		copy_err(&e, err);
@@ -1067,8 +1260,8 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 			cvd_frame_type_name(f.type), (unsigned long long)f.id);
 		return CVD_E_PROTOCOL;
 	}
-	if (f.version != CVD_PROTOCOL_VERSION) {
-		set_err(err, CVD_E_PROTOCOL, "daemon speaks protocol version %u, this client %u",
+	if (f.version < 1 || f.version > CVD_PROTOCOL_VERSION) {
+		set_err(err, CVD_E_PROTOCOL, "daemon answers in protocol version %u, this client speaks 1 to %u",
 			f.version, CVD_PROTOCOL_VERSION);
 		return CVD_E_PROTOCOL;
 	}
@@ -1077,6 +1270,7 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 }
 
 static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, cvd_error *err);
+static int open_lane(cvd_client *c, cvd_error *err);
 
 cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_error *err)
 {
@@ -1176,6 +1370,11 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 		free(c);
 		return NULL;
 	}
+	if (c->info.version >= 2 && !c->observer && !opt->no_lane && open_lane(c, err) != 0) {
+		prefix_msg(err->message, sizeof err->message, "lane: ");
+		cvd_close(c);
+		return NULL;
+	}
 	if (err)
 		err->code = 0;
 	return c;
@@ -1240,6 +1439,9 @@ void cvd_close(cvd_client *c)
 		munmap(s->base, s->size);
 		free(s);
 	}
+	if (c->lane)
+		munmap(c->lane, LANE_SIZE);
+	free(c->lane_buf);
 	free(c->rbuf);
 	free(c);
 }
@@ -1298,6 +1500,39 @@ static int control_request(cvd_client *c, cvd_frame *f, uint8_t reply, int fd, c
 		return rc;
 	}
 	*out = r;
+	return 0;
+}
+
+/* Ask the daemon for the connection's lane (LANE) and map it. */
+static int open_lane(cvd_client *c, cvd_error *err)
+{
+	cvd_frame f;
+	cvd_request *r;
+	int rc;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_LANE;
+	if ((rc = control_request(c, &f, CVD_T_LANE_OK, -1, &r, err)) != 0)
+		return rc;
+	if ((rc = r->err.code) != 0) {
+		copy_err(err, &r->err);
+		free_req(r);
+		return rc;
+	}
+	if (r->size != LANE_SIZE) {
+		set_err(err, CVD_E_PROTOCOL, "LANE_OK says %llu bytes, want %d", (unsigned long long)r->size,
+			LANE_SIZE);
+		free_req(r);
+		return CVD_E_PROTOCOL;
+	}
+	c->lane_buf = (uint8_t *)malloc(LANE_FRAME_MAX);
+	if (!c->lane_buf) {
+		set_err(err, CVD_E_NOMEM, "no memory for the lane's frame buffer");
+		free_req(r);
+		return CVD_E_NOMEM;
+	}
+	c->lane = (uint8_t *)r->map; /* the request gives the mapping up */
+	r->map = NULL;
+	free_req(r);
 	return 0;
 }
 

@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define CVD_PROTOCOL_VERSION 1
+#define CVD_PROTOCOL_VERSION 2 /* the newest spoken; daemons of version 1 are refused */
 #define CVD_DEFAULT_SOCKET "/run/collectived/collectived.sock"
 #define CVD_DEFAULT_JOB "default"
 #define CVD_HEADER_SIZE 16
@@ -147,6 +147,9 @@ typedef struct cvd_options {
 				     * Calls the daemon would take inline share two scratch
 				     * segments; one started while both are busy goes
 				     * inline */
+	int no_lane;                /* nonzero: small calls keep to the socket instead of
+				     * the connection's lane of shared memory (protocol
+				     * version 2, docs/PROTOCOL.md, LANE) */
 } cvd_options;
 
 /* Fill *opt with the defaults (local_rank -1, everything else 0/NULL). */
@@ -191,7 +194,8 @@ int cvd_node_rank(const cvd_client *c);
 int cvd_node_count(const cvd_client *c);
 uint32_t cvd_generation(const cvd_client *c); /* of the last completed collective */
 int64_t cvd_default_timeout_ms(const cvd_client *c);
-uint64_t cvd_bytes_sent(const cvd_client *c); /* bytes written to the socket so far */
+uint64_t cvd_bytes_sent(const cvd_client *c); /* bytes of frames sent so far (socket and lane) */
+int cvd_has_lane(const cvd_client *c); /* nonzero: small calls go through the lane */
 
 /* A daemon-made shared segment of at least size bytes (ALLOC), mapped
  * read-write. Collectives on buffers inside it send no data. NULL on error. */
@@ -252,6 +256,8 @@ enum {
 	CVD_T_REGISTER = 0x04, CVD_T_REGISTER_OK = 0x84,
 	CVD_T_CALL = 0x05, CVD_T_CALL_OK = 0x85,
 	CVD_T_STATUS = 0x06, CVD_T_STATUS_OK = 0x86,
+	CVD_T_LANE = 0x10, CVD_T_LANE_OK = 0x90,     /* version 2 */
+	CVD_T_WAKE = 0x11, CVD_T_WAKE_CLIENT = 0x91, /* version 2 */
 	CVD_T_ERROR = 0xff
 };
 

@@ -210,6 +210,7 @@ typedef void (*trainer_fn)(cvd_client *c, const world *w);
 /* cvd_options.spin_us and inline_max of the trainers run_trainers starts. */
 static int64_t trainer_spin_us;
 static int64_t trainer_inline_max;
+static int trainer_no_lane;
 
 /* Fork one trainer per world rank; each runs fn and reports its counters. */
 static void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s)
@@ -240,6 +241,7 @@ static void run_trainers(const world *w, trainer_fn fn, const char *what, int ti
 			o.label = "ctest trainer";
 			o.spin_us = trainer_spin_us;
 			o.inline_max = trainer_inline_max;
+			o.no_lane = trainer_no_lane;
 			/* The daemon frees a local rank when it notices the previous
 			 * holder's disconnect, which can lag its exit: retry briefly. */
 			o.rank_retry_ms = 5000;
@@ -527,6 +529,46 @@ static void info_and_async(cvd_client *c, const world *w)
 		if (k != 2)
 			free(bufs[k]);
 	}
+	/* The first call may take the lane and the others the socket: the
+	 * daemon still runs them in the order they were made. */
+	for (k = 1; k < K; k++)
+		if (reqs[k] && reqs[k - 1])
+			CHECK(cvd_request_seq(reqs[k]) == cvd_request_seq(reqs[k - 1]) + 1,
+			      "call %d ran as collective %llu, call %d as %llu: out of order", k - 1,
+			      (unsigned long long)cvd_request_seq(reqs[k - 1]), k,
+			      (unsigned long long)cvd_request_seq(reqs[k]));
+	for (k = 0; k < K; k++)
+		cvd_request_free(reqs[k]);
+}
+
+/* The lane is open unless the options said no, the daemon's status says
+ * the same, and small calls work either way. */
+static void lane_checks(cvd_client *c, const world *w)
+{
+	cvd_error err;
+	size_t len = 0;
+	char *st;
+	int k;
+	(void)w;
+	CHECK(cvd_has_lane(c) == !trainer_no_lane, "cvd_has_lane %d with no_lane %d", cvd_has_lane(c),
+	      trainer_no_lane);
+	st = cvd_status(c, &len, &err);
+	CHECK(st != NULL, "status: %s", err.message);
+	if (st) {
+		int shown = strstr(st, "\"lane\":true") != NULL;
+		CHECK(shown == !trainer_no_lane, "status %s a lane with no_lane %d: %s",
+		      shown ? "shows" : "does not show", trainer_no_lane, st);
+		free(st);
+	}
+	for (k = 0; k < 200; k++) {
+		float x[3] = {(float)k, 1, (float)cvd_rank(c)};
+		int rc = cvd_allreduce(c, x, 3, CVD_FLOAT32, CVD_SUM, &err);
+		CHECK(rc == 0, "call %d: %s", k, err.message);
+		if (rc != 0)
+			break;
+		CHECK(x[0] == (float)(k * cvd_size(c)) && x[1] == (float)cvd_size(c),
+		      "call %d: got %g %g", k, x[0], x[1]);
+	}
 }
 
 static void broadcast_barrier(cvd_client *c, const world *w)
@@ -659,6 +701,11 @@ int run_daemon_tests(const char *bin)
 		printf("world %dx%d up\n", w.nodes, w.local);
 		parent_checks(&w);
 		run_trainers(&w, info_and_async, "info_and_async", 120);
+		run_trainers(&w, lane_checks, "lane_checks", 120);
+		trainer_no_lane = 1;
+		run_trainers(&w, lane_checks, "lane_checks, no lane", 120);
+		run_trainers(&w, info_and_async, "info_and_async, no lane", 120);
+		trainer_no_lane = 0;
 		run_trainers(&w, every_dtype_op, "every_dtype_op", 180);
 		run_trainers(&w, broadcast_barrier, "broadcast_barrier", 120);
 		run_trainers(&w, mismatch_then_recover, "mismatch_then_recover", 120);

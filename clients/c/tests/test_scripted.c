@@ -5,7 +5,8 @@
  * The peer answers HELLO (timeout_ms 1000, inline_limit 64), then CALLs by
  * name: "silent" never, "hold" only after the next call (out of order),
  * "fatal" with ERROR BAD_FRAME FATAL id 0 and a close, anything else at
- * once with the data unchanged. */
+ * once with the data unchanged. In the lane modes it speaks version 2 and
+ * answers LANE with a LANE_OK the client must refuse. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdint.h>
@@ -40,6 +41,33 @@ static void send_frame(int fd, const cvd_frame *f)
 		_exit(2);
 }
 
+enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE };
+
+/* f with fd attached to its first byte, as the daemon sends LANE_OK. */
+static void send_frame_fd(int fd, const cvd_frame *f, int pass)
+{
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	uint8_t buf[64];
+	struct msghdr mh;
+	struct iovec iov;
+	struct cmsghdr *cm;
+	memset(&mh, 0, sizeof mh);
+	memset(&u, 0, sizeof u);
+	iov.iov_base = buf;
+	iov.iov_len = cvd_frame_encode(f, buf, sizeof buf);
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	mh.msg_control = u.buf;
+	mh.msg_controllen = sizeof u.buf;
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &pass, sizeof(int));
+	if (sendmsg(fd, &mh, 0) != (ssize_t)iov.iov_len)
+		_exit(2);
+}
+
 static void peer(int lfd, int refuse)
 {
 	uint8_t buf[8192], held[8192];
@@ -50,7 +78,7 @@ static void peer(int lfd, int refuse)
 	int fd = accept(lfd, NULL, NULL);
 	if (fd < 0)
 		_exit(1);
-	if (refuse) { /* as for refused credentials: answer before reading, close */
+	if (refuse == PEER_REFUSE) { /* as for refused credentials: answer before reading, close */
 		memset(&r, 0, sizeof r);
 		r.type = CVD_T_ERROR;
 		r.frame_flags = CVD_FLAG_FATAL;
@@ -69,13 +97,27 @@ static void peer(int lfd, int refuse)
 		r.id = f.id;
 		if (f.type == CVD_T_HELLO) {
 			r.type = CVD_T_HELLO_OK;
-			r.version = 1;
+			r.version = refuse >= PEER_LANE_SHORT_FD ? 2 : 1;
 			r.info.world_size = r.info.node_count = r.info.local_size = 1;
 			r.info.inline_limit = 64;
 			r.info.max_frame = 4096;
 			r.info.max_in_flight = 8;
 			r.info.timeout_ms = 1000;
 			send_frame(fd, &r);
+			continue;
+		}
+		if (f.type == CVD_T_LANE) {
+			/* A file of 4096 bytes: LANE_OK either claims the lane's
+			 * 12288 (more than the file has) or says 4096. */
+			char tmp[] = "/tmp/cvd-lane-XXXXXX";
+			int mfd = mkstemp(tmp);
+			if (mfd < 0 || ftruncate(mfd, 4096) != 0)
+				_exit(4);
+			unlink(tmp);
+			r.type = CVD_T_LANE_OK;
+			r.size = refuse == PEER_LANE_SHORT_FD ? 12288 : 4096;
+			send_frame_fd(fd, &r, mfd);
+			close(mfd);
 			continue;
 		}
 		if (f.type != CVD_T_CALL)
@@ -256,8 +298,33 @@ void run_scripted_tests(void)
 	}
 	stop_peer(p, path);
 
+	/* A lane the client must refuse: connect fails naming what was wrong. */
+	p = start_peer(path, PEER_LANE_SHORT_FD);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
+	      strstr(err.message, "lane: LANE_OK (id 2) says 12288 bytes, its memfd has 4096") != NULL,
+	      "lane memfd shorter than LANE_OK says: %d %s", err.code, err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+	p = start_peer(path, PEER_LANE_WRONG_SIZE);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
+	      strstr(err.message, "lane: LANE_OK says 4096 bytes, want 12288") != NULL,
+	      "lane of the wrong size: %d %s", err.code, err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+	/* ... which the client does not ask for when told not to. */
+	p = start_peer(path, PEER_LANE_WRONG_SIZE);
+	o.no_lane = 1;
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && !cvd_has_lane(c), "no_lane against a version-2 peer: %s", c ? "" : err.message);
+	CHECK(c && cvd_barrier(c, &err) == 0, "barrier without a lane: %s", err.message);
+	o.no_lane = 0;
+	cvd_close(c);
+	stop_peer(p, path);
+
 	/* refused before HELLO is read: the daemon's error, not a broken pipe */
-	p = start_peer(path, 1);
+	p = start_peer(path, PEER_REFUSE);
 	c = cvd_connect(path, &o, &err);
 	CHECK(c == NULL && err.code == CVD_E_PERMISSION && err.fatal &&
 	      strstr(err.message, "uid 1000 is not allowed") != NULL,
