@@ -66,7 +66,7 @@ test: $(SETUP) lint gotest fuzz-short pytest ctest
 # -fuzztime races Go's fuzz coordinator at the deadline and fails with a
 # bare "context deadline exceeded" and no crasher (golang/go#75804, fixed
 # only in Go 1.27); a count has no deadline to race.
-FUZZ_TARGETS := ipc:FuzzDecodeFrame:160000 ring:FuzzDecodeHeader:300000 \
+FUZZ_TARGETS := ipc:FuzzDecodeFrame:160000 ipc:FuzzLaneTake:100000 ring:FuzzDecodeHeader:300000 \
 	ring:FuzzRingStream:20000 rendezvous:FuzzDecodeHello:300000 config:FuzzParse:60000
 FUZZMULT ?= 1
 fuzz-short:

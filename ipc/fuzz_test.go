@@ -40,7 +40,7 @@ func decodeRequest(t *testing.T, h Header, p []byte, names *Names) {
 		if m, err = DecodeRegister(p); err == nil {
 			out = m.Encode(h.ID)
 		}
-	case TypeStatus:
+	case TypeStatus, TypeLane, TypeWake:
 		if err = DecodeEmpty(h.Type, p); err == nil {
 			out = AppendEmpty(nil, h.Type, h.ID)
 		}
@@ -88,6 +88,8 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add((&Call{Desc: collective.Desc{Op: collective.OpBroadcast, DType: collective.Bytes, Count: 9, Root: 1}, SHM: true, Segment: 1, Offset: 3}).Encode(4))
 	f.Add(append(Alloc{Size: 1}.Encode(2), Free{Segment: 1}.Encode(3)...))
 	f.Add(Header{Type: TypeCall, Length: 0xffffffff, ID: 1}.Append(nil))
+	f.Add(AppendEmpty(nil, TypeLane, 2))
+	f.Add(WakeFrame)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// The codec alone, as the session applies it to one frame.
 		var names Names

@@ -2,6 +2,8 @@ package ipc
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -306,6 +308,40 @@ func TestLaneParkOrRing(t *testing.T) {
 			t.Fatalf("round %d: %v", i, err)
 		}
 	}
+}
+
+// Whatever a peer leaves in the lane's slot, Take returns a frame that
+// passed the checks or a coded *Error, on both sides, and never reads past
+// the slot.
+func FuzzLaneTake(f *testing.F) {
+	f.Add((&Call{Desc: descInt32(1, "x"), Data: []byte{1, 2, 3, 4}}).Encode(5))
+	f.Add(AppendEmpty(nil, TypeStatus, 3))
+	f.Add(Header{Type: TypeCall, Length: LaneFrameMax, ID: 1}.Append(nil))
+	f.Add((&Error{Code: CodeMismatch, Message: "m"}).Encode(9))
+	f.Fuzz(func(t *testing.T, slot []byte) {
+		for _, side := range []Side{DaemonSide, ClientSide} {
+			mem := make([]byte, LaneSize)
+			l := newLane(mem, side)
+			at, seq := l.takeSlot()
+			copy(mem[at:at+LaneFrameMax], slot)
+			binary.LittleEndian.PutUint32(mem[seq:], 1)
+			buf := make([]byte, LaneFrameMax)
+			fr, err := l.Take(buf, 1<<20)
+			if err != nil {
+				var e *Error
+				if !errors.As(err, &e) || !e.Code.Known() || !e.Fatal || e.Message == "" {
+					t.Fatalf("side %d: error %v is not a fatal coded *Error with a message", side, err)
+				}
+				continue
+			}
+			if HeaderSize+len(fr.Payload) > LaneFrameMax || int(fr.Length) != len(fr.Payload) {
+				t.Fatalf("side %d: %s of %d bytes taken from a %d-byte slot", side, fr.Type, len(fr.Payload), LaneFrameMax)
+			}
+			if side == DaemonSide && fr.Type != TypeCall || side == ClientSide && fr.Type != TypeCallOK && fr.Type != TypeError {
+				t.Fatalf("side %d: %s taken from the lane", side, fr.Type)
+			}
+		}
+	})
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
