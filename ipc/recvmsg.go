@@ -60,12 +60,12 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 				c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
 				return true
 			}
-			if now := time.Now().UnixNano(); now < c.socketAt && now < c.pollUntil {
+			now := time.Now().UnixNano()
+			if now < c.socketAt && now < c.pollUntil {
 				c.yield(now)
 				continue
-			} else {
-				c.socketAt = now + laneSocketEvery
 			}
+			c.socketAt = now + laneSocketEvery
 		}
 		c.iov.Base = unsafe.SliceData(c.rp)
 		c.iov.SetLen(len(c.rp))

@@ -104,11 +104,18 @@ func decodeAny(b []byte) (Header, map[string]any, []byte, error) {
 		}
 		f["segment"] = uint64(m.Segment)
 		out = m.Encode(h.ID)
-	case TypeFreeOK, TypeStatus:
+	case TypeFreeOK, TypeStatus, TypeLane, TypeWake, TypeWakeClient:
 		if err := DecodeEmpty(h.Type, p); err != nil {
 			return h, nil, nil, err
 		}
 		out = AppendEmpty(nil, h.Type, h.ID)
+	case TypeLaneOK:
+		m, err := DecodeLaneOK(p)
+		if err != nil {
+			return h, nil, nil, err
+		}
+		f["size"] = m.Size
+		out = m.Append(nil, h.ID)
 	case TypeStatusOK:
 		m, err := DecodeStatusOK(p)
 		if err != nil {

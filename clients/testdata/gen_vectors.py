@@ -25,10 +25,13 @@ T = {
     "REGISTER": 0x04, "REGISTER_OK": 0x84,
     "CALL": 0x05, "CALL_OK": 0x85,
     "STATUS": 0x06, "STATUS_OK": 0x86,
+    # Version 2 (PROTOCOL.md, "LANE (0x10) and LANE_OK (0x90)", "WAKE (0x11) and WAKE_CLIENT (0x91)").
+    "LANE": 0x10, "LANE_OK": 0x90,
+    "WAKE": 0x11, "WAKE_CLIENT": 0x91,
     "ERROR": 0xFF,
 }
 DIRECTION = {name: ("d2c" if code & 0x80 else "c2d") for name, code in T.items()}
-FD_TYPES = {"ALLOC_OK", "REGISTER"}
+FD_TYPES = {"ALLOC_OK", "REGISTER", "LANE_OK"}
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
 U32_MAX = 0xFFFFFFFF
@@ -93,9 +96,10 @@ def bad(name: str, direction: str, raw: bytes, error: str) -> None:
                     "error": error, "valid": False})
 
 
-def hello(name: str, fid: int, flags: int, local_rank: int, pid: int, job: str, label: str) -> None:
-    payload = p_hello(b"CLVD", 1, flags, local_rank, pid, job.encode(), label.encode())
-    add(name, {"type": "HELLO", "id": fid, "frame_flags": 0, "magic": "CLVD", "version": 1,
+def hello(name: str, fid: int, flags: int, local_rank: int, pid: int, job: str, label: str,
+          version: int = 1) -> None:
+    payload = p_hello(b"CLVD", version, flags, local_rank, pid, job.encode(), label.encode())
+    add(name, {"type": "HELLO", "id": fid, "frame_flags": 0, "magic": "CLVD", "version": version,
                "flags": flags, "local_rank": local_rank, "pid": pid, "job": job,
                "label": label}, frame(T["HELLO"], fid, payload))
 
@@ -141,6 +145,7 @@ def build() -> None:
     hello("hello_id0_empty_label", 0, 0, 0, 0xFFFFFFFF, "j", "")
     hello("hello_label_255", 1, 0, 1, 99, "demo", "L" * 255)
     hello("hello_utf8", 1, 0, -1, 5, "jöb", "wörker ✓")
+    hello("hello_v2", 1, 0, -1, 4242, "demo", "w0", version=2)
 
     base_ok = dict(version=1, world_rank=5, world_size=8, node_rank=2, node_count=4,
                    local_rank=1, local_size=2, inline_limit=65536, max_frame=65536 + 1024,
@@ -151,6 +156,7 @@ def build() -> None:
         base_ok, world_rank=0, world_size=1, node_rank=0, node_count=1, local_rank=0,
         local_size=1, inline_limit=U32_MAX - 512, max_frame=U32_MAX, max_in_flight=U32_MAX,
         generation=U32_MAX, shm_quota=U64_MAX, timeout_ms=U64_MAX))
+    hello_ok("hello_ok_v2", 1, **dict(base_ok, version=2))
 
     # ALLOC / ALLOC_OK (fd attached to ALLOC_OK).
     add("alloc", {"type": "ALLOC", "id": 2, "frame_flags": 0, "size": 1 << 20},
@@ -206,6 +212,14 @@ def build() -> None:
     doc = '{"job":"demo","node_rank":0,"node_count":2,"generation":1,"trainers":[]}'
     add("status_ok", {"type": "STATUS_OK", "id": 1, "frame_flags": 0, "json": doc},
         frame(T["STATUS_OK"], 1, doc.encode()))
+
+    # LANE / LANE_OK (fd attached to LANE_OK), WAKE / WAKE_CLIENT: version 2.
+    add("lane", {"type": "LANE", "id": 2, "frame_flags": 0}, frame(T["LANE"], 2, b""))
+    add("lane_ok", {"type": "LANE_OK", "id": 2, "frame_flags": 0, "size": 12288},
+        frame(T["LANE_OK"], 2, struct.pack("<Q", 12288)))
+    add("wake", {"type": "WAKE", "id": 0, "frame_flags": 0}, frame(T["WAKE"], 0, b""))
+    add("wake_client", {"type": "WAKE_CLIENT", "id": 0, "frame_flags": 0},
+        frame(T["WAKE_CLIENT"], 0, b""))
 
     # ERROR.
     error("error_mismatch", 4, 15,
@@ -266,6 +280,9 @@ def build() -> None:
     bad("call_ok_short", "d2c", frame(T["CALL_OK"], 3, struct.pack("<II", 1, 0)),
         "payload_length")
     bad("error_short", "d2c", frame(T["ERROR"], 3, b"\x0f\x00"), "payload_length")
+    bad("lane_nonempty", "c2d", frame(T["LANE"], 2, b"\x00"), "payload_length")
+    bad("lane_ok_short", "d2c", frame(T["LANE_OK"], 2, struct.pack("<I", 12288)), "payload_length")
+    bad("wake_nonempty", "c2d", frame(T["WAKE"], 0, b"\x00"), "payload_length")
     bad("unknown_type_request", "c2d", frame(0x07, 1, b""), "unknown_type")
     bad("unknown_type_reply", "d2c", frame(0x87, 1, b""), "unknown_type")
     bad("unknown_type_zero", "c2d", frame(0x00, 1, b""), "unknown_type")

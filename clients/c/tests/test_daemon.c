@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -495,6 +496,7 @@ static void info_and_async(cvd_client *c, const world *w)
 {
 	enum { K = 6, N = 20000 };
 	cvd_request *reqs[K];
+	uint64_t seqs[K];
 	int64_t *bufs[K];
 	cvd_error err;
 	int k, rank = cvd_rank(c);
@@ -520,6 +522,13 @@ static void info_and_async(cvd_client *c, const world *w)
 		int r;
 		if (!reqs[k])
 			continue;
+		/* cvd_wait frees the request: read its collective number first. */
+		{
+			int64_t deadline = mono_ms() + 60000;
+			while (!cvd_test(reqs[k]) && mono_ms() < deadline)
+				sched_yield();
+		}
+		seqs[k] = cvd_request_seq(reqs[k]);
 		CHECK(cvd_wait(reqs[k], -1, &err) == 0, "wait %d: %s", k, err.message);
 		for (r = 0; r < w->size; r++)
 			want += r + k;
@@ -533,12 +542,8 @@ static void info_and_async(cvd_client *c, const world *w)
 	 * daemon still runs them in the order they were made. */
 	for (k = 1; k < K; k++)
 		if (reqs[k] && reqs[k - 1])
-			CHECK(cvd_request_seq(reqs[k]) == cvd_request_seq(reqs[k - 1]) + 1,
-			      "call %d ran as collective %llu, call %d as %llu: out of order", k - 1,
-			      (unsigned long long)cvd_request_seq(reqs[k - 1]), k,
-			      (unsigned long long)cvd_request_seq(reqs[k]));
-	for (k = 0; k < K; k++)
-		cvd_request_free(reqs[k]);
+			CHECK(seqs[k] == seqs[k - 1] + 1, "call %d ran as collective %llu, call %d as %llu: out of order",
+			      k - 1, (unsigned long long)seqs[k - 1], k, (unsigned long long)seqs[k]);
 }
 
 /* The lane is open unless the options said no, the daemon's status says

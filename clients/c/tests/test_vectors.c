@@ -74,7 +74,7 @@ static int get_field(const cvd_frame *f, const char *k, int *is_int, int64_t *sv
 		U("shm_quota", f->info.shm_quota);
 		U("timeout_ms", f->info.timeout_ms);
 	}
-	U("size", f->size);
+	U("size", f->size); /* ALLOC, REGISTER, ALLOC_OK, REGISTER_OK, LANE_OK */
 	U("segment", f->segment);
 	if (f->type == CVD_T_CALL) {
 		U("op", f->op);
@@ -227,8 +227,10 @@ static void test_valid(const char *name, const char *fd, const char *hexs, char 
 		if (nkeep < 32)
 			CHECK(set_field(&g, k, v, &keep[nkeep++]) == 0, "%s: cannot set %s", name, k);
 	}
-	/* the frames this client passes an fd with (SCM_RIGHTS) */
-	CHECK(strcmp(fd, (g.type == CVD_T_ALLOC_OK || g.type == CVD_T_REGISTER) ? "1" : "0") == 0,
+	/* the frames an fd travels with (SCM_RIGHTS): this client passes one with
+	 * REGISTER and gets one with ALLOC_OK and LANE_OK */
+	CHECK(strcmp(fd, (g.type == CVD_T_ALLOC_OK || g.type == CVD_T_REGISTER ||
+			  g.type == CVD_T_LANE_OK) ? "1" : "0") == 0,
 	      "%s: vector's fd column %s disagrees with the frame type", name, fd);
 	/* encode from the vector's own fields, compare with the vector's bytes */
 	n = cvd_frame_encode(&g, out, sizeof out);

@@ -22,6 +22,7 @@ _CLASSES = {
     "HELLO": P.Hello, "HELLO_OK": P.HelloOk, "ALLOC": P.Alloc, "ALLOC_OK": P.AllocOk,
     "FREE": P.Free, "FREE_OK": P.FreeOk, "REGISTER": P.Register, "REGISTER_OK": P.RegisterOk,
     "CALL": P.Call, "CALL_OK": P.CallOk, "STATUS": P.Status, "STATUS_OK": P.StatusOk,
+    "LANE": P.Lane, "LANE_OK": P.LaneOk, "WAKE": P.Wake, "WAKE_CLIENT": P.WakeClient,
     "ERROR": P.Error,
 }
 
@@ -48,6 +49,14 @@ def test_vectors_cover_the_brief() -> None:
     for c in ("bad_magic", "frame_too_long", "reserved_nonzero", "payload_length",
               "unknown_type", "inline_data_length"):
         assert c in checks
+    # Protocol version 2: HELLO and HELLO_OK in both versions, and the lane's
+    # frames (LANE, LANE_OK, WAKE, WAKE_CLIENT; in the type set above) also
+    # with a payload they must not have.
+    for t in ("HELLO", "HELLO_OK"):
+        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {1, 2}, t
+    names = {v["name"]: v for v in INVALID}
+    for n in ("lane_nonempty", "lane_ok_short", "wake_nonempty"):
+        assert names[n]["error"] == "payload_length", n
 
 
 def test_committed_vectors_are_the_generators() -> None:
@@ -65,8 +74,10 @@ def test_committed_vectors_are_the_generators() -> None:
         assert f.read() == "\n".join(gen.txt_lines()) + "\n"
 
 
-# The frames that carry an fd (SCM_RIGHTS), as this client sends and expects them.
-_FD_TYPES = {"ALLOC_OK", "REGISTER"}
+# The frames that carry an fd (SCM_RIGHTS), as PROTOCOL.md lists them. This
+# client sends REGISTER and expects ALLOC_OK; it never asks for a lane, so
+# never gets LANE_OK.
+_FD_TYPES = {"ALLOC_OK", "REGISTER", "LANE_OK"}
 
 
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])

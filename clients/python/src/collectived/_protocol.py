@@ -1,20 +1,24 @@
-"""Frames of the collectived client protocol, version 1 (docs/PROTOCOL.md).
+"""Frames of the collectived client protocol (docs/PROTOCOL.md).
 
-Pure encoding and decoding: no sockets here. Every decode failure raises
-:class:`FrameError` whose ``check`` names the rule that failed, using the
-names of ``clients/testdata/README.md`` (``frame_too_long``,
-``unknown_type``, ``reserved_nonzero``, ``bad_flags``, ``bad_magic``,
-``payload_length``, ``inline_data_length``), plus two that no vector
-pins because the daemon treats them as request errors rather than broken
-frames: ``bad_dtype`` (an inline CALL with an unknown dtype and a nonzero
-count) and ``bad_utf8`` (a string that is not UTF-8).
+Pure encoding and decoding: no sockets here. The codec knows every frame
+type up to protocol version 2 (LANE, LANE_OK, WAKE and WAKE_CLIENT are
+version 2), so that it is checked against all the shared vectors; this
+client speaks version 1 (:data:`PROTOCOL_VERSION`) and never sends LANE.
+
+Every decode failure raises :class:`FrameError` whose ``check`` names the
+rule that failed, using the names of ``clients/testdata/README.md``
+(``frame_too_long``, ``unknown_type``, ``reserved_nonzero``, ``bad_flags``,
+``bad_magic``, ``payload_length``, ``inline_data_length``), plus two that
+no vector pins because the daemon treats them as request errors rather than
+broken frames: ``bad_dtype`` (an inline CALL with an unknown dtype and a
+nonzero count) and ``bad_utf8`` (a string that is not UTF-8).
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Union
+from typing import Callable, Union
 
 PROTOCOL_VERSION = 1
 MAGIC = b"CLVD"
@@ -29,12 +33,15 @@ FREE, FREE_OK = 0x03, 0x83
 REGISTER, REGISTER_OK = 0x04, 0x84
 CALL, CALL_OK = 0x05, 0x85
 STATUS, STATUS_OK = 0x06, 0x86
+LANE, LANE_OK = 0x10, 0x90         # version 2
+WAKE, WAKE_CLIENT = 0x11, 0x91     # version 2
 ERROR = 0xFF
 
 TYPE_NAMES = {
     HELLO: "HELLO", HELLO_OK: "HELLO_OK", ALLOC: "ALLOC", ALLOC_OK: "ALLOC_OK",
     FREE: "FREE", FREE_OK: "FREE_OK", REGISTER: "REGISTER", REGISTER_OK: "REGISTER_OK",
     CALL: "CALL", CALL_OK: "CALL_OK", STATUS: "STATUS", STATUS_OK: "STATUS_OK",
+    LANE: "LANE", LANE_OK: "LANE_OK", WAKE: "WAKE", WAKE_CLIENT: "WAKE_CLIENT",
     ERROR: "ERROR",
 }
 
@@ -184,6 +191,39 @@ class StatusOk:
 
 
 @dataclass
+class Lane:
+    """Version 2: asks for the connection's lane. This client never sends it."""
+
+    id: int
+    frame_flags: int = 0
+
+
+@dataclass
+class LaneOk:
+    """Version 2: the lane's size (its memfd travels with the frame)."""
+
+    id: int
+    size: int
+    frame_flags: int = 0
+
+
+@dataclass
+class Wake:
+    """Version 2: the client's ring of the lane; id is always 0."""
+
+    id: int = 0
+    frame_flags: int = 0
+
+
+@dataclass
+class WakeClient:
+    """Version 2: the daemon's ring of the lane; id is always 0."""
+
+    id: int = 0
+    frame_flags: int = 0
+
+
+@dataclass
 class Error:
     id: int
     code: int
@@ -196,11 +236,17 @@ class Error:
 
 
 Message = Union[Hello, HelloOk, Alloc, AllocOk, Free, FreeOk, Register, RegisterOk,
-                Call, CallOk, Status, StatusOk, Error]
+                Call, CallOk, Status, StatusOk, Lane, LaneOk, Wake, WakeClient, Error]
 
 _TYPE_OF = {Hello: HELLO, HelloOk: HELLO_OK, Alloc: ALLOC, AllocOk: ALLOC_OK, Free: FREE,
             FreeOk: FREE_OK, Register: REGISTER, RegisterOk: REGISTER_OK, Call: CALL,
-            CallOk: CALL_OK, Status: STATUS, StatusOk: STATUS_OK, Error: ERROR}
+            CallOk: CALL_OK, Status: STATUS, StatusOk: STATUS_OK, Lane: LANE, LaneOk: LANE_OK,
+            Wake: WAKE, WakeClient: WAKE_CLIENT, Error: ERROR}
+
+
+# The types whose payload is empty, and their message classes.
+_EMPTY: dict[int, Callable[..., Message]] = {
+    FREE_OK: FreeOk, STATUS: Status, LANE: Lane, WAKE: Wake, WAKE_CLIENT: WakeClient}
 
 
 def type_code(msg: Message) -> int:
@@ -251,13 +297,13 @@ def encode(msg: Message) -> bytes:
                            msg.node_count, msg.local_rank, msg.local_size, msg.inline_limit,
                            msg.max_frame, msg.max_in_flight, msg.generation, msg.shm_quota,
                            msg.timeout_ms)
-    elif isinstance(msg, (Alloc, Register)):
+    elif isinstance(msg, (Alloc, Register, LaneOk)):
         p = _U64.pack(msg.size)
     elif isinstance(msg, (AllocOk, RegisterOk)):
         p = _SEG_SIZE.pack(msg.segment, 0, msg.size)
     elif isinstance(msg, Free):
         p = _SEG.pack(msg.segment, 0)
-    elif isinstance(msg, (FreeOk, Status)):
+    elif isinstance(msg, (FreeOk, Status, Lane, Wake, WakeClient)):
         p = b""
     elif isinstance(msg, Call):
         prefix = encode_call_prefix(msg)
@@ -368,9 +414,13 @@ def decode_payload(ftype: int, flags: int, fid: int,
         seg, res = _SEG.unpack_from(p, 0)
         _zero(res, tname, "reserved field")
         return Free(fid, seg, frame_flags=flags)
-    if ftype in (FREE_OK, STATUS):
+    if ftype in _EMPTY:
         _exact(p, 0, tname)
-        return (FreeOk if ftype == FREE_OK else Status)(fid, frame_flags=flags)
+        return _EMPTY[ftype](fid, frame_flags=flags)
+    if ftype == LANE_OK:
+        _exact(p, 8, tname)
+        (size,) = _U64.unpack_from(p, 0)
+        return LaneOk(fid, size, frame_flags=flags)
     if ftype == CALL:
         return _decode_call(p, flags, fid)
     if ftype == CALL_OK:
