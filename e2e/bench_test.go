@@ -15,6 +15,7 @@ import (
 type benchRow struct {
 	Bytes    int64   `json:"bytes"`
 	Path     string  `json:"path"`
+	Lane     bool    `json:"lane"`
 	Iters    int     `json:"iters"`
 	MedianUS float64 `json:"median_us"`
 	BusBW    float64 `json:"busbw_GBps"`
@@ -40,16 +41,19 @@ func runBench(t *testing.T, args ...string) ([]benchRow, string, error) {
 	return rows, out.String() + errb.String(), err
 }
 
-// The benchmark's two modes, through the daemons and on the ring engines
-// alone, run end to end, verify their results and report every size.
+// The benchmark's modes, through the daemons (with and without the lane)
+// and on the ring engines alone, run end to end, verify their results and
+// report every size.
 func TestBenchCommand(t *testing.T) {
 	for _, mode := range []struct {
 		flags []string
 		small string // the path a 4-byte buffer takes
 		large string // and a 1 MiB one
+		lane  bool
 	}{
-		{nil, "inline", "shm"},
-		{[]string{"--ring-only"}, "ring", "ring"},
+		{nil, "inline", "shm", true},
+		{[]string{"--client-no-lane"}, "inline", "shm", false},
+		{[]string{"--ring-only"}, "ring", "ring", false},
 	} {
 		args := append([]string{"--nodes", "2", "--local", "1", "--sizes", "4,1MiB", "--iters", "5", "--json"}, mode.flags...)
 		rows, out, err := runBench(t, args...)
@@ -64,8 +68,8 @@ func TestBenchCommand(t *testing.T) {
 			path  string
 		}{{4, mode.small}, {1 << 20, mode.large}} {
 			r := rows[i]
-			if r.Bytes != want.bytes || r.Path != want.path || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.BusBW <= 0 {
-				t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, 5 verified iterations", args, i, r, want.bytes, want.path)
+			if r.Bytes != want.bytes || r.Path != want.path || r.Lane != mode.lane || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.BusBW <= 0 {
+				t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, lane %v, 5 verified iterations", args, i, r, want.bytes, want.path, mode.lane)
 			}
 		}
 	}

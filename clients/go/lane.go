@@ -61,6 +61,15 @@ func (c *Client) closeLane() {
 	}
 }
 
+// HasLane reports whether the connection has a lane (Options.NoLane unset
+// and a daemon of protocol version 2): calls of up to ipc.PollMaxBytes
+// made while no other is in flight then go through it.
+func (c *Client) HasLane() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.lane != nil
+}
+
 // takeLaneCall reports whether call id, whose frame is in c.wbuf, goes on
 // the lane, and if so claims the lane for it. c.wmu is held.
 func (c *Client) takeLaneCall(h *Handle, id uint64) bool {

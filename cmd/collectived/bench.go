@@ -38,6 +38,7 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
+			&cli.BoolFlag{Name: "client-no-lane", Usage: "trainers' Options.NoLane: small calls keep to the socket instead of the connection's lane of shared memory"},
 			&cli.IntFlag{Name: "client-inline-max", Usage: "trainers' Options.InlineMax: the largest buffer sent inline, larger ones up to the daemon's inline limit are copied through shared memory (0: the client's default; negative: none inline)"},
 			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "with --ring-only: how long the whole run may take"},
@@ -54,6 +55,7 @@ type benchRow struct {
 	DType    string  `json:"dtype"`
 	Op       string  `json:"op"`
 	Path     string  `json:"path"`
+	Lane     bool    `json:"lane"` // the trainers' connections have a lane (--client-no-lane unset)
 	Iters    int     `json:"iters"`
 	MedianUS float64 `json:"median_us"`
 	P99US    float64 `json:"p99_us"`
@@ -108,7 +110,8 @@ func runBench(c *cli.Context) error {
 			cmd := exec.Command(self, "bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
 				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
 				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")),
-				"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")))
+				"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
+				"--no-lane="+strconv.FormatBool(c.Bool("client-no-lane")))
 			var eb bytes.Buffer
 			cmd.Stderr = &eb
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -251,7 +254,7 @@ func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benc
 	} else {
 		bus = 0
 	}
-	return benchRow{Bytes: r.Bytes, Nodes: nodes, Local: local, DType: dtype, Op: op, Path: r.Path, Iters: len(ts),
+	return benchRow{Bytes: r.Bytes, Nodes: nodes, Local: local, DType: dtype, Op: op, Path: r.Path, Lane: r.Lane, Iters: len(ts),
 		MedianUS: med / 1e3, P99US: p99 / 1e3, AlgBWGBs: alg, BusBWGBs: bus, Verified: true}
 }
 

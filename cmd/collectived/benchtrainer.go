@@ -17,6 +17,7 @@ type sizeResult struct {
 	Bytes   int64   `json:"bytes"`
 	TimesNS []int64 `json:"times_ns"`
 	Path    string  `json:"path"` // inline, copied (through the client's scratch segment) or shm
+	Lane    bool    `json:"lane"` // the trainer's connection has a lane (Client.HasLane)
 }
 
 // benchTrainerCommand is one trainer of `collectived bench`: a hidden
@@ -36,13 +37,14 @@ func benchTrainerCommand() *cli.Command {
 			&cli.IntFlag{Name: "local-rank", Value: -1},
 			&cli.DurationFlag{Name: "spin"},
 			&cli.IntFlag{Name: "inline-max"},
+			&cli.BoolFlag{Name: "no-lane"},
 		},
 		Action: func(c *cli.Context) error {
 			sizes, dt, op, err := parseWorkload(c)
 			if err != nil {
 				return err
 			}
-			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin"), InlineMax: c.Int("inline-max")})
+			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin"), InlineMax: c.Int("inline-max"), NoLane: c.Bool("no-lane")})
 			if err != nil {
 				return err
 			}
@@ -84,7 +86,7 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 		count = 1
 	}
 	n := int(count * es)
-	res := sizeResult{Bytes: int64(n), Path: "inline"}
+	res := sizeResult{Bytes: int64(n), Path: "inline", Lane: cl.HasLane()}
 	var buf []byte
 	if n > cl.InlineLimit() {
 		seg, err := cl.Alloc(n)
