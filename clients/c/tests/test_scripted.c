@@ -41,7 +41,7 @@ static void send_frame(int fd, const cvd_frame *f)
 		_exit(2);
 }
 
-enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE };
+enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE };
 
 /* f with fd attached to its first byte, as the daemon sends LANE_OK. */
 static void send_frame_fd(int fd, const cvd_frame *f, int pass)
@@ -111,13 +111,20 @@ static void peer(int lfd, int refuse)
 			 * 12288 (more than the file has) or says 4096. */
 			char tmp[] = "/tmp/cvd-lane-XXXXXX";
 			int mfd = mkstemp(tmp);
-			if (mfd < 0 || ftruncate(mfd, 4096) != 0)
+			int good = refuse == PEER_LANE_BAD_WAKE;
+			if (mfd < 0 || ftruncate(mfd, good ? 12288 : 4096) != 0)
 				_exit(4);
 			unlink(tmp);
 			r.type = CVD_T_LANE_OK;
-			r.size = refuse == PEER_LANE_SHORT_FD ? 12288 : 4096;
+			r.size = refuse == PEER_LANE_WRONG_SIZE ? 4096 : 12288;
 			send_frame_fd(fd, &r, mfd);
 			close(mfd);
+			if (good) { /* then a ring that is not one */
+				memset(&r, 0, sizeof r);
+				r.type = CVD_T_WAKE_CLIENT;
+				r.id = 7;
+				send_frame(fd, &r);
+			}
 			continue;
 		}
 		if (f.type != CVD_T_CALL)
@@ -311,6 +318,17 @@ void run_scripted_tests(void)
 	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
 	      strstr(err.message, "lane: LANE_OK says 4096 bytes, want 12288") != NULL,
 	      "lane of the wrong size: %d %s", err.code, err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+	/* A ring with an id is a protocol fault: the next call fails naming it. */
+	p = start_peer(path, PEER_LANE_BAD_WAKE);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && cvd_has_lane(c), "connect to a peer with a lane: %s", c ? "no lane" : err.message);
+	if (c) {
+		int rc = cvd_barrier(c, &err);
+		CHECK(rc == CVD_E_PROTOCOL && strstr(err.message, "WAKE_CLIENT carries id 7, want 0") != NULL,
+		      "WAKE_CLIENT with an id: %d %s", rc, err.message);
+	}
 	cvd_close(c);
 	stop_peer(p, path);
 	/* ... which the client does not ask for when told not to. */
