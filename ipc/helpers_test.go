@@ -304,20 +304,28 @@ func (c *client) inlineCall(id uint64, data []byte, name string) Frame {
 	return c.roundTrip(call.Encode(id), -1)
 }
 
+// replyWithFD sends req and expects its reply of type want, with an fd,
+// which the caller closes.
+func (c *client) replyWithFD(req []byte, want Type) Frame {
+	c.t.Helper()
+	f := c.roundTrip(req, -1)
+	if f.Type != want {
+		c.t.Fatalf("%s answered %s: %v", frameType(req), f.Type, c.errorOf(f))
+	}
+	if f.FD < 0 {
+		c.t.Fatalf("%s without fd", want)
+	}
+	return f
+}
+
 func (c *client) alloc(size uint64) (AllocOK, []byte) {
 	c.t.Helper()
-	f := c.roundTrip(Alloc{Size: size}.Encode(c.id()), -1)
-	if f.Type != TypeAllocOK {
-		c.t.Fatalf("ALLOC answered %s: %v", f.Type, c.errorOf(f))
-	}
+	f := c.replyWithFD(Alloc{Size: size}.Encode(c.id()), TypeAllocOK)
+	defer unix.Close(f.FD)
 	m, err := DecodeAllocOK(f.Payload)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if f.FD < 0 {
-		c.t.Fatal("ALLOC_OK without fd")
-	}
-	defer unix.Close(f.FD)
 	mem, err := unix.Mmap(f.FD, 0, int(m.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		c.t.Fatal(err)

@@ -35,18 +35,12 @@ func (c *client) attachV2() HelloOK {
 // then polls it beside the socket.
 func (c *client) openLane() *Lane {
 	c.t.Helper()
-	f := c.roundTrip(AppendEmpty(nil, TypeLane, c.id()), -1)
-	if f.Type != TypeLaneOK {
-		c.t.Fatalf("LANE answered %s: %v", f.Type, c.errorOf(f))
-	}
+	f := c.replyWithFD(AppendEmpty(nil, TypeLane, c.id()), TypeLaneOK)
+	defer unix.Close(f.FD)
 	m, err := DecodeLaneOK(f.Payload)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if f.FD < 0 {
-		c.t.Fatal("LANE_OK without fd")
-	}
-	defer unix.Close(f.FD)
 	seals, err := unix.FcntlInt(uintptr(f.FD), unix.F_GET_SEALS, 0)
 	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
 		c.t.Fatalf("lane memfd seals %#x, %v: want shrink and grow sealed", seals, err)

@@ -57,8 +57,7 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			// so the lane is looked at on every turn (a load) and the
 			// socket only every laneSocketEvery (a system call).
 			if c.lane.Rung() {
-				c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
-				return true
+				return c.rung()
 			}
 			now := time.Now().UnixNano()
 			if now < c.socketAt && now < c.pollUntil {
@@ -83,8 +82,7 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			// from the socket is finished first.
 			atBoundary := c.lane != nil && c.r == c.w
 			if atBoundary && c.lane.Rung() {
-				c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
-				return true
+				return c.rung()
 			}
 			if now := time.Now().UnixNano(); c.pollUntil != 0 && now < c.pollUntil {
 				c.yield(now)
@@ -92,8 +90,7 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			}
 			if atBoundary && !c.laneParked {
 				if !c.lane.park() {
-					c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
-					return true
+					return c.rung()
 				}
 				c.laneParked = true
 			}
@@ -113,6 +110,13 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			return true
 		}
 	}
+}
+
+// rung ends the read callback with ErrRung: nothing read from the socket,
+// a frame waiting on the lane.
+func (c *Conn) rung() bool {
+	c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, ErrRung
+	return true
 }
 
 // laneSocketEvery is how often a reader polling a lane also polls its

@@ -93,11 +93,12 @@ func TestDialErrors(t *testing.T) {
 	}
 }
 
-// silentDaemon accepts one client, answers HELLO, then reads and never
-// answers; closing done makes it drop the connection.
-func silentDaemon(t *testing.T, done <-chan struct{}) string {
+// scriptedDaemon accepts one client, answers its HELLO in protocol
+// version v, then hands the connection to serve: a daemon that misbehaves
+// on cue, for the client's own checks.
+func scriptedDaemon(t *testing.T, v uint16, serve func(conn *ipc.Conn, nc net.Conn)) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "cvd-silent-")
+	dir, err := os.MkdirTemp("", "cvd-scripted-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +120,21 @@ func silentDaemon(t *testing.T, done <-chan struct{}) string {
 		if err != nil || f.Type != ipc.TypeHello {
 			return
 		}
-		ok := ipc.HelloOK{Version: 1, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
+		ok := ipc.HelloOK{Version: v, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
 		conn.WriteFrame(ok.Encode(f.ID), -1)
-		go io.Copy(io.Discard, nc)
-		<-done
+		conn.SetMaxFrame(ok.MaxFrame)
+		serve(conn, nc)
 	}()
 	return path
+}
+
+// silentDaemon answers HELLO, then reads and never answers; closing done
+// makes it drop the connection.
+func silentDaemon(t *testing.T, done <-chan struct{}) string {
+	return scriptedDaemon(t, 1, func(_ *ipc.Conn, nc net.Conn) {
+		go io.Copy(io.Discard, nc)
+		<-done
+	})
 }
 
 // A daemon that never answers cannot hang a call: it fails with TIMEOUT

@@ -3,8 +3,6 @@ package collectived_test
 import (
 	"errors"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,57 +13,32 @@ import (
 	"github.com/collectived/collectived/ipc"
 )
 
-// laneDaemon accepts one client, answers HELLO in version 2 and LANE with
-// a memfd of laneBytes bytes (LANE_OK saying size), then answers the first
-// CALL with a WAKE_CLIENT of id wakeID; it is a daemon gone wrong, for the
-// client's checks.
+// laneDaemon speaks version 2 and answers LANE with a memfd of laneBytes
+// bytes (LANE_OK saying size); 100 ms later, when the client's first call
+// waits on the lane, it sends a WAKE_CLIENT of id wakeID. It never answers
+// a call: a daemon gone wrong, for the client's checks.
 func laneDaemon(t *testing.T, laneBytes int64, size uint64, wakeID uint64) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "cvd-lane-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "l.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		nc, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer nc.Close()
-		conn := ipc.NewConn(nc.(*net.UnixConn), ipc.DaemonSide)
+	return scriptedDaemon(t, 2, func(conn *ipc.Conn, _ net.Conn) {
 		for {
 			f, err := conn.ReadFrame()
 			if err != nil {
 				return
 			}
-			switch f.Type {
-			case ipc.TypeHello:
-				ok := ipc.HelloOK{Version: 2, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
-				conn.WriteFrame(ok.Encode(f.ID), -1)
-				conn.SetMaxFrame(4096)
-			case ipc.TypeLane:
-				fd, err := unix.MemfdCreate("lane", unix.MFD_CLOEXEC)
-				if err != nil || unix.Ftruncate(fd, laneBytes) != nil {
-					return
-				}
-				conn.WriteFrame(ipc.LaneOK{Size: size}.Append(nil, f.ID), fd)
-				unix.Close(fd)
-				// The client's calls now come on the lane: answer the first
-				// with a ring that is not one.
-				var hdr [ipc.HeaderSize]byte
-				ipc.Header{Type: ipc.TypeWakeClient, ID: wakeID}.Put(hdr[:])
-				time.Sleep(100 * time.Millisecond)
-				conn.WriteFrame(hdr[:], -1)
+			if f.Type != ipc.TypeLane {
+				continue
 			}
+			fd, err := unix.MemfdCreate("lane", unix.MFD_CLOEXEC)
+			if err != nil || unix.Ftruncate(fd, laneBytes) != nil {
+				return
+			}
+			conn.WriteFrame(ipc.LaneOK{Size: size}.Append(nil, f.ID), fd)
+			unix.Close(fd)
+			var hdr [ipc.HeaderSize]byte
+			ipc.Header{Type: ipc.TypeWakeClient, ID: wakeID}.Put(hdr[:])
+			time.Sleep(100 * time.Millisecond)
+			conn.WriteFrame(hdr[:], -1)
 		}
-	}()
-	return path
+	})
 }
 
 // A lane of the wrong size, or a memfd smaller than LANE_OK says, fails

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -41,7 +42,7 @@ static void send_frame(int fd, const cvd_frame *f)
 		_exit(2);
 }
 
-enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE };
+enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER };
 
 /* f with fd attached to its first byte, as the daemon sends LANE_OK. */
 static void send_frame_fd(int fd, const cvd_frame *f, int pass)
@@ -111,18 +112,28 @@ static void peer(int lfd, int refuse)
 			 * 12288 (more than the file has) or says 4096. */
 			char tmp[] = "/tmp/cvd-lane-XXXXXX";
 			int mfd = mkstemp(tmp);
-			int good = refuse == PEER_LANE_BAD_WAKE;
+			int good = refuse == PEER_LANE_BAD_WAKE || refuse == PEER_LANE_BAD_ANSWER;
 			if (mfd < 0 || ftruncate(mfd, good ? 12288 : 4096) != 0)
 				_exit(4);
 			unlink(tmp);
 			r.type = CVD_T_LANE_OK;
 			r.size = refuse == PEER_LANE_WRONG_SIZE ? 4096 : 12288;
 			send_frame_fd(fd, &r, mfd);
+			if (refuse == PEER_LANE_BAD_ANSWER) {
+				/* An answer on the lane that is not one: a STATUS_OK in the
+				 * d2c slot (offset 8192), d2c_seq (offset 128) moved to 1. */
+				uint8_t *lane = mmap(NULL, 12288, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+				memset(&r, 0, sizeof r);
+				r.type = CVD_T_STATUS_OK;
+				if (lane == MAP_FAILED || cvd_frame_encode(&r, lane + 8192, 4096) != 16)
+					_exit(5);
+				__atomic_store_n((uint32_t *)(void *)(lane + 128), 1u, __ATOMIC_SEQ_CST);
+			}
 			close(mfd);
-			if (good) { /* then a ring that is not one */
+			if (good) { /* then a ring: with an id (not one), or for the answer above */
 				memset(&r, 0, sizeof r);
 				r.type = CVD_T_WAKE_CLIENT;
-				r.id = 7;
+				r.id = refuse == PEER_LANE_BAD_WAKE ? 7 : 0;
 				send_frame(fd, &r);
 			}
 			continue;
@@ -328,6 +339,17 @@ void run_scripted_tests(void)
 		int rc = cvd_barrier(c, &err);
 		CHECK(rc == CVD_E_PROTOCOL && strstr(err.message, "WAKE_CLIENT carries id 7, want 0") != NULL,
 		      "WAKE_CLIENT with an id: %d %s", rc, err.message);
+	}
+	cvd_close(c);
+	stop_peer(p, path);
+	/* An answer on the lane of a type that may not travel there. */
+	p = start_peer(path, PEER_LANE_BAD_ANSWER);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && cvd_has_lane(c), "connect to a peer with a lane: %s", c ? "no lane" : err.message);
+	if (c) {
+		int rc = cvd_barrier(c, &err);
+		CHECK(rc == CVD_E_PROTOCOL && strstr(err.message, "lane: STATUS_OK (id 0): only CALL_OK and ERROR may travel the lane") != NULL,
+		      "STATUS_OK on the lane: %d %s", rc, err.message);
 	}
 	cvd_close(c);
 	stop_peer(p, path);
