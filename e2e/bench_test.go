@@ -13,13 +13,15 @@ import (
 
 // benchRow is the part of `collectived bench --json`'s rows checked here.
 type benchRow struct {
-	Bytes    int64   `json:"bytes"`
-	Path     string  `json:"path"`
-	Lane     bool    `json:"lane"`
-	Iters    int     `json:"iters"`
-	MedianUS float64 `json:"median_us"`
-	BusBW    float64 `json:"busbw_GBps"`
-	Verified bool    `json:"verified"`
+	Bytes    int64     `json:"bytes"`
+	Path     string    `json:"path"`
+	Lane     bool      `json:"lane"`
+	Iters    int       `json:"iters"`
+	MedianUS float64   `json:"median_us"`
+	BusBW    float64   `json:"busbw_GBps"`
+	Verified bool      `json:"verified"`
+	Block    int       `json:"sidecar_block"`
+	Blocks   []float64 `json:"block_medians_us"`
 }
 
 func runBench(t *testing.T, args ...string) ([]benchRow, string, error) {
@@ -30,6 +32,7 @@ func runBench(t *testing.T, args ...string) ([]benchRow, string, error) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
+	text := out.String() + errb.String() // before the scanner drains out
 	var rows []benchRow
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
@@ -38,7 +41,7 @@ func runBench(t *testing.T, args ...string) ([]benchRow, string, error) {
 			rows = append(rows, r)
 		}
 	}
-	return rows, out.String() + errb.String(), err
+	return rows, text, err
 }
 
 // The benchmark's modes, through the daemons (with and without the lane)
@@ -75,11 +78,46 @@ func TestBenchCommand(t *testing.T) {
 	}
 }
 
-// --ring-only has no trainers to spread over a node: more than one per
-// node is refused by name.
+// --ring-only and --sidecar have no trainers to spread over a node: more
+// than one per node is refused by name.
 func TestBenchRingOnlyRefusesLocal(t *testing.T) {
-	_, out, err := runBench(t, "--ring-only", "--nodes", "2", "--local", "2", "--sizes", "4")
-	if err == nil || !strings.Contains(out, "--ring-only runs one ring rank per node and no trainers: --local is 2, want 1") {
-		t.Fatalf("bench --ring-only --local 2: %v\n%s", err, out)
+	for _, mode := range []string{"--ring-only", "--sidecar"} {
+		_, out, err := runBench(t, mode, "--nodes", "2", "--local", "2", "--sizes", "4")
+		if err == nil || !strings.Contains(out, mode+" runs one ring rank per node and no trainers beside it: --local is 2, want 1") {
+			t.Fatalf("bench %s --local 2: %v\n%s", mode, err, out)
+		}
+	}
+}
+
+// --sidecar runs the daemons' world and the ring engines alone side by
+// side, a block at a time: every size is reported for both, verified,
+// with the median of each block.
+func TestBenchSidecar(t *testing.T) {
+	args := []string{"--sidecar", "--nodes", "2", "--sizes", "4,1MiB", "--iters", "5", "--sidecar-block", "2", "--json"}
+	rows, out, err := runBench(t, args...)
+	if err != nil {
+		t.Fatalf("bench %v: %v\n%s", args, err, out)
+	}
+	if len(rows) != 4 {
+		t.Fatalf("bench %v: %d rows, want 4:\n%s", args, len(rows), out)
+	}
+	for i, want := range []struct {
+		bytes int64
+		path  string
+	}{{4, "inline"}, {4, "ring"}, {1 << 20, "shm"}, {1 << 20, "ring"}} {
+		r := rows[i]
+		if r.Bytes != want.bytes || r.Path != want.path || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.Block != 2 || len(r.Blocks) != 3 {
+			t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, 5 verified iterations in 3 blocks of up to 2", args, i, r, want.bytes, want.path)
+		}
+		for _, b := range r.Blocks {
+			if b <= 0 {
+				t.Errorf("bench %v: row %d: block medians %v", args, i, r.Blocks)
+			}
+		}
+	}
+	// The table says what the sidecar costs, per size.
+	_, out, err = runBench(t, "--sidecar", "--sizes", "4", "--iters", "2")
+	if err != nil || !strings.Contains(out, "4 sidecar overhead") || !strings.Contains(out, "all 1 sizes verified on all 2 trainers and all 2 ring ranks") {
+		t.Fatalf("bench --sidecar (table): %v\n%s", err, out)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -41,7 +40,9 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "client-no-lane", Usage: "trainers' Options.NoLane: small calls keep to the socket instead of the connection's lane of shared memory"},
 			&cli.IntFlag{Name: "client-inline-max", Usage: "trainers' Options.InlineMax: the largest buffer sent inline, larger ones up to the daemon's inline limit are copied through shared memory (0: the client's default; negative: none inline)"},
 			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
-			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "with --ring-only: how long the whole run may take"},
+			&cli.BoolFlag{Name: "sidecar", Usage: "the daemons' world and the ring engines alone (--ring-only) side by side, taking turns a block of calls at a time, each size reported for both: the sidecar's own cost, both sides seeing the same machine"},
+			&cli.IntFlag{Name: "sidecar-block", Value: 1, Usage: "with --sidecar: timed calls per block (at 1 every call follows one of the other side: right for large sizes; small ones are then timed cold)"},
+			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "with --ring-only or --sidecar: how long the whole run may take"},
 		},
 		Action: runBench,
 	}
@@ -62,6 +63,10 @@ type benchRow struct {
 	AlgBWGBs float64 `json:"algbw_GBps"`
 	BusBWGBs float64 `json:"busbw_GBps"`
 	Verified bool    `json:"verified"`
+	// With --sidecar: the timed calls per block the two sides took turns
+	// in, and each block's median, in the order run.
+	SidecarBlock   int       `json:"sidecar_block,omitempty"`
+	BlockMediansUS []float64 `json:"block_medians_us,omitempty"`
 }
 
 func runBench(c *cli.Context) error {
@@ -89,9 +94,22 @@ func runBench(c *cli.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if c.Bool("ring-only") {
+	if c.Bool("ring-only") || c.Bool("sidecar") {
+		mode := "--ring-only"
+		if c.Bool("sidecar") {
+			mode = "--sidecar"
+		}
+		if c.Bool("ring-only") && c.Bool("sidecar") {
+			return exitf("bench: --ring-only and --sidecar: --sidecar runs the ring engines alone itself, next to the daemons; give one")
+		}
 		if local != 1 {
-			return exitf("bench: --ring-only runs one ring rank per node and no trainers: --local is %d, want 1", local)
+			return exitf("bench: %s runs one ring rank per node and no trainers beside it: --local is %d, want 1", mode, local)
+		}
+		if b := c.Int("sidecar-block"); b < 1 {
+			return exitf("bench: --sidecar-block %d: want at least 1", b)
+		}
+		if c.Bool("sidecar") {
+			return runBenchSidecar(c, self, dir, nodes, sizes)
 		}
 		return runBenchRingOnly(c, self, dir, nodes, len(sizes))
 	}
@@ -107,27 +125,16 @@ func runBench(c *cli.Context) error {
 	var stderrs []*bytes.Buffer
 	for n := 0; n < nodes; n++ {
 		for l := 0; l < local; l++ {
-			cmd := exec.Command(self, "bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
-				"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")),
-				"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
-				"--no-lane="+strconv.FormatBool(c.Bool("client-no-lane")))
-			var eb bytes.Buffer
-			cmd.Stderr = &eb
-			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			out, err := cmd.StdoutPipe()
+			t, err := startBenchTrainer(c, self, w, n, l, nil, nil)
 			if err != nil {
 				return err
 			}
-			if err := cmd.Start(); err != nil {
-				return fmt.Errorf("start trainer: %w", err)
-			}
-			trainers = append(trainers, cmd)
-			stderrs = append(stderrs, &eb)
+			trainers = append(trainers, t.cmd)
+			stderrs = append(stderrs, t.stderr)
 			if n == 0 && l == 0 {
-				rank0 = out
+				rank0 = t.out
 			} else {
-				go io.Copy(io.Discard, out)
+				go io.Copy(io.Discard, t.out)
 			}
 		}
 	}
@@ -189,8 +196,13 @@ func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter
 	return &benchPrinter{c: c, nodes: nodes, local: local, enc: json.NewEncoder(out)}
 }
 
-func (p *benchPrinter) row(r sizeResult) {
-	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+func (p *benchPrinter) row(r sizeResult) { p.print(p.summarize(r)) }
+
+func (p *benchPrinter) summarize(r sizeResult) benchRow {
+	return summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+}
+
+func (p *benchPrinter) print(row benchRow) {
 	if p.c.Bool("json") {
 		p.enc.Encode(row)
 		return
@@ -214,24 +226,15 @@ func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error
 	if err := w.Wait(c.Duration("timeout")); err != nil {
 		return exitf("bench --ring-only: %v", err)
 	}
-	f, err := os.Open(results)
+	rs, err := readSizeResults(results)
 	if err != nil {
-		return exitf("bench --ring-only: ring rank 0 left no results: %v", err)
+		return exitf("bench --ring-only: results of ring rank 0: %v", err)
 	}
-	defer f.Close()
-	dec := json.NewDecoder(f)
-	done := 0
-	for ; ; done++ {
-		var r sizeResult
-		if err := dec.Decode(&r); err == io.EOF {
-			break
-		} else if err != nil {
-			return exitf("bench --ring-only: results of ring rank 0 (%s): %v", results, err)
-		}
+	for _, r := range rs {
 		p.row(r)
 	}
-	if done != nsizes {
-		return exitf("bench --ring-only: ring rank 0 reported %d of %d sizes; its log:\n%s", done, nsizes, localworld.Tail(w.Logs[0]))
+	if len(rs) != nsizes {
+		return exitf("bench --ring-only: ring rank 0 reported %d of %d sizes; its log:\n%s", len(rs), nsizes, localworld.Tail(w.Logs[0]))
 	}
 	if !c.Bool("json") {
 		fmt.Fprintf(c.App.Writer, "all %d sizes verified on all %d ring ranks\n", nsizes, nodes)
@@ -242,10 +245,7 @@ func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error
 func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benchRow {
 	ts := slices.Clone(r.TimesNS)
 	slices.Sort(ts)
-	med := float64(ts[len(ts)/2])
-	if len(ts)%2 == 0 {
-		med = float64(ts[len(ts)/2-1]+ts[len(ts)/2]) / 2
-	}
+	med := medianNS(ts)
 	p99 := float64(ts[min(len(ts)-1, int(float64(len(ts))*0.99))])
 	alg := float64(r.Bytes) / med // bytes per ns = GB/s
 	bus := alg
@@ -256,6 +256,16 @@ func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benc
 	}
 	return benchRow{Bytes: r.Bytes, Nodes: nodes, Local: local, DType: dtype, Op: op, Path: r.Path, Lane: r.Lane, Iters: len(ts),
 		MedianUS: med / 1e3, P99US: p99 / 1e3, AlgBWGBs: alg, BusBWGBs: bus, Verified: true}
+}
+
+// medianNS is the median of times (in ns, any order).
+func medianNS(times []int64) float64 {
+	ts := slices.Clone(times)
+	slices.Sort(ts)
+	if len(ts)%2 == 0 {
+		return float64(ts[len(ts)/2-1]+ts[len(ts)/2]) / 2
+	}
+	return float64(ts[len(ts)/2])
 }
 
 func bar(done, total, width int) string {

@@ -23,14 +23,14 @@ func benchRingCommand() *cli.Command {
 	return &cli.Command{
 		Name:   "bench-ring",
 		Hidden: true,
-		Flags: []cli.Flag{configFlag, rankFlag,
+		Flags: append([]cli.Flag{configFlag, rankFlag,
 			&cli.StringFlag{Name: "sizes", Required: true},
 			&cli.StringFlag{Name: "dtype", Value: "float32"},
 			&cli.StringFlag{Name: "op", Value: "sum"},
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.StringFlag{Name: "out", Usage: "where ring rank 0 writes one JSON result per size (default stdout)"},
-		},
+		}, paceFlags...),
 		Action: runBenchRing,
 	}
 }
@@ -40,6 +40,11 @@ func runBenchRing(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	pace, err := pacerFromFlags(c)
+	if err != nil {
+		return err
+	}
+	defer pace.Close()
 	cfg, rank, err := loadConfig(c)
 	if err != nil {
 		return err
@@ -82,7 +87,7 @@ func runBenchRing(c *cli.Context) error {
 	}
 	enc := json.NewEncoder(out)
 	for _, size := range sizes {
-		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"))
+		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"), pace)
 		if err != nil {
 			return fmt.Errorf("bench-ring node %d, size %d: %w", rank, size, err)
 		}
@@ -99,13 +104,13 @@ func runBenchRing(c *cli.Context) error {
 
 // benchRingSize is benchOneSize for the ring engine itself: the same
 // fill, verification and timing, so that the two are comparable.
-func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int) (sizeResult, error) {
+func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer) (sizeResult, error) {
 	es := int64(dt.Size())
 	count := max(size/es, 1)
 	buf := make([]byte, count*es)
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
 	var err error
-	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, func() error { return r.AllReduce(d, buf) })
+	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, pace, func() error { return r.AllReduce(d, buf) })
 	return res, err
 }

@@ -26,7 +26,7 @@ func benchTrainerCommand() *cli.Command {
 	return &cli.Command{
 		Name:   "bench-trainer",
 		Hidden: true,
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Required: true},
 			&cli.StringFlag{Name: "job", Required: true},
 			&cli.StringFlag{Name: "sizes", Required: true},
@@ -38,12 +38,17 @@ func benchTrainerCommand() *cli.Command {
 			&cli.DurationFlag{Name: "spin"},
 			&cli.IntFlag{Name: "inline-max"},
 			&cli.BoolFlag{Name: "no-lane"},
-		},
+		}, paceFlags...),
 		Action: func(c *cli.Context) error {
 			sizes, dt, op, err := parseWorkload(c)
 			if err != nil {
 				return err
 			}
+			pace, err := pacerFromFlags(c)
+			if err != nil {
+				return err
+			}
+			defer pace.Close()
 			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin"), InlineMax: c.Int("inline-max"), NoLane: c.Bool("no-lane")})
 			if err != nil {
 				return err
@@ -51,7 +56,7 @@ func benchTrainerCommand() *cli.Command {
 			defer cl.Close()
 			enc := json.NewEncoder(os.Stdout)
 			for _, size := range sizes {
-				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"))
+				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace)
 				if err != nil {
 					return fmt.Errorf("world rank %d, size %d: %w", cl.Rank(), size, err)
 				}
@@ -79,7 +84,7 @@ func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op colle
 	return
 }
 
-func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int) (sizeResult, error) {
+func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer) (sizeResult, error) {
 	es := int64(dt.Size())
 	count := size / es
 	if count == 0 {
@@ -104,15 +109,20 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 	}
 	var err error
 	res.TimesNS, err = measure(buf, dt, op, cl.Rank(), cl.Size(), iters, warmup,
-		func() error { return cl.AllReduce(buf, dt, op) })
+		pace, func() error { return cl.AllReduce(buf, dt, op) })
 	return res, err
 }
 
 // measure is the protocol of every bench command for one size: a checked
 // call on known values, warmup calls, then iters timed calls, the last of
 // them on known values again and checked too. allreduce runs one call on
-// buf, which holds elements of dt on world rank rank of world.
-func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, allreduce func() error) ([]int64, error) {
+// buf, which holds elements of dt on world rank rank of world. A pacer
+// (bench --sidecar) runs the checked call and warmup as one block and the
+// timed calls in blocks, each when the parent says; nil runs them at once.
+func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, allreduce func() error) ([]int64, error) {
+	if err := pace.wait(); err != nil {
+		return nil, err
+	}
 	fill(buf, dt, op, rank)
 	if err := allreduce(); err != nil {
 		return nil, err
@@ -125,8 +135,16 @@ func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, worl
 			return nil, err
 		}
 	}
+	if err := pace.done(); err != nil {
+		return nil, err
+	}
 	times := make([]int64, 0, iters)
 	for i := 0; i < iters; i++ {
+		if pace.starts(i) {
+			if err := pace.wait(); err != nil {
+				return nil, err
+			}
+		}
 		if i == iters-1 {
 			fill(buf, dt, op, rank)
 		}
@@ -137,8 +155,18 @@ func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, worl
 			return nil, err
 		}
 		times = append(times, took.Nanoseconds())
+		if i == iters-1 {
+			if err := verify(buf, dt, op, world); err != nil {
+				return nil, err
+			}
+		}
+		if pace.ends(i, iters) {
+			if err := pace.done(); err != nil {
+				return nil, err
+			}
+		}
 	}
-	return times, verify(buf, dt, op, world)
+	return times, nil
 }
 
 // value is what rank w contributes at element i; exact in every dtype for

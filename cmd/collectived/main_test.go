@@ -33,6 +33,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		"unknown reduce op \"avg": {"--op", "avg"},
 		"--iters 0":               {"--iters", "0"},
 		"--timeout 0s: want more": {"--ring-only", "--timeout", "0s"},
+		"--sidecar runs one ring rank per node and no trainers beside it: --local is 2, want 1": {"--sidecar", "--local", "2"},
+		"--sidecar-block 0: want at least 1":                                                    {"--sidecar", "--sidecar-block", "0"},
+		"--ring-only and --sidecar":                                                             {"--sidecar", "--ring-only"},
 	} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // report, do not os.Exit
@@ -59,17 +62,17 @@ func TestVersion(t *testing.T) {
 // element, before any timing is reported; a working one passes.
 func TestMeasureChecksResults(t *testing.T) {
 	buf := make([]byte, 16)
-	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, func() error { return nil })
+	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, nil, func() error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "wrong result at element 0") {
 		t.Fatalf("measure of a call that does nothing: %v, want a wrong result at element 0", err)
 	}
 	// In a world of 1 the buffer itself is the sum.
-	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, func() error { return nil })
+	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, func() error { return nil })
 	if err != nil || len(times) != 3 {
 		t.Fatalf("measure in a world of one: %v, %d times, want 3", err, len(times))
 	}
 	boom := errors.New("boom")
-	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, func() error { return boom }); !errors.Is(err, boom) {
+	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, func() error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("measure of a failing call: %v, want its error", err)
 	}
 }

@@ -32,6 +32,14 @@ type Options struct {
 	// the caller waits for the processes with Wait.
 	Command string
 	Args    []string // appended to every node's arguments
+	// Ports, if set, are the nodes' ring ports (one per node); default
+	// FreePorts. Two worlds started together take theirs from one
+	// FreePorts call, or the second could be handed a port the first has
+	// not bound yet.
+	Ports []int
+	// ExtraFiles, if set, gives node n's process open files from fd 3 on
+	// (bench --sidecar's pacing sockets).
+	ExtraFiles func(node int) []*os.File
 }
 
 // World is a running set of daemons.
@@ -84,9 +92,14 @@ func Start(o Options) (*World, error) {
 	if _, err := rand.Read(tok[:]); err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(o.Nodes)
-	if err != nil {
-		return nil, err
+	ports := o.Ports
+	if ports == nil {
+		var err error
+		if ports, err = FreePorts(o.Nodes); err != nil {
+			return nil, err
+		}
+	} else if len(ports) != o.Nodes {
+		return nil, fmt.Errorf("localworld: %d ports for %d nodes", len(ports), o.Nodes)
 	}
 	var peers strings.Builder
 	for _, p := range ports {
@@ -117,6 +130,9 @@ func Start(o Options) (*World, error) {
 		p.cmd = exec.Command(o.Bin, append(args, o.Args...)...)
 		p.cmd.Env = env
 		p.cmd.Stdout, p.cmd.Stderr = logf, logf
+		if o.ExtraFiles != nil {
+			p.cmd.ExtraFiles = o.ExtraFiles(i)
+		}
 		// If the caller is killed outright, its daemons go with it.
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		err = p.cmd.Start()

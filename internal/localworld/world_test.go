@@ -76,6 +76,10 @@ func TestStartErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/collectived") {
 		t.Fatalf("missing binary: %v", err)
 	}
+	_, err = Start(Options{Bin: "/bin/true", Dir: shortDir(t), Nodes: 2, Local: 1, Ports: []int{1}})
+	if err == nil || !strings.Contains(err.Error(), "localworld: 1 ports for 2 nodes") {
+		t.Fatalf("too few ports: %v", err)
+	}
 	_, err = Start(Options{Bin: "/bin/false", Dir: shortDir(t), Nodes: 1, Local: 1, OpenWait: 5 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "exited before opening") {
 		t.Fatalf("a daemon that exits at once: %v", err)

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// pacedPair is a pacing side of one process whose end this test plays.
+func pacedPair(t *testing.T) (*pacedSide, net.Conn) {
+	t.Helper()
+	s, err := newPacedSide("ring-only", 1, func(i int) string { return "ring rank 0" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	s.detail = func(int) string { return "its log ends: boom" }
+	kid, err := net.FileConn(s.kids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.closeChildEnds()
+	t.Cleanup(func() { kid.Close() })
+	return s, kid
+}
+
+// A paced process runs its checked call and warmup as one block and its
+// timed calls in blocks of --pace-block, each only after the parent's
+// go-ahead, and reports each block over.
+func TestPacedMeasureTakesTurns(t *testing.T) {
+	s, kidConn := pacedPair(t)
+	f, err := kidConn.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pace, err := openPacer(f.Fd(), 2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pace.Close()
+	calls := make(chan struct{}, 16) // one per call, sent before the block is reported over
+	done := make(chan error, 1)
+	go func() {
+		_, err := measure(make([]byte, 8), collective.Float32, collective.Sum, 0, 1, 5, 1, pace, func() error {
+			calls <- struct{}{}
+			return nil
+		})
+		done <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	made := 0
+	// Checked call + 1 warmup, then timed blocks of 2, 2 and 1.
+	for step, want := range []int{2, 4, 6, 7} {
+		select {
+		case <-calls:
+			t.Fatalf("a call ran before the go-ahead of step %d", step)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if err := s.step(deadline, 8, step-1); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		for len(calls) > 0 {
+			<-calls
+			made++
+		}
+		if made != want {
+			t.Fatalf("after step %d: %d calls made, want %d", step, made, want)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// What goes wrong on a pacing socket is named: which side, which process,
+// which size and block, and what the process left behind.
+func TestPacedSideErrors(t *testing.T) {
+	deadline := time.Now().Add(time.Minute)
+	s, kid := pacedPair(t)
+	go func() {
+		var b [1]byte
+		kid.Read(b[:])
+		kid.Write([]byte{'x'})
+	}()
+	err := s.step(deadline, 64, 2)
+	if err == nil || !strings.Contains(err.Error(), "ring-only, ring rank 0, 64 bytes, block 3: sent 'x' on its pacing socket, want 'd'; its log ends: boom") {
+		t.Fatalf("a process answering 'x': %v", err)
+	}
+
+	s, kid = pacedPair(t)
+	kid.Close()
+	err = s.step(deadline, 4, -1)
+	if err == nil || !strings.Contains(err.Error(), "ring-only, ring rank 0, 4 bytes, checked call and warmup:") || !strings.Contains(err.Error(), "its log ends: boom") {
+		t.Fatalf("a process that has ended: %v", err)
+	}
+
+	s, _ = pacedPair(t)
+	err = s.step(time.Now().Add(50*time.Millisecond), 4, 0)
+	if err == nil || !strings.Contains(err.Error(), "block 1: ") || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("a process that never answers: %v", err)
+	}
+}
+
+// A paced process refuses bad pacing flags and a bad fd by name, and a
+// parent that sends something else than the go-ahead, or nothing in time.
+func TestPacerErrors(t *testing.T) {
+	if p, err := openPacer(paceFD, 0, time.Second); p != nil || err != nil {
+		t.Fatalf("--pace-block 0: %v %v, want no pacer", p, err)
+	}
+	if _, err := openPacer(paceFD, -1, time.Second); err == nil || !strings.Contains(err.Error(), "--pace-block -1: want 0 (not paced) or more") {
+		t.Fatalf("--pace-block -1: %v", err)
+	}
+	if _, err := openPacer(paceFD, 1, 0); err == nil || !strings.Contains(err.Error(), "--pace-timeout 0s: want more than 0") {
+		t.Fatalf("--pace-timeout 0: %v", err)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "notasocket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openPacer(uintptr(fd), 1, time.Second); err == nil || !strings.Contains(err.Error(), "is not the pacing socket") {
+		t.Fatalf("a regular file as the pacing fd: %v", err)
+	}
+
+	open := func(timeout time.Duration) (*pacer, net.Conn) {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := openPacer(uintptr(fds[0]), 1, timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf := os.NewFile(uintptr(fds[1]), "parent")
+		parent, err := net.FileConn(pf)
+		pf.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close(); parent.Close() })
+		return p, parent
+	}
+	p, parent := open(time.Minute)
+	parent.Write([]byte{'q'})
+	if err := p.wait(); err == nil || !strings.Contains(err.Error(), "the parent sent 'q', want 'g'") {
+		t.Fatalf("a parent sending 'q': %v", err)
+	}
+	p, _ = open(50 * time.Millisecond)
+	if err := p.wait(); err == nil || !strings.Contains(err.Error(), "waiting for the go-ahead") || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("a parent saying nothing: %v", err)
+	}
+	p, parent = open(time.Minute)
+	parent.Close()
+	if err := p.wait(); err == nil || !strings.Contains(err.Error(), "waiting for the go-ahead: EOF") {
+		t.Fatalf("a parent gone: %v", err)
+	}
+}
