@@ -1,7 +1,8 @@
 """bench/compare: collectived against OpenMPI (TCP and shared memory) and
 torch.distributed Gloo, in one run, on the same sizes and worlds, plus the
 sidecar's own cost (daemon vs the ring engine alone, one process per node:
-`collectived bench --ring-only`), the loopback TCP limit and the daemons'
+`collectived bench --ring-only`, and both in one run taking turns:
+`collectived bench --sidecar`), the loopback TCP limit and the daemons'
 idle memory. Prints a ratio table and the targets'
 verdicts; writes docs/BENCHMARKS.md and its plots.
 
@@ -38,8 +39,10 @@ SYSTEMS = ["collectived", "ring-only", "mpi-tcp", "mpi-shm", "gloo"]
 # node running its ring engine directly with the daemon's default ring
 # settings. It has the daemons' topology only in world 2 (2 nodes x 1).
 RING_ONLY = "ring-only"
-# The size of the sidecar target: extra collectived/ring-only pairs run at it.
+# The size of the sidecar target: extra collectived/ring-only pairs run at it,
+# interleaved (`collectived bench --sidecar`), one call of each in turn.
 SIDECAR_SIZE = report.MIB64
+SIDECAR_BLOCK = 1
 WORLD2_ONLY = {RING_ONLY}
 
 
@@ -146,8 +149,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, help="untimed calls per size for every size (default 1000 up to 1 MiB, 5 above; quick 50/2)")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--sidecar-pairs", type=int,
-                    help="extra back-to-back collectived and ring-only runs at 64 MiB in world 2 after each round, "
-                         "for the sidecar overhead (default 2; quick 0)")
+                    help="interleaved runs of collectived and ring-only at 64 MiB in world 2 after each round "
+                         "(`collectived bench --sidecar`: both worlds up, one call of each in turn), "
+                         "the sidecar target's figure (default 2; quick 0)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
     ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
@@ -201,6 +205,7 @@ def main() -> int:
     rc = {k: v for k, v in srcconfig.read(src).items() if k.startswith("daemon_")}
     res = {"meta": dict(machine(), ring_config=rc), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds,
            "rounds": a.rounds, "sidecar_pair_adjacent": True, "sidecar_pairs_per_round": a.sidecar_pairs,
+           "sidecar_block": SIDECAR_BLOCK,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
                      "warmup": wu_large, "warmup_small": wu_small},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
@@ -232,11 +237,11 @@ def main() -> int:
                         bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
                 else:
                     got["rows"] += step(name, lambda: measure_system(item, w, sg, bins, a.timeout)) or []
-        # The sidecar overhead is a few percent on runs that swing by tens:
-        # more back-to-back pairs at its size, cheap next to a round.
+        # The sidecar overhead is a few percent on runs that drift by tens
+        # within seconds: both sides in one run, a call of each in turn.
         got["sidecar_pairs"] = []
         for j in range(a.sidecar_pairs):
-            pair = sidecar_pair(step, f"round {rnd + 1}/{a.rounds}, sidecar pair {j + 1}", pair_order(rnd, j),
+            pair = sidecar_pair(step, f"round {rnd + 1}/{a.rounds}, sidecar pair {j + 1} (interleaved)",
                                 groups([SIDECAR_SIZE], it_small, it_large, wu_small, wu_large), bins, a.timeout)
             if pair:
                 got["sidecar_pairs"].append(pair)
@@ -296,29 +301,27 @@ def keep_pair(order, rnd):
     return rest[:i] + pair + rest[i + 1:]
 
 
-def pair_order(rnd, j):
-    """Which side of extra pair j of round rnd runs first: alternating, so
-    that neither always follows the other."""
-    return ["collectived", RING_ONLY] if (rnd + j) % 2 == 0 else [RING_ONLY, "collectived"]
-
-
-def sidecar_pair(step, name, order, sizes_groups, bins, timeout):
-    """One extra pair: collectived and ring-only in world 2, back to back,
-    at the sidecar target's size. None if either failed (step has recorded
-    why)."""
-    pair = {"order": order}
-    for system in order:
-        rows = step(f"{name}: {system}", lambda: measure_system(system, 2, sizes_groups, bins, timeout))
-        if not rows:
-            return None
-        pair[system] = rows[0]
-    return pair
+def sidecar_pair(step, name, sizes_groups, bins, timeout):
+    """One extra pair: `collectived bench --sidecar` in world 2 at the
+    sidecar target's size, both sides from the same run. None if it failed
+    (step has recorded why)."""
+    def run():
+        (sizes, iters, warmup), = sizes_groups
+        return runners.collectived_sidecar(bins["collectived"], sizes, iters, warmup, timeout, SIDECAR_BLOCK)
+    got = step(name, run)
+    if not got:
+        return None
+    c, r = got
+    for x, system in ((c[0], "collectived"), (r[0], RING_ONLY)):
+        x.update(system=system, world=2)
+    return {"interleaved": True, "block": SIDECAR_BLOCK, "collectived": c[0], RING_ONLY: r[0]}
 
 
 def sidecar_pairs(res):
-    """Every back-to-back measurement of the sidecar's two sides at
-    SIDECAR_SIZE: each round's own pair (collectived and ring-only in world
-    2, adjacent in the rounds) and the extra pairs run after the round."""
+    """Every measurement of the sidecar's two sides at SIDECAR_SIZE: each
+    round's own pair (collectived and ring-only in world 2, separate runs
+    adjacent in the round) and the extra pairs run after the round
+    (interleaved in one run; in results from before, separate runs)."""
     pairs = []
     for i, rnd in enumerate(res["per_round"]):
         def med(rows, system):
@@ -329,8 +332,13 @@ def sidecar_pairs(res):
         if c is not None and ro is not None:
             pairs.append({"round": i + 1, "extra": False, "collectived_us": c, "ring_only_us": ro})
         for p in rnd.get("sidecar_pairs") or []:
-            pairs.append({"round": i + 1, "extra": True, "first": p["order"][0],
-                          "collectived_us": p["collectived"]["median_us"], "ring_only_us": p[RING_ONLY]["median_us"]})
+            q = {"round": i + 1, "extra": True,
+                 "collectived_us": p["collectived"]["median_us"], "ring_only_us": p[RING_ONLY]["median_us"]}
+            if p.get("interleaved"):
+                q["interleaved"] = True
+            else:
+                q["first"] = p["order"][0]
+            pairs.append(q)
     return pairs
 
 
@@ -353,9 +361,12 @@ def aggregate(res):
                                                               "load_after")} for r in rs]})
     pairs = sidecar_pairs(res)
     if pairs:
-        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs,
-                          "collectived_us": statistics.median(p["collectived_us"] for p in pairs),
-                          "ring_only_us": statistics.median(p["ring_only_us"] for p in pairs)}
+        # Interleaved pairs, where there are any, are the target's: each saw
+        # both sides on the same machine from one call to the next.
+        use = report.target_pairs(pairs)
+        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs, "interleaved": use is not pairs,
+                          "collectived_us": statistics.median(p["collectived_us"] for p in use),
+                          "ring_only_us": statistics.median(p["ring_only_us"] for p in use)}
     tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]
     if tcp:
         out = {"seconds": tcp[0]["seconds"], "streams": tcp[0].get("streams", 1), "rounds": len(tcp),

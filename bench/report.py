@@ -167,6 +167,14 @@ def rounds_overhead(res, size):
     return None if over is None else (over - 1) * 100
 
 
+def target_pairs(pairs):
+    """The pairs the sidecar target's figure comes from: the interleaved
+    ones (`collectived bench --sidecar`) if the run has any, else all (a
+    run from before they existed). pairs itself when all are used."""
+    inter = [p for p in pairs if p.get("interleaved")]
+    return inter or pairs
+
+
 def paired_overheads(res):
     """Each pair's own overhead (collectived ÷ ring-only − 1, percent), in
     the order run: what the spread of the target's figure looks like."""
@@ -175,11 +183,11 @@ def paired_overheads(res):
 
 def sidecar_interval(res, level=0.95, resamples=2000, seed=1):
     """How far the pairs' noise moves the target's figure: the central
-    `level` range, in percent, of sidecar_overhead recomputed on the pairs
-    resampled with replacement (a percentile bootstrap; each pair keeps
+    `level` range, in percent, of sidecar_overhead recomputed on its pairs
+    (target_pairs) resampled with replacement (a percentile bootstrap; each pair keeps
     both of its sides, and the fixed seed makes a report reproducible from
     its results). None with fewer than two pairs."""
-    pairs = (res.get("sidecar") or {}).get("pairs", [])
+    pairs = target_pairs((res.get("sidecar") or {}).get("pairs", []))
     if len(pairs) < 2:
         return None
     rng = random.Random(seed)
@@ -363,14 +371,38 @@ def _sidecar_pairs(res) -> list[str]:
     if not sc or not any(p["extra"] for p in sc["pairs"]):
         return []
     pairs, over = sc["pairs"], paired_overheads(res)
-    extra = sum(p["extra"] for p in pairs)
-    lines = [[str(p["round"]), "extra, " + LABEL[p["first"]] + " first" if p["extra"] else "the round's own",
-              f"{p['ring_only_us']:.1f}", f"{p['collectived_us']:.1f}", f"{o:+.1f}%"] for p, o in zip(pairs, over)]
+
+    def kind(p):
+        if p.get("interleaved"):
+            return "interleaved, one run"
+        return "extra, " + LABEL[p["first"]] + " first" if p["extra"] else "the round's own"
+    lines = [[str(p["round"]), kind(p), f"{p['ring_only_us']:.1f}", f"{p['collectived_us']:.1f}", f"{o:+.1f}%"]
+             for p, o in zip(pairs, over)]
     cols = ["round", "pair", "ring-only, median µs", "collectived, median µs", "overhead"]
+    figure = sidecar_overhead(res, sc["bytes"])
+    if sc.get("interleaved"):
+        inter = [o for p, o in zip(pairs, over) if p.get("interleaved")]
+        apart = [p for p in pairs if not p.get("interleaved")]
+        whole = _ratio(statistics.median(p["collectived_us"] for p in apart),
+                       statistics.median(p["ring_only_us"] for p in apart)) if apart else None
+        text = (f"At {size_name(sc['bytes'])} the target's figure comes from the {len(inter)} interleaved runs "
+                f"(`collectived bench --sidecar`, after each round): the daemons' world and the ring engines' "
+                f"world up together, taking turns: in each turn one world makes an untimed call (the first after the "
+                f"other's turn runs cold) and then {res.get('sidecar_block', 1)} timed one(s). Both sides so see the "
+                "machine as it is from one moment to the next; on this shared machine a run's speed drifts by tens "
+                "of percent within seconds, more than the cost being measured. The overhead is the "
+                "median of collectived's medians over these runs ÷ the median of ring-only's − 1 = "
+                f"**{figure:+.1f}%**; the runs' own overheads have a median of {statistics.median(inter):+.1f}% and "
+                f"range from {min(inter):+.1f}% to {max(inter):+.1f}%.{_interval_text(res)}")
+        if whole is not None:
+            text += (f" The rounds' own pairs (separate runs, back to back) give {(whole - 1) * 100:+.1f}% by the "
+                     "same formula; they are listed for comparison and do not count.")
+        return [text, "", _table(cols, lines, md=True), ""]
+    extra = sum(p["extra"] for p in pairs)
     return [f"At {size_name(sc['bytes'])} the target's figure comes from {len(pairs)} back-to-back pairs: each "
             f"round's own and {extra} extra pairs run after the rounds' other measurements, alternating which "
             "side goes first. The overhead is the median of collectived's medians over the pairs ÷ the median of "
-            f"ring-only's − 1 = **{sidecar_overhead(res, sc['bytes']):+.1f}%**; the median of the pairs' own "
+            f"ring-only's − 1 = **{figure:+.1f}%**; the median of the pairs' own "
             f"overheads is {statistics.median(over):+.1f}%, and they range from {min(over):+.1f}% to "
             f"{max(over):+.1f}%.{_interval_text(res)} The table above gives the rounds alone.", "",
             _table(cols, lines, md=True), ""]
@@ -464,7 +496,9 @@ def markdown(res, plot_rel) -> str:
           "all-gather), so busbw equals the bytes each direction carries per second. "
           "The sidecar overhead compares `collectived bench`'s median with `collectived bench --ring-only`'s "
           "(each node's ring engine alone in its own process, no daemon or trainer), both one process per node on "
-          f"the daemon's default ring config ({_cfg(res, 'daemon')}); see \"Sidecar cost\" below. "
+          f"the daemon's default ring config ({_cfg(res, 'daemon')}); at 64 MiB the target takes both from the same "
+          "runs (`collectived bench --sidecar`: the two worlds up together, taking turns call by call) when the run "
+          "has them; see \"Sidecar cost\" below. "
           "Verdicts on a loaded 2-core machine move between runs: read them with the ranges in the tables below.", ""]
     tcp_t = [t for t in ts if "bidirectional TCP" in t["target"]]
     if tcp_t and tcp_t[0]["value"] is not None and tcp_t[0]["value"] > 1:
@@ -620,6 +654,8 @@ def markdown(res, plot_rel) -> str:
           "# the sidecar's baseline by hand (what the ring-only rows run):",
           "bench/.build/collectived bench --ring-only --nodes 2 --local 1 --sizes 4,65536,1048576,67108864 "
           "--iters 30 --warmup 5 --json",
+          "# both sides in one run, taking turns a call at a time (what the sidecar target's pairs run):",
+          "bench/.build/collectived bench --sidecar --sizes 64MiB --iters 30 --warmup 5",
           "```", "",
           f"This run: `bench/compare {' '.join(res.get('argv') or [])}`. The commands it executed, in order:", "",
           "```sh"] + _commands(res) + ["```", ""]

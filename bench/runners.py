@@ -129,6 +129,24 @@ def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_confi
     return rows
 
 
+def collectived_sidecar(binary, sizes, iters, warmup, timeout, block=1) -> tuple[list[dict], list[dict]]:
+    """`collectived bench --sidecar --json` in world 2: the daemons' world
+    and the ring engines alone up together, taking turns `block` calls at a
+    time. Returns the collectived rows and the ring-only rows, one per
+    size each, measured over the same stretch of time."""
+    argv = [binary, "bench", "--sidecar", "--sidecar-block", block, "--nodes", 2, "--local", 1,
+            "--sizes", ",".join(map(str, sizes)), "--iters", iters, "--warmup", warmup, "--json"]
+    what = "collectived bench --sidecar"
+    rows = parse_collectived(run(argv, timeout=timeout), 2, what)
+    c, r = rows[0::2], rows[1::2]
+    if any(x.get("path") == "ring" for x in c) or any(x.get("path") != "ring" for x in r):
+        raise RunError(f"{what}: rows do not alternate daemon path and \"path\": \"ring\": "
+                       f"{[x.get('path') for x in rows]}")
+    _expect(c, sizes, what)
+    _expect(r, sizes, what)
+    return c, r
+
+
 def parse_collectived(out: str, world: int, what: str) -> list[dict]:
     """The JSON lines of `collectived bench --json` (with or without
     --ring-only); a size whose result was not verified is an error."""

@@ -218,6 +218,38 @@ class TargetsTest(unittest.TestCase):
         self.assertAlmostEqual(t["value"], (106.5 / 99.5 - 1) * 100, places=6)
         self.assertEqual(t["verdict"], "FAIL")
 
+    def test_interleaved_pairs_alone_decide_the_target(self):
+        # The rounds' own pairs (separate runs) say +10%; two interleaved
+        # runs say 102/100 and 99/100. The target takes the interleaved
+        # ones alone: median 100.5 over 100, +0.5%; the rounds' own are
+        # listed and their figure given, but they do not count.
+        res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
+        res["sidecar_block"] = 1
+        for i, (c, r) in enumerate(((102.0, 100.0), (99.0, 100.0))):
+            p = sidecar_pair(c, r, "collectived")
+            del p["order"]
+            p.update(interleaved=True, block=1)
+            res["per_round"][i]["sidecar_pairs"] = [p]
+        res["rows"] = []
+        compare.aggregate(res)
+        sc = res["sidecar"]
+        self.assertTrue(sc["interleaved"])
+        self.assertEqual((sc["collectived_us"], sc["ring_only_us"]), (100.5, 100.0))
+        (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
+        self.assertAlmostEqual(t["value"], 0.5, places=6)
+        self.assertEqual(t["verdict"], "PASS")
+        lo, hi = report.sidecar_interval(res)  # resampled over the interleaved runs only
+        self.assertGreaterEqual(lo, -1.0 - 1e-9)  # both from 99/100, never the rounds' +120%
+        self.assertLessEqual(hi, 2.0 + 1e-9)
+        md = report.markdown(res, "bench")
+        self.assertIn("comes from the 2 interleaved runs (`collectived bench --sidecar`", md)
+        self.assertIn("an untimed call (the first after the other's turn runs cold) and then 1 timed one(s)", md)
+        self.assertIn("ring-only's − 1 = **+0.5%**", md)
+        self.assertIn("range from -1.0% to +2.0%", md)
+        self.assertIn("The rounds' own pairs (separate runs, back to back) give +10.0% by the same formula", md)
+        self.assertIn("| 1 | interleaved, one run | 100.0 | 102.0 | +2.0% |", md)
+        self.assertIn("| 3 | the round's own | 50.0 | 110.0 | +120.0% |", md)
+
     def test_no_extra_pairs_no_pairs_table(self):
         res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
         self.assertEqual(len(res["sidecar"]["pairs"]), 3)
@@ -350,21 +382,24 @@ class RoundsTest(unittest.TestCase):
             self.assertEqual(order[i:i + 2] if rnd % 2 == 0 else order[i - 1:i + 1], want, (rnd, order))
         self.assertEqual(compare.keep_pair(["gloo", "collectived"], 1), ["gloo", "collectived"])
 
-    def test_extra_pairs_alternate_which_side_runs_first(self):
-        firsts = [compare.pair_order(rnd, j)[0] for rnd in range(3) for j in range(2)]
-        self.assertEqual(firsts, ["collectived", "ring-only", "ring-only", "collectived", "collectived", "ring-only"])
-        for rnd in range(3):
-            for j in range(2):
-                self.assertEqual(sorted(compare.pair_order(rnd, j)), ["collectived", "ring-only"])
-
-    def test_a_failed_side_drops_its_pair(self):
+    def test_a_failed_sidecar_run_drops_its_pair(self):
         calls = []
 
         def step(name, fn):
             calls.append(name)
-            return None if name.endswith("ring-only") else [{"median_us": 1.0}]
-        self.assertIsNone(compare.sidecar_pair(step, "p", ["collectived", "ring-only"], [], {}, 1))
-        self.assertEqual(calls, ["p: collectived", "p: ring-only"])
+            return None
+        self.assertIsNone(compare.sidecar_pair(step, "p", [([MIB64], 30, 5)], {}, 1))
+        self.assertEqual(calls, ["p"])
+
+    def test_sidecar_pair_is_one_interleaved_run(self):
+        row = lambda path, us: {"bytes": MIB64, "path": path, "median_us": us, "iters": 30}
+        pair = compare.sidecar_pair(lambda name, fn: ([row("shm", 101.0)], [row("ring", 100.0)]), "p",
+                                    [([MIB64], 30, 5)], {}, 1)
+        self.assertEqual(pair["interleaved"], True)
+        self.assertEqual(pair["block"], compare.SIDECAR_BLOCK)
+        self.assertEqual((pair["collectived"]["system"], pair["collectived"]["median_us"]), ("collectived", 101.0))
+        self.assertEqual((pair[report.RING_ONLY]["system"], pair[report.RING_ONLY]["median_us"]),
+                         (report.RING_ONLY, 100.0))
 
     def test_ring_only_refuses_world4(self):
         with self.assertRaises(ValueError) as cm:
@@ -389,6 +424,22 @@ class CollectivedRunnerTest(unittest.TestCase):
                 runners.collectived(b, 2, 1, [4], 5, 1, 30, ring_only=True)
             self.assertIn('collectived bench --ring-only: sizes [4] did not report "path": "ring"', str(cm.exception))
             self.assertEqual(len(runners.collectived(b, 2, 1, [4], 5, 1, 30)), 1)  # the daemon's path is its own
+
+    def test_sidecar_rows_alternate_daemon_and_ring(self):
+        c = '{"bytes": 4, "path": "inline", "median_us": 2, "verified": true}'
+        r = '{"bytes": 4, "path": "ring", "median_us": 1, "verified": true}'
+        with tempfile.TemporaryDirectory() as d:
+            n = len(runners.COMMANDS)
+            got = runners.collectived_sidecar(self.fake(d, c + "\n" + r), [4], 5, 1, 30)
+            self.assertEqual([[x["median_us"] for x in side] for side in got], [[2], [1]])
+            self.assertIn("bench --sidecar --sidecar-block 1 --nodes 2 --local 1 --sizes 4", runners.COMMANDS[n])
+            with self.assertRaises(runners.RunError) as cm:
+                runners.collectived_sidecar(self.fake(d, r + "\n" + c), [4], 5, 1, 30)
+            self.assertIn('collectived bench --sidecar: rows do not alternate daemon path and "path": "ring": '
+                          "['ring', 'inline']", str(cm.exception))
+            with self.assertRaises(runners.RunError) as cm:
+                runners.collectived_sidecar(self.fake(d, c), [4], 5, 1, 30)
+            self.assertIn("collectived bench --sidecar: reported sizes [], want [4]", str(cm.exception))
 
     def test_unverified_and_garbled_rows_are_errors(self):
         with tempfile.TemporaryDirectory() as d:
@@ -423,6 +474,12 @@ class RingOnlyRealTest(unittest.TestCase):
         self.assertTrue(all(r["median_us"] > 0 and r["verified"] for r in rows))
         self.assertIn("bench --ring-only --nodes 2 --local 1 --sizes 4,65536 --iters 5 --warmup 1 --json",
                       runners.COMMANDS[n])
+
+    def test_real_sidecar_rows(self):
+        c, r = runners.collectived_sidecar(_collectived_bin(), [4, 65536], 3, 1, 120)
+        self.assertEqual([(x["bytes"], x["path"], x["iters"], len(x["block_medians_us"])) for x in c + r],
+                         [(4, "inline", 3, 3), (65536, "copied", 3, 3), (4, "ring", 3, 3), (65536, "ring", 3, 3)])
+        self.assertTrue(all(x["median_us"] > 0 and x["verified"] for x in c + r))
 
 
 @unittest.skipUnless(shutil.which("mpirun") and shutil.which("mpicc"), "OpenMPI not installed")

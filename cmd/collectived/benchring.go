@@ -12,6 +12,7 @@ import (
 	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/rendezvous"
 	"github.com/collectived/collectived/ring"
+	"github.com/collectived/collectived/shm"
 )
 
 // benchRingCommand is one node of `collectived bench --ring-only`: the
@@ -107,10 +108,17 @@ func runBenchRing(c *cli.Context) error {
 func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer) (sizeResult, error) {
 	es := int64(dt.Size())
 	count := max(size/es, 1)
-	buf := make([]byte, count*es)
+	// The buffer is a memfd mapping, as the daemon's are (shared with
+	// its trainers), not the Go heap, so the baseline differs from the
+	// daemon in nothing the sidecar does not add (TUNING section 21).
+	seg, err := shm.Create(count * es)
+	if err != nil {
+		return sizeResult{}, fmt.Errorf("ring-only buffer: %w", err)
+	}
+	defer seg.Close()
+	buf := seg.Bytes()[:count*es]
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
-	var err error
 	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, pace, func() error { return r.AllReduce(d, buf) })
 	return res, err
 }

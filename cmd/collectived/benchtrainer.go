@@ -118,7 +118,8 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 // them on known values again and checked too. allreduce runs one call on
 // buf, which holds elements of dt on world rank rank of world. A pacer
 // (bench --sidecar) runs the checked call and warmup as one block and the
-// timed calls in blocks, each when the parent says; nil runs them at once.
+// timed calls in blocks, each when the parent says and each after one
+// untimed call; nil runs them at once.
 func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, allreduce func() error) ([]int64, error) {
 	if err := pace.wait(); err != nil {
 		return nil, err
@@ -142,6 +143,12 @@ func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, worl
 	for i := 0; i < iters; i++ {
 		if pace.starts(i) {
 			if err := pace.wait(); err != nil {
+				return nil, err
+			}
+			// The other world had the machine until now: the first call
+			// after its turn runs cold (TUNING section 21), so it is not
+			// timed.
+			if err := allreduce(); err != nil {
 				return nil, err
 			}
 		}

@@ -25,7 +25,8 @@ import (
 // For each size a process waits for 'g' before its checked call and
 // warmup (block 0) and before every --pace-block timed calls after them,
 // and answers 'd' after each block; the final check of the results is
-// inside the last block. The parent lets one world run a block while the
+// inside the last block. Each timed block starts with one untimed call:
+// the first call after the other world's turn runs cold. The parent lets one world run a block while the
 // other waits, and alternates which goes first.
 const (
 	paceFD   = 3

@@ -56,8 +56,9 @@ func TestPacedMeasureTakesTurns(t *testing.T) {
 	}()
 	deadline := time.Now().Add(time.Minute)
 	made := 0
-	// Checked call + 1 warmup, then timed blocks of 2, 2 and 1.
-	for step, want := range []int{2, 4, 6, 7} {
+	// Checked call + 1 warmup, then timed blocks of 2, 2 and 1, each after
+	// an untimed call.
+	for step, want := range []int{2, 5, 8, 10} {
 		select {
 		case <-calls:
 			t.Fatalf("a call ran before the go-ahead of step %d", step)
