@@ -1,5 +1,5 @@
 /*
- * collectived.c - C client of collectived, protocol version 1.
+ * collectived.c - C client of collectived, protocol version 2 (1 with an older daemon).
  * See collectived.h for the API and docs/PROTOCOL.md for the wire format.
  */
 #define _GNU_SOURCE /* memfd_create, MSG_CMSG_CLOEXEC, F_ADD_SEALS */
@@ -1205,7 +1205,7 @@ static int read_full(int fd, uint8_t *buf, size_t n, int64_t deadline, cvd_error
 	return 0;
 }
 
-static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_error *err)
+static int hello(cvd_client *c, const cvd_options *o, uint16_t version, int64_t deadline, cvd_error *err)
 {
 	uint8_t buf[16 + CVD_PRE_HELLO_MAX_FRAME];
 	struct iovec iov;
@@ -1221,7 +1221,7 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 	f.type = CVD_T_HELLO;
 	f.id = 1;
 	memcpy(f.magic, "CLVD", 4);
-	f.version = CVD_PROTOCOL_VERSION;
+	f.version = version;
 	f.flags = o->observer ? CVD_HELLO_OBSERVER : 0;
 	f.local_rank = o->observer ? -1 : o->local_rank;
 	f.pid = (uint32_t)getpid();
@@ -1249,7 +1249,7 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 	    cvd_frame_payload(&f, buf + CVD_HEADER_SIZE, plen, err) != 0)
 		return err ? err->code : CVD_E_PROTOCOL;
 	if (f.type == CVD_T_ERROR) {
-		set_err(err, f.code, "HELLO: %s: %.*s", cvd_strerror(f.code), (int)f.data_len,
+		set_err(err, f.code, "HELLO (protocol version %u): %s: %.*s", version, cvd_strerror(f.code), (int)f.data_len,
 			(const char *)f.data);
 		if (err)
 			err->fatal = (f.frame_flags & CVD_FLAG_FATAL) != 0;
@@ -1269,7 +1269,8 @@ static int hello(cvd_client *c, const cvd_options *o, int64_t deadline, cvd_erro
 	return 0;
 }
 
-static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, cvd_error *err);
+static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, uint16_t version,
+				cvd_error *err);
 static int open_lane(cvd_client *c, cvd_error *err);
 
 cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_error *err)
@@ -1280,8 +1281,13 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 		err = &local;
 	until = now_ms() + (opt && opt->rank_retry_ms > 0 ? opt->rank_retry_ms : 0);
 	for (;;) {
-		cvd_client *c = connect_once(socket_path, opt, err);
+		cvd_client *c = connect_once(socket_path, opt, CVD_PROTOCOL_VERSION, err);
 		struct timespec ts;
+		/* A daemon older than this client refuses version 2: a version-2
+		 * connection that never opens its lane is version 1, so ask for
+		 * that, on a new connection (VERSION is fatal to the first). */
+		if (!c && err->code == CVD_E_VERSION)
+			c = connect_once(socket_path, opt, 1, err);
 		if (c || (err->code != CVD_E_RANK_TAKEN && err->code != CVD_E_FULL) || now_ms() >= until)
 			return c;
 		ts.tv_sec = 0;
@@ -1290,7 +1296,8 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 	}
 }
 
-static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, cvd_error *err)
+static cvd_client *connect_once(const char *socket_path, const cvd_options *opt, uint16_t version,
+				cvd_error *err)
 {
 	cvd_options defaults;
 	struct sockaddr_un sa;
@@ -1343,7 +1350,7 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 	tv.tv_sec = (time_t)(cto / 1000);
 	tv.tv_usec = (long)(cto % 1000) * 1000;
 	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	rc = hello(c, opt, deadline, err);
+	rc = hello(c, opt, version, deadline, err);
 	if (rc != 0) {
 		close(c->fd);
 		free(c);

@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define CVD_PROTOCOL_VERSION 2 /* the newest spoken; daemons of version 1 are refused */
+#define CVD_PROTOCOL_VERSION 2 /* the newest spoken; with a daemon that refuses it, 1 (no lane) */
 #define CVD_DEFAULT_SOCKET "/run/collectived/collectived.sock"
 #define CVD_DEFAULT_JOB "default"
 #define CVD_HEADER_SIZE 16

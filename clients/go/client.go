@@ -107,16 +107,15 @@ func Dial(opts Options) (*Client, error) {
 	if opts.LocalRank < -1 {
 		return nil, fmt.Errorf("collectived: dial %s: local rank %d (want -1 or a rank)", opts.Socket, opts.LocalRank)
 	}
-	d := net.Dialer{Timeout: opts.DialTimeout}
-	nc, err := d.Dial("unix", opts.Socket)
-	if err != nil {
-		return nil, fmt.Errorf("collectived: dial %s: %w", opts.Socket, err)
+	conn, info, err := dialHello(opts, ipc.Version)
+	if errors.Is(err, ipc.ErrVersion) && ipc.Version > ipc.MinVersion {
+		// A daemon older than this client: a version-2 connection that
+		// never opens its lane is version 1, so ask for that instead, on a
+		// new connection (VERSION is fatal to the first).
+		conn, info, err = dialHello(opts, ipc.MinVersion)
 	}
-	conn := ipc.NewConn(nc.(*net.UnixConn), ipc.ClientSide)
-	info, err := hello(conn, opts)
 	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("collectived: hello to %s: %w", opts.Socket, err)
+		return nil, err
 	}
 	conn.SetMaxFrame(info.MaxFrame)
 	spin := opts.Spin
@@ -162,11 +161,27 @@ func resolveInlineMax(want, limit int) int {
 	return min(want, limit)
 }
 
-func hello(conn *ipc.Conn, opts Options) (ipc.HelloOK, error) {
+// dialHello connects and says HELLO in protocol version v.
+func dialHello(opts Options, v uint16) (*ipc.Conn, ipc.HelloOK, error) {
+	d := net.Dialer{Timeout: opts.DialTimeout}
+	nc, err := d.Dial("unix", opts.Socket)
+	if err != nil {
+		return nil, ipc.HelloOK{}, fmt.Errorf("collectived: dial %s: %w", opts.Socket, err)
+	}
+	conn := ipc.NewConn(nc.(*net.UnixConn), ipc.ClientSide)
+	info, err := hello(conn, opts, v)
+	if err != nil {
+		conn.Close()
+		return nil, ipc.HelloOK{}, fmt.Errorf("collectived: hello to %s (protocol version %d): %w", opts.Socket, v, err)
+	}
+	return conn, info, nil
+}
+
+func hello(conn *ipc.Conn, opts Options, v uint16) (ipc.HelloOK, error) {
 	deadline := time.Now().Add(opts.DialTimeout)
 	conn.SetWriteTimeout(opts.DialTimeout)
 	defer conn.SetWriteTimeout(0)
-	h := ipc.Hello{Version: ipc.Version, Observer: opts.Observer, LocalRank: int32(opts.LocalRank),
+	h := ipc.Hello{Version: v, Observer: opts.Observer, LocalRank: int32(opts.LocalRank),
 		PID: uint32(os.Getpid()), Job: opts.Job, Label: opts.Label}
 	if opts.Observer {
 		h.LocalRank = -1

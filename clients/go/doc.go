@@ -24,7 +24,9 @@
 // The client speaks protocol version 2 (docs/PROTOCOL.md): a call of up
 // to ipc.PollMaxBytes made while no other is in flight goes to the daemon,
 // and its answer comes back, through the connection's lane of shared
-// memory rather than the socket (Options.NoLane keeps to the socket). It
+// memory rather than the socket (Options.NoLane keeps to the socket). A
+// daemon that speaks only version 1 refuses version 2 with VERSION; Dial
+// then asks again in version 1, on a new connection, without a lane. It
 // is safe for use by several goroutines; calls from several goroutines are
 // ordered by when they reach the daemon.
 package collectived

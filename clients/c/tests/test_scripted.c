@@ -9,6 +9,7 @@
  * answers LANE with a LANE_OK the client must refuse. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,8 @@ static void send_frame(int fd, const cvd_frame *f)
 		_exit(2);
 }
 
-enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER };
+enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER,
+       PEER_V1_ONLY, PEER_NO_VERSION };
 
 /* f with fd attached to its first byte, as the daemon sends LANE_OK. */
 static void send_frame_fd(int fd, const cvd_frame *f, int pass)
@@ -79,6 +81,42 @@ static void peer(int lfd, int refuse)
 	int fd = accept(lfd, NULL, NULL);
 	if (fd < 0)
 		_exit(1);
+	/* An older daemon (version 1 only), or one that speaks neither version:
+	 * VERSION, fatal, for each HELLO it refuses, naming the version asked;
+	 * then the next connection. */
+	while (refuse == PEER_V1_ONLY || refuse == PEER_NO_VERSION) {
+		char msg[96];
+		if (read_n(fd, buf, 16) != 0 || cvd_frame_header(buf, 8192, &f, &plen, &err) != 0 ||
+		    read_n(fd, buf + 16, plen) != 0 || cvd_frame_payload(&f, buf + 16, plen, &err) != 0 ||
+		    f.type != CVD_T_HELLO)
+			_exit(6);
+		if (refuse == PEER_V1_ONLY && f.version == 1) {
+			memset(&r, 0, sizeof r);
+			r.id = f.id;
+			r.type = CVD_T_HELLO_OK;
+			r.version = 1;
+			r.info.world_size = r.info.node_count = r.info.local_size = 1;
+			r.info.inline_limit = 64;
+			r.info.max_frame = 4096;
+			r.info.max_in_flight = 8;
+			r.info.timeout_ms = 1000;
+			send_frame(fd, &r);
+			break;
+		}
+		memset(&r, 0, sizeof r);
+		r.id = f.id;
+		r.type = CVD_T_ERROR;
+		r.frame_flags = CVD_FLAG_FATAL;
+		r.code = CVD_E_VERSION;
+		snprintf(msg, sizeof msg, "client speaks protocol version %u, daemon speaks 1 to %d", f.version,
+			 refuse == PEER_V1_ONLY ? 1 : 0);
+		r.data = (const uint8_t *)msg;
+		r.data_len = strlen(msg);
+		send_frame(fd, &r);
+		close(fd);
+		if ((fd = accept(lfd, NULL, NULL)) < 0)
+			_exit(1);
+	}
 	if (refuse == PEER_REFUSE) { /* as for refused credentials: answer before reading, close */
 		memset(&r, 0, sizeof r);
 		r.type = CVD_T_ERROR;
@@ -360,6 +398,24 @@ void run_scripted_tests(void)
 	CHECK(c != NULL && !cvd_has_lane(c), "no_lane against a version-2 peer: %s", c ? "" : err.message);
 	CHECK(c && cvd_barrier(c, &err) == 0, "barrier without a lane: %s", err.message);
 	o.no_lane = 0;
+	cvd_close(c);
+	stop_peer(p, path);
+
+	/* A daemon older than the client refuses version 2: the client asks
+	 * again in version 1, without a lane, and its calls work. */
+	p = start_peer(path, PEER_V1_ONLY);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && !cvd_has_lane(c), "connect to a version-1 daemon: %s", c ? "it has a lane" : err.message);
+	CHECK(c && cvd_barrier(c, &err) == 0, "barrier on version 1: %s", err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+	/* One that speaks neither: its VERSION error for the second, version-1 HELLO. */
+	p = start_peer(path, PEER_NO_VERSION);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_VERSION && err.fatal &&
+	      strstr(err.message, "HELLO (protocol version 1): ") != NULL &&
+	      strstr(err.message, "client speaks protocol version 1, daemon speaks 1 to 0") != NULL,
+	      "a daemon of no version: %d %s", err.code, err.message);
 	cvd_close(c);
 	stop_peer(p, path);
 

@@ -1,0 +1,123 @@
+package collectived_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	collectived "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/ipc"
+)
+
+// oldDaemon answers every connection's HELLO as a daemon that speaks
+// protocol versions 1 to maxV would (maxV 0: none), or with refusal if
+// set; it records the version each HELLO asked for.
+func oldDaemon(t *testing.T, maxV uint16, refusal *ipc.Error) (path string, asked func() []uint16) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cvd-old-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path = filepath.Join(dir, "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var mu sync.Mutex
+	var versions []uint16
+	go func() {
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conn := ipc.NewConn(nc.(*net.UnixConn), ipc.DaemonSide)
+			f, err := conn.ReadFrame()
+			if err != nil || f.Type != ipc.TypeHello || len(f.Payload) < 6 {
+				nc.Close()
+				continue
+			}
+			v := uint16(f.Payload[4]) | uint16(f.Payload[5])<<8
+			mu.Lock()
+			versions = append(versions, v)
+			mu.Unlock()
+			switch {
+			case refusal != nil:
+				conn.WriteFrame(refusal.Encode(f.ID), -1)
+			case v > maxV:
+				conn.WriteFrame(ipc.Fatalf(ipc.CodeVersion, "HELLO: client speaks protocol version %d, daemon speaks 1 to %d", v, maxV).Encode(f.ID), -1)
+			default:
+				ok := ipc.HelloOK{Version: v, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
+				conn.WriteFrame(ok.Encode(f.ID), -1)
+				go func() { io.Copy(io.Discard, nc); nc.Close() }() // until the client's Close
+				continue
+			}
+			nc.Close()
+		}
+	}()
+	return path, func() []uint16 {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]uint16(nil), versions...)
+	}
+}
+
+// A daemon older than the client (version 1 only) refuses HELLO in
+// version 2 with VERSION: the client asks again in version 1, on a new
+// connection, and goes on without a lane.
+func TestDialFallsBackToVersion1(t *testing.T) {
+	path, asked := oldDaemon(t, 1, nil)
+	c, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1})
+	if err != nil {
+		t.Fatalf("dial a version-1 daemon: %v", err)
+	}
+	defer c.Close()
+	if got := asked(); len(got) != 2 || got[0] != 2 || got[1] != 1 {
+		t.Fatalf("HELLO versions asked: %v, want [2 1]", got)
+	}
+	if c.HasLane() {
+		t.Fatal("a version-1 connection has a lane")
+	}
+
+	// A daemon that speaks version 2 is asked once.
+	path, asked = oldDaemon(t, 2, nil)
+	c2, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1, NoLane: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.Close()
+	if got := asked(); len(got) != 1 || got[0] != 2 {
+		t.Fatalf("HELLO versions asked of a version-2 daemon: %v, want [2]", got)
+	}
+}
+
+// A daemon that speaks neither version fails Dial with its own VERSION
+// message, naming the version last asked; another refusal (here JOB) is
+// not retried.
+func TestDialVersionRefusals(t *testing.T) {
+	path, asked := oldDaemon(t, 0, nil)
+	_, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1})
+	if !errors.Is(err, ipc.ErrVersion) || !strings.Contains(err.Error(), "(protocol version 1)") ||
+		!strings.Contains(err.Error(), "client speaks protocol version 1, daemon speaks 1 to 0") {
+		t.Fatalf("a daemon refusing every version: %v", err)
+	}
+	if got := asked(); len(got) != 2 {
+		t.Fatalf("HELLO versions asked: %v, want [2 1]", got)
+	}
+
+	path, asked = oldDaemon(t, 2, ipc.Fatalf(ipc.CodeJob, "HELLO: job \"x\", this daemon serves \"y\""))
+	_, err = collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1})
+	if !errors.Is(err, ipc.ErrJob) || !strings.Contains(err.Error(), `this daemon serves "y"`) {
+		t.Fatalf("a daemon refusing the job: %v", err)
+	}
+	if got := asked(); len(got) != 1 {
+		t.Fatalf("HELLO versions asked after JOB: %v, want one", got)
+	}
+}
