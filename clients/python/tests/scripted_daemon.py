@@ -11,7 +11,8 @@ Call names steer it:
 - ``"silent"``: never reply;
 - ``"mismatch"``: ERROR MISMATCH;
 - ``"fatal"``: connection-level ERROR BAD_FRAME FATAL (id 0), then close;
-- ``"garbage"``: send a frame with an unknown type.
+- ``"garbage"``: send a frame with an unknown type;
+- ``"wake"``: send a WAKE_CLIENT, a frame of protocol version 2 only.
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ class ScriptedDaemon:
                 return "close"
             if msg.name == "garbage":
                 return struct.pack("<IBBHQ", 0, 0x42, 0, 0, msg.id)
+            if msg.name == "wake":
+                return struct.pack("<IBBHQ", 0, P.WAKE_CLIENT, 0, 0, 0)
             seq = len(self.calls) - 1
             if msg.flags & P.CALL_SHM:
                 mm = self._segs[msg.segment]

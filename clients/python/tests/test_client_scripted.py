@@ -246,6 +246,15 @@ def test_unknown_frame_from_daemon(client: collectived.Client) -> None:
         client.allreduce(np.ones(2, np.float32), name="garbage")
 
 
+def test_version2_frame_on_version1_connection(client: collectived.Client) -> None:
+    # The codec knows WAKE_CLIENT (for the shared vectors), but this
+    # connection speaks version 1: the frame is refused as such, by name.
+    with pytest.raises(collectived.ProtocolError,
+                       match=r"WAKE_CLIENT \(type 0x91, id 0\) is a protocol version 2 frame; "
+                             r"this connection speaks version 1"):
+        client.allreduce(np.ones(2, np.float32), name="wake")
+
+
 def test_close_fails_pending_and_is_idempotent(fake: ScriptedDaemon) -> None:
     c = collectived.Client(fake.path, job="demo")
     h = c.allreduce_async(np.ones(2, np.float32), name="silent")

@@ -655,6 +655,11 @@ class Client:
                 while end - start >= P.HEADER_SIZE:
                     length, ftype, fflags, fid = P.parse_header(
                         mv[start:start + P.HEADER_SIZE], max_frame)
+                    if P.TYPE_SINCE.get(ftype, 1) > P.PROTOCOL_VERSION:
+                        raise ProtocolError(
+                            f"{P.TYPE_NAMES[ftype]} (type 0x{ftype:02x}, id {fid}) is a protocol "
+                            f"version {P.TYPE_SINCE[ftype]} frame; this connection speaks version "
+                            f"{P.PROTOCOL_VERSION}")
                     if end - start < P.HEADER_SIZE + length:
                         break
                     payload = mv[start + P.HEADER_SIZE:start + P.HEADER_SIZE + length]

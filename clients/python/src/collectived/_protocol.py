@@ -35,6 +35,8 @@ CALL, CALL_OK = 0x05, 0x85
 STATUS, STATUS_OK = 0x06, 0x86
 LANE, LANE_OK = 0x10, 0x90         # version 2
 WAKE, WAKE_CLIENT = 0x11, 0x91     # version 2
+# The protocol version that introduced each type; the others are version 1.
+TYPE_SINCE = {LANE: 2, LANE_OK: 2, WAKE: 2, WAKE_CLIENT: 2}
 ERROR = 0xFF
 
 TYPE_NAMES = {
