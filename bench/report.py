@@ -472,8 +472,8 @@ GAINS = [
     "| 20. pollers with a lane read their socket every 20 µs; session pollers yield their P every 20 µs | 4 B 56.2 µs | 49.3 µs |",
     "| 20. one P while the link is lent, instead of a companion goroutine | 4 B 48.1 µs | 43.1 µs |",
     "| 21. (how it is measured, not a speed-up) the sidecar's two sides take turns in one run "
-    "(`bench --sidecar`), a call each | sidecar overhead at 64 MiB from separate runs, three full runs: -0.2%, "
-    "+6.3%, +9.1% | from interleaved runs: -0.4% (the runs' own -10.5% to +17.6%) |",
+    "(`bench --sidecar`), a call each | sidecar overhead at 64 MiB from separate runs: -0.2%, "
+    "+6.3%, +9.1%, -2.2% (four full runs) | from interleaved runs: -0.4% and -4.7% (the latter two full runs) |",
     "",
 ]
 
