@@ -364,7 +364,8 @@ def aggregate(res):
         # Interleaved pairs, where there are any, are the target's: each saw
         # both sides on the same machine from one call to the next.
         use = report.target_pairs(pairs)
-        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs, "interleaved": use is not pairs,
+        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs,
+                          "interleaved": any(p.get("interleaved") for p in pairs),
                           "collectived_us": statistics.median(p["collectived_us"] for p in use),
                           "ring_only_us": statistics.median(p["ring_only_us"] for p in use)}
     tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]

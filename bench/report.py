@@ -170,7 +170,7 @@ def rounds_overhead(res, size):
 def target_pairs(pairs):
     """The pairs the sidecar target's figure comes from: the interleaved
     ones (`collectived bench --sidecar`) if the run has any, else all (a
-    run from before they existed). pairs itself when all are used."""
+    run from before they existed)."""
     inter = [p for p in pairs if p.get("interleaved")]
     return inter or pairs
 
@@ -388,7 +388,7 @@ def _sidecar_pairs(res) -> list[str]:
         text = (f"At {size_name(sc['bytes'])} the target's figure comes from the {len(inter)} interleaved runs "
                 f"(`collectived bench --sidecar`, after each round): the daemons' world and the ring engines' "
                 f"world up together, taking turns: in each turn one world makes an untimed call (the first after the "
-                f"other's turn runs cold) and then {res.get('sidecar_block', 1)} timed one(s). Both sides so see the "
+                f"other's turn runs cold) and then {res.get('sidecar_block', 1)} timed one(s). So both sides see the "
                 "machine as it is from one moment to the next; on this shared machine a run's speed drifts by tens "
                 "of percent within seconds, more than the cost being measured. The overhead is the "
                 "median of collectived's medians over these runs ÷ the median of ring-only's − 1 = "

@@ -243,7 +243,8 @@ class TargetsTest(unittest.TestCase):
         self.assertLessEqual(hi, 2.0 + 1e-9)
         md = report.markdown(res, "bench")
         self.assertIn("comes from the 2 interleaved runs (`collectived bench --sidecar`", md)
-        self.assertIn("an untimed call (the first after the other's turn runs cold) and then 1 timed one(s)", md)
+        self.assertIn("an untimed call (the first after the other's turn runs cold) and then 1 timed one(s). "
+                      "So both sides see", md)
         self.assertIn("ring-only's − 1 = **+0.5%**", md)
         self.assertIn("range from -1.0% to +2.0%", md)
         self.assertIn("The rounds' own pairs (separate runs, back to back) give +10.0% by the same formula", md)
@@ -452,8 +453,8 @@ class CollectivedRunnerTest(unittest.TestCase):
         self.assertIn("collectived bench: printed", str(cm.exception))
 
 
-def _collectived_bin():
-    """The checkout's bin/collectived (make build), if it has --ring-only."""
+def _collectived_bin(flag="--ring-only"):
+    """The checkout's bin/collectived (make build), if its bench has flag."""
     b = os.environ.get("COLLECTIVED_BIN") or os.path.join(os.path.dirname(HERE), "bin", "collectived")
     if not os.access(b, os.X_OK):
         return None
@@ -461,7 +462,7 @@ def _collectived_bin():
         h = subprocess.run([b, "bench", "--help"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return b if "--ring-only" in h.stdout + h.stderr else None
+    return b if flag in h.stdout + h.stderr else None
 
 
 @unittest.skipUnless(_collectived_bin(), "bin/collectived with bench --ring-only not built (make build)")
@@ -475,6 +476,7 @@ class RingOnlyRealTest(unittest.TestCase):
         self.assertIn("bench --ring-only --nodes 2 --local 1 --sizes 4,65536 --iters 5 --warmup 1 --json",
                       runners.COMMANDS[n])
 
+    @unittest.skipUnless(_collectived_bin("--sidecar"), "bin/collectived with bench --sidecar not built (make build)")
     def test_real_sidecar_rows(self):
         c, r = runners.collectived_sidecar(_collectived_bin(), [4, 65536], 3, 1, 120)
         self.assertEqual([(x["bytes"], x["path"], x["iters"], len(x["block_medians_us"])) for x in c + r],

@@ -5,8 +5,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -119,5 +124,87 @@ func TestBenchSidecar(t *testing.T) {
 	_, out, err = runBench(t, "--sidecar", "--sizes", "4", "--iters", "2")
 	if err != nil || !strings.Contains(out, "4 sidecar overhead") || !strings.Contains(out, "all 1 sizes verified on all 2 trainers and all 2 ring ranks") {
 		t.Fatalf("bench --sidecar (table): %v\n%s", err, out)
+	}
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so cut at ")".
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// A daemon killed in the middle of bench --sidecar fails the run with a
+// report that names the paced process that noticed, says how it ended and
+// that the daemon exited, by its pid; nothing is left running.
+func TestBenchSidecarDaemonKilled(t *testing.T) {
+	cmd := exec.Command(daemonBin, "bench", "--sidecar", "--sizes", "1MiB", "--iters", "1000000", "--timeout", "2m")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-done
+	}()
+	// The daemon of node 1: a child running `run` on the daemons' config.
+	victim := 0
+	for deadline := time.Now().Add(30 * time.Second); victim == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, c := range childrenOf(cmd.Process.Pid) {
+			argv, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(c), "cmdline"))
+			a := string(argv)
+			if strings.Contains(a, "run\x00") && strings.Contains(a, "/daemons/config.yaml") && strings.Contains(a, "--rank\x001\x00") {
+				victim = c
+			}
+		}
+	}
+	if victim == 0 {
+		t.Fatalf("no daemon of node 1 under bench --sidecar (pid %d) within 30s:\n%s", cmd.Process.Pid, out.String())
+	}
+	time.Sleep(time.Second) // into the timed blocks
+	// Every process the bench started (daemons, ring ranks, trainers), to
+	// check afterwards that none outlived it.
+	started := childrenOf(cmd.Process.Pid)
+	if len(started) != 6 {
+		t.Fatalf("bench --sidecar runs %d processes, want 6 (2 daemons, 2 trainers, 2 ring ranks): %v", len(started), started)
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-done:
+		done <- err // for the deferred cleanup
+	case <-time.After(time.Minute):
+		t.Fatalf("bench --sidecar still running a minute after its daemon %d was killed:\n%s", victim, out.String())
+	}
+	text := out.String()
+	if err == nil || !strings.Contains(text, "bench --sidecar: collectived, the trainer of node") ||
+		!strings.Contains(text, fmt.Sprintf("daemon 1 (pid %d) exited: signal: killed", victim)) {
+		t.Fatalf("bench --sidecar with daemon %d killed: %v\n%s", victim, err, text)
+	}
+	t.Logf("the report:\n%s", text)
+	for _, p := range started {
+		if argv, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "cmdline")); err == nil && bytes.HasPrefix(argv, []byte(daemonBin)) {
+			t.Errorf("process %d (%q) outlived the bench", p, bytes.ReplaceAll(argv, []byte{0}, []byte{' '}))
+		}
 	}
 }

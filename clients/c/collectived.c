@@ -1260,9 +1260,11 @@ static int hello(cvd_client *c, const cvd_options *o, uint16_t version, int64_t 
 			cvd_frame_type_name(f.type), (unsigned long long)f.id);
 		return CVD_E_PROTOCOL;
 	}
-	if (f.version < 1 || f.version > CVD_PROTOCOL_VERSION) {
-		set_err(err, CVD_E_PROTOCOL, "daemon answers in protocol version %u, this client speaks 1 to %u",
-			f.version, CVD_PROTOCOL_VERSION);
+	/* A later version than asked would speak frames we did not ask for
+	 * (a lane in 2). */
+	if (f.version < 1 || f.version > version) {
+		set_err(err, CVD_E_PROTOCOL, "daemon answers HELLO (protocol version %u) in version %u",
+			version, f.version);
 		return CVD_E_PROTOCOL;
 	}
 	c->info = f.info;
@@ -1277,17 +1279,21 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 {
 	cvd_error local;
 	int64_t until;
+	uint16_t version = CVD_PROTOCOL_VERSION;
 	if (!err)
 		err = &local;
 	until = now_ms() + (opt && opt->rank_retry_ms > 0 ? opt->rank_retry_ms : 0);
 	for (;;) {
-		cvd_client *c = connect_once(socket_path, opt, CVD_PROTOCOL_VERSION, err);
+		cvd_client *c = connect_once(socket_path, opt, version, err);
 		struct timespec ts;
 		/* A daemon older than this client refuses version 2: a version-2
 		 * connection that never opens its lane is version 1, so ask for
-		 * that, on a new connection (VERSION is fatal to the first). */
-		if (!c && err->code == CVD_E_VERSION)
-			c = connect_once(socket_path, opt, 1, err);
+		 * that, on a new connection (VERSION is fatal to the first), and
+		 * keep to it while retrying for a rank. */
+		if (!c && err->code == CVD_E_VERSION && version > 1) {
+			version = 1;
+			c = connect_once(socket_path, opt, version, err);
+		}
 		if (c || (err->code != CVD_E_RANK_TAKEN && err->code != CVD_E_FULL) || now_ms() >= until)
 			return c;
 		ts.tv_sec = 0;

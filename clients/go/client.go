@@ -108,7 +108,8 @@ func Dial(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("collectived: dial %s: local rank %d (want -1 or a rank)", opts.Socket, opts.LocalRank)
 	}
 	conn, info, err := dialHello(opts, ipc.Version)
-	if errors.Is(err, ipc.ErrVersion) && ipc.Version > ipc.MinVersion {
+	var refused *helloRefused
+	if errors.As(err, &refused) && errors.Is(refused.err, ipc.ErrVersion) && ipc.Version > ipc.MinVersion {
 		// A daemon older than this client: a version-2 connection that
 		// never opens its lane is version 1, so ask for that instead, on a
 		// new connection (VERSION is fatal to the first).
@@ -161,6 +162,13 @@ func resolveInlineMax(want, limit int) int {
 	return min(want, limit)
 }
 
+// helloRefused is the daemon's own ERROR answer to HELLO, as against a
+// fault found in its HELLO_OK: only a refusal is worth asking again.
+type helloRefused struct{ err *ipc.Error }
+
+func (r *helloRefused) Error() string { return r.err.Error() }
+func (r *helloRefused) Unwrap() error { return r.err }
+
 // dialHello connects and says HELLO in protocol version v.
 func dialHello(opts Options, v uint16) (*ipc.Conn, ipc.HelloOK, error) {
 	d := net.Dialer{Timeout: opts.DialTimeout}
@@ -192,7 +200,7 @@ func hello(conn *ipc.Conn, opts Options, v uint16) (ipc.HelloOK, error) {
 		// closes; that reason beats our "broken pipe".
 		if f, rerr := conn.ReadFrame(); rerr == nil && f.Type == ipc.TypeError {
 			if e, derr := ipc.DecodeError(f.Flags, f.Payload); derr == nil {
-				return ipc.HelloOK{}, e
+				return ipc.HelloOK{}, &helloRefused{e}
 			}
 		}
 		return ipc.HelloOK{}, err
@@ -204,13 +212,18 @@ func hello(conn *ipc.Conn, opts Options, v uint16) (ipc.HelloOK, error) {
 	}
 	switch f.Type {
 	case ipc.TypeHelloOK:
-		return ipc.DecodeHelloOK(f.Payload)
+		info, err := ipc.DecodeHelloOK(f.Payload)
+		if err == nil && info.Version > v {
+			// It would speak frames we did not ask for (a lane in 2).
+			return info, ipc.Fatalf(ipc.CodeVersion, "HELLO_OK: daemon answers in protocol version %d to a HELLO in %d", info.Version, v)
+		}
+		return info, err
 	case ipc.TypeError:
 		e, err := ipc.DecodeError(f.Flags, f.Payload)
 		if err != nil {
 			return ipc.HelloOK{}, err
 		}
-		return ipc.HelloOK{}, e
+		return ipc.HelloOK{}, &helloRefused{e}
 	}
 	return ipc.HelloOK{}, fmt.Errorf("daemon answered HELLO with %s", f.Type)
 }

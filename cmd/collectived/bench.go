@@ -2,12 +2,10 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -105,10 +103,10 @@ func runBench(c *cli.Context) error {
 		if local != 1 {
 			return exitf("bench: %s runs one ring rank per node and no trainers beside it: --local is %d, want 1", mode, local)
 		}
-		if b := c.Int("sidecar-block"); b < 1 {
-			return exitf("bench: --sidecar-block %d: want at least 1", b)
-		}
 		if c.Bool("sidecar") {
+			if b := c.Int("sidecar-block"); b < 1 {
+				return exitf("bench: --sidecar-block %d: want at least 1", b)
+			}
 			return runBenchSidecar(c, self, dir, nodes, sizes)
 		}
 		return runBenchRingOnly(c, self, dir, nodes, len(sizes))
@@ -120,39 +118,33 @@ func runBench(c *cli.Context) error {
 	}
 	defer w.Stop()
 
-	var trainers []*exec.Cmd
-	var rank0 io.ReadCloser
-	var stderrs []*bytes.Buffer
+	var trainers []*benchTrainer
+	defer func() {
+		for _, t := range trainers {
+			t.kill() // reaps those that ended by themselves too
+		}
+	}()
 	for n := 0; n < nodes; n++ {
 		for l := 0; l < local; l++ {
 			t, err := startBenchTrainer(c, self, w, n, l, nil, nil)
 			if err != nil {
 				return err
 			}
-			trainers = append(trainers, t.cmd)
-			stderrs = append(stderrs, t.stderr)
-			if n == 0 && l == 0 {
-				rank0 = t.out
-			} else {
+			trainers = append(trainers, t)
+			if n > 0 || l > 0 {
 				go io.Copy(io.Discard, t.out)
 			}
-		}
-	}
-	kill := func() {
-		for _, t := range trainers {
-			t.Process.Kill()
 		}
 	}
 
 	tty := isTerminal(os.Stderr)
 	p := newBenchPrinter(c, nodes, local, "trainers")
-	sc := bufio.NewScanner(rank0)
+	sc := bufio.NewScanner(trainers[0].out)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	done := 0
 	for sc.Scan() {
 		var r sizeResult
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			kill()
 			return fmt.Errorf("bench: trainer 0 printed %q: %w", sc.Text(), err)
 		}
 		done++
@@ -164,10 +156,13 @@ func runBench(c *cli.Context) error {
 			fmt.Fprintf(os.Stderr, "[%s] size %d/%d", bar(done, len(sizes), 30), done+1, len(sizes))
 		}
 	}
+	// Trainer 0 has closed its stdout: it is exiting. The others end with
+	// their last call, each bounded by the client's timeout.
 	var failed []string
 	for i, t := range trainers {
-		if err := t.Wait(); err != nil {
-			failed = append(failed, fmt.Sprintf("trainer %d: %v: %s", i, err, strings.TrimSpace(stderrs[i].String())))
+		<-t.done
+		if t.err != nil {
+			failed = append(failed, fmt.Sprintf("trainer %d: %v: %s", i, t.err, strings.TrimSpace(t.stderr.String())))
 		}
 	}
 	if len(failed) > 0 || done != len(sizes) {

@@ -45,7 +45,8 @@ func runBenchRing(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	defer pace.Close()
+	// The pacing socket is left to the exit to close: closed now, the
+	// parent would read its end before main has printed why we failed.
 	cfg, rank, err := loadConfig(c)
 	if err != nil {
 		return err

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,12 +18,17 @@ import (
 	"github.com/collectived/collectived/internal/localworld"
 )
 
+// endGrace is how long a paced process that closed its pacing socket is
+// given to exit, so that the failure report has its reason.
+const endGrace = 5 * time.Second
+
 // runBenchSidecar is `collectived bench --sidecar`: the daemons' world
 // (one trainer per node) and the ring engines' world (what --ring-only
 // runs) up at the same time, paced (pace.go) so that they take turns a
-// block of calls at a time, the first of each pair of blocks alternating.
-// Each side's figures are then taken over the same stretch of time, and
-// each block of one side has a neighbour of the other to be set against.
+// block of calls at a time, the first of each pair of blocks alternating
+// (turnOrder). Each side's figures are then taken over the same stretch of
+// time, and each block of one side has a neighbour of the other to be set
+// against.
 func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64) error {
 	block, iters := c.Int("sidecar-block"), c.Int("iters")
 	deadline := time.Now().Add(c.Duration("timeout"))
@@ -38,7 +39,7 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		return err
 	}
 	defer ringSide.Close()
-	daemonSide, err := newPacedSide("collectived", nodes, func(i int) string { return fmt.Sprintf("trainer of node %d", i) })
+	daemonSide, err := newPacedSide("collectived", nodes, func(i int) string { return fmt.Sprintf("the trainer of node %d", i) })
 	if err != nil {
 		return err
 	}
@@ -47,12 +48,14 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 	ringDir, daemonDir := filepath.Join(dir, "ring"), filepath.Join(dir, "daemons")
 	for _, d := range []string{ringDir, daemonDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return err
+			return fmt.Errorf("bench --sidecar: %w", err)
 		}
 	}
+	// One call for both worlds' ports: two calls could hand the second
+	// world a port the first has not bound yet.
 	ports, err := localworld.FreePorts(2 * nodes)
 	if err != nil {
-		return err
+		return fmt.Errorf("bench --sidecar: ring ports: %w", err)
 	}
 	results := filepath.Join(ringDir, "ring-results.json")
 	rw, err := localworld.Start(localworld.Options{Bin: self, Dir: ringDir, Nodes: nodes, Local: 1, Ports: ports[:nodes],
@@ -64,7 +67,17 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		return err
 	}
 	defer rw.Stop()
-	ringSide.detail = func(i int) string { return "its log ends:\n" + localworld.Tail(rw.Logs[i]) }
+	ringSide.state = func(i int, grace time.Duration) (bool, string) {
+		exited, err := rw.Exit(i, grace)
+		status := "still running"
+		if exited {
+			status = "exit status 0"
+			if err != nil {
+				status = err.Error()
+			}
+		}
+		return exited, fmt.Sprintf("%s; its log ends:\n%s", status, localworld.Tail(rw.Logs[i]))
+	}
 
 	dw, err := localworld.Start(localworld.Options{Bin: self, Dir: daemonDir, Nodes: nodes, Local: 1, Ports: ports[nodes:],
 		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), OpenWait: 20 * time.Second})
@@ -76,20 +89,23 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 	defer func() {
 		for _, t := range trainers {
 			if t != nil {
-				t.cmd.Process.Kill()
-				t.cmd.Wait()
+				t.kill()
 			}
 		}
 	}()
 	for n := range trainers {
 		if trainers[n], err = startBenchTrainer(c, self, dw, n, 0, daemonSide.childFiles(n), paceArgs); err != nil {
-			return err
+			return fmt.Errorf("bench --sidecar: %w", err)
 		}
 	}
-	daemonSide.detail = func(i int) string {
-		trainers[i].cmd.Process.Kill()
-		trainers[i].cmd.Wait()
-		return "its stderr: " + strings.TrimSpace(trainers[i].stderr.String())
+	daemonSide.state = func(i int, grace time.Duration) (bool, string) { return trainers[i].ended(grace) }
+	daemonSide.others = func() (out []string) {
+		for r := range nodes {
+			if exited, err := dw.Exit(r, 0); exited {
+				out = append(out, fmt.Sprintf("daemon %d (pid %d) exited: %v; its log ends:\n%s", r, dw.PID(r), err, localworld.Tail(dw.Logs[r])))
+			}
+		}
+		return out
 	}
 	ringSide.closeChildEnds()
 	daemonSide.closeChildEnds()
@@ -97,16 +113,12 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 
 	tty := isTerminal(os.Stderr)
 	nblocks := (iters + block - 1) / block
+	sides := [2]*pacedSide{daemonSide, ringSide}
 	var daemonRes []sizeResult
 	for si, size := range sizes {
-		sides := [2]*pacedSide{daemonSide, ringSide}
 		for b := -1; b < nblocks; b++ { // block -1: the checked call and warmup
-			order := sides
-			if b%2 != 0 {
-				order[0], order[1] = sides[1], sides[0]
-			}
-			for _, s := range order {
-				if err := s.step(deadline, size, b); err != nil {
+			for _, k := range turnOrder(b) {
+				if err := sides[k].step(deadline, size, b); err != nil {
 					return exitf("bench --sidecar: %v", err)
 				}
 			}
@@ -117,7 +129,11 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		select {
 		case r, ok := <-rows:
 			if !ok {
-				return exitf("bench --sidecar: the trainer of node 0 reported no result for %d bytes: %s", size, daemonSide.detail(0))
+				_, how := trainers[0].ended(endGrace)
+				if trainers[0].bad != "" {
+					how = "it printed " + trainers[0].bad + "; " + how
+				}
+				return exitf("bench --sidecar: the trainer of node 0 reported no result for %d bytes: %s", size, how)
 			}
 			daemonRes = append(daemonRes, r)
 		case <-time.After(time.Until(deadline)):
@@ -128,9 +144,10 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}
 	for i, t := range trainers {
-		if err := t.cmd.Wait(); err != nil {
-			return exitf("bench --sidecar: trainer of node %d: %v: %s", i, err, strings.TrimSpace(t.stderr.String()))
+		if err := t.wait(max(time.Until(deadline), endGrace)); err != nil {
+			return exitf("bench --sidecar: the trainer of node %d: %v: %s", i, err, strings.TrimSpace(t.stderr.String()))
 		}
+		t.out.Close()
 		trainers[i] = nil
 	}
 	if err := rw.Wait(time.Until(deadline)); err != nil {
@@ -159,18 +176,34 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 	return nil
 }
 
+// turnOrder is which side (0: the daemons, 1: the ring engines) takes
+// block b's turn first: the ring engines for the warmup (b = -1), then
+// the daemons and the ring engines in turn, so that neither always runs
+// right after the other.
+func turnOrder(b int) [2]int {
+	if b%2 != 0 {
+		return [2]int{1, 0}
+	}
+	return [2]int{0, 1}
+}
+
 // pacedSide is the parent's end of one world's pacing sockets.
 type pacedSide struct {
-	name   string
-	who    func(i int) string // names process i
-	detail func(i int) string // what process i left behind (log, stderr), once started
+	name string
+	who  func(i int) string // names process i
+	// state reports whether process i has ended, waiting up to grace for
+	// it, and what it left behind (exit status, stderr or log).
+	state func(i int, grace time.Duration) (ended bool, how string)
+	// others lists the side's helpers that have ended (the daemons).
+	others func() []string
 	conns  []net.Conn
 	kids   []*os.File // the processes' ends, until they are started
 	b      [1]byte
 }
 
 func newPacedSide(name string, n int, who func(int) string) (*pacedSide, error) {
-	s := &pacedSide{name: name, who: who, detail: func(int) string { return "" }}
+	s := &pacedSide{name: name, who: who,
+		state: func(int, time.Duration) (bool, string) { return false, "" }, others: func() []string { return nil }}
 	for i := 0; i < n; i++ {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
@@ -210,29 +243,43 @@ func (s *pacedSide) step(deadline time.Time, size int64, block int) error {
 	if block < 0 {
 		what = "checked call and warmup"
 	}
-	fail := func(i int, err error) error {
-		if errors.Is(err, io.EOF) {
-			err = errors.New("it ended")
-		}
-		return fmt.Errorf("%s, %s, %d bytes, %s: %w; %s", s.name, s.who(i), size, what, err, s.detail(i))
-	}
 	for i, c := range s.conns {
 		c.SetWriteDeadline(deadline)
 		s.b[0] = paceGo
 		if _, err := c.Write(s.b[:]); err != nil {
-			return fail(i, err)
+			return s.fail(i, size, what, err)
 		}
 	}
 	for i, c := range s.conns {
 		c.SetReadDeadline(deadline)
 		if _, err := io.ReadFull(c, s.b[:]); err != nil {
-			return fail(i, err)
+			return s.fail(i, size, what, err)
 		}
 		if s.b[0] != paceDone {
-			return fail(i, fmt.Errorf("sent %q on its pacing socket, want %q", s.b[0], paceDone))
+			return s.fail(i, size, what, fmt.Errorf("sent %q on its pacing socket, want %q", s.b[0], paceDone))
 		}
 	}
 	return nil
+}
+
+// fail is the error of a step that process i failed: what it said or how
+// it ended, and every other process of the side that has ended too (the
+// one that failed first may not be the first found).
+func (s *pacedSide) fail(i int, size int64, what string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+		err = errors.New("it closed its pacing socket")
+	}
+	_, how := s.state(i, endGrace)
+	var also strings.Builder
+	for j := range s.conns {
+		if ended, h := s.state(j, 0); j != i && ended {
+			fmt.Fprintf(&also, "\n%s has ended too: %s", s.who(j), h)
+		}
+	}
+	for _, o := range s.others() {
+		also.WriteString("\n" + o)
+	}
+	return fmt.Errorf("%s, %s, %d bytes, %s: %w; %s%s", s.name, s.who(i), size, what, err, how, also.String())
 }
 
 func (s *pacedSide) Close() {
@@ -251,87 +298,19 @@ func blockMedians(times []int64, block int) []float64 {
 	return out
 }
 
-// pairedRatio is the median over blocks of a's block ÷ b's.
+// pairedRatio is the median over blocks of a's block ÷ b's (0 if there
+// are none).
 func pairedRatio(a, b []float64) float64 {
 	var r []float64
 	for i := range min(len(a), len(b)) {
 		r = append(r, a[i]/b[i])
 	}
 	slices.Sort(r)
-	if len(r) == 0 {
+	switch {
+	case len(r) == 0:
 		return 0
-	}
-	if len(r)%2 == 0 {
+	case len(r)%2 == 0:
 		return (r[len(r)/2-1] + r[len(r)/2]) / 2
 	}
 	return r[len(r)/2]
-}
-
-// benchTrainer is one `bench-trainer` process.
-type benchTrainer struct {
-	cmd    *exec.Cmd
-	out    io.ReadCloser
-	stderr *bytes.Buffer
-}
-
-// startBenchTrainer starts the trainer of local rank l on node n of w;
-// files become its fd 3 on, extra is appended to its arguments.
-func startBenchTrainer(c *cli.Context, self string, w *localworld.World, n, l int, files []*os.File, extra []string) (*benchTrainer, error) {
-	cmd := exec.Command(self, append([]string{"bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
-		"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
-		"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
-		"--no-lane=" + strconv.FormatBool(c.Bool("client-no-lane"))}, extra...)...)
-	t := &benchTrainer{cmd: cmd, stderr: new(bytes.Buffer)}
-	cmd.Stderr = t.stderr
-	cmd.ExtraFiles = files
-	cmd.SysProcAttr = &unix.SysProcAttr{Pdeathsig: unix.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start trainer: %w", err)
-	}
-	t.out = out
-	return t, nil
-}
-
-// rows reads the results world rank 0 prints, one per size (n of them),
-// until its stdout ends.
-func (t *benchTrainer) rows(n int) <-chan sizeResult {
-	ch := make(chan sizeResult, n)
-	go func() {
-		defer close(ch)
-		sc := bufio.NewScanner(t.out)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			var r sizeResult
-			if json.Unmarshal(sc.Bytes(), &r) != nil {
-				return
-			}
-			ch <- r
-		}
-	}()
-	return ch
-}
-
-// readSizeResults reads the results a bench-ring rank 0 wrote.
-func readSizeResults(path string) ([]sizeResult, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []sizeResult
-	dec := json.NewDecoder(f)
-	for {
-		var r sizeResult
-		if err := dec.Decode(&r); err == io.EOF {
-			return out, nil
-		} else if err != nil {
-			return out, fmt.Errorf("%s: %w", path, err)
-		}
-		out = append(out, r)
-	}
 }

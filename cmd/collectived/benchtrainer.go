@@ -48,7 +48,8 @@ func benchTrainerCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			defer pace.Close()
+			// The pacing socket is left to the exit to close: closed now, the
+			// parent would read its end before main has printed why we failed.
 			cl, err := cvd.Dial(cvd.Options{Socket: c.String("socket"), Job: c.String("job"), LocalRank: c.Int("local-rank"), Label: "bench-trainer", Spin: c.Duration("spin"), InlineMax: c.Int("inline-max"), NoLane: c.Bool("no-lane")})
 			if err != nil {
 				return err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 )
 
 // Pacing lets `collectived bench --sidecar` run the daemons' world and
@@ -26,8 +27,9 @@ import (
 // warmup (block 0) and before every --pace-block timed calls after them,
 // and answers 'd' after each block; the final check of the results is
 // inside the last block. Each timed block starts with one untimed call:
-// the first call after the other world's turn runs cold. The parent lets one world run a block while the
-// other waits, and alternates which goes first.
+// the first call after the other world's turn runs cold. The parent lets
+// one world run a block while the other waits, and alternates which goes
+// first.
 const (
 	paceFD   = 3
 	paceGo   = 'g'
@@ -63,6 +65,10 @@ func openPacer(fd uintptr, block int, timeout time.Duration) (*pacer, error) {
 		return nil, fmt.Errorf("--pace-block %d: want 0 (not paced) or more", block)
 	case timeout <= 0:
 		return nil, fmt.Errorf("--pace-timeout %v: want more than 0", timeout)
+	}
+	// Whatever fd is if not a socket is not ours to close.
+	if _, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE); err != nil {
+		return nil, fmt.Errorf("--pace-block %d: fd %d is not the pacing socket: %w", block, fd, err)
 	}
 	f := os.NewFile(fd, "pace")
 	c, err := net.FileConn(f)

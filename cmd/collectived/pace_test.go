@@ -3,6 +3,7 @@ package main
 import (
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func pacedPair(t *testing.T) (*pacedSide, net.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	s.detail = func(int) string { return "its log ends: boom" }
+	s.state = func(int, time.Duration) (bool, string) { return true, "its log ends: boom" }
 	kid, err := net.FileConn(s.kids[0])
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +99,7 @@ func TestPacedSideErrors(t *testing.T) {
 	s, kid = pacedPair(t)
 	kid.Close()
 	err = s.step(deadline, 4, -1)
-	if err == nil || !strings.Contains(err.Error(), "ring-only, ring rank 0, 4 bytes, checked call and warmup:") || !strings.Contains(err.Error(), "its log ends: boom") {
+	if err == nil || !strings.Contains(err.Error(), "ring-only, ring rank 0, 4 bytes, checked call and warmup: it closed its pacing socket; its log ends: boom") {
 		t.Fatalf("a process that has ended: %v", err)
 	}
 
@@ -165,5 +166,47 @@ func TestPacerErrors(t *testing.T) {
 	parent.Close()
 	if err := p.wait(); err == nil || !strings.Contains(err.Error(), "waiting for the go-ahead: EOF") {
 		t.Fatalf("a parent gone: %v", err)
+	}
+}
+
+// The two sides take turns, and which goes first alternates: the ring
+// engines for the warmup, then the daemons, the ring engines, ...
+func TestTurnOrder(t *testing.T) {
+	first := map[int]int{}
+	for b := -1; b < 6; b++ {
+		o := turnOrder(b)
+		if o[0] == o[1] || o[0] < 0 || o[0] > 1 || o[1] < 0 || o[1] > 1 {
+			t.Fatalf("turnOrder(%d) = %v: want both sides once", b, o)
+		}
+		if b >= 0 {
+			first[o[0]]++
+		}
+		if b > -1 && o == turnOrder(b-1) {
+			t.Fatalf("blocks %d and %d start with the same side %d", b-1, b, o[0])
+		}
+	}
+	if first[0] != 3 || first[1] != 3 {
+		t.Fatalf("sides first in six timed blocks: %v, want 3 each", first)
+	}
+}
+
+func TestBlockMediansAndPairedRatio(t *testing.T) {
+	got := blockMedians([]int64{1000, 3000, 2000, 8000, 4000}, 2)
+	if want := []float64{2, 5, 4}; !slices.Equal(got, want) {
+		t.Fatalf("blockMedians = %v, want %v (µs; the last block short)", got, want)
+	}
+	for _, tc := range []struct {
+		a, b []float64
+		want float64
+	}{
+		{nil, nil, 0},
+		{[]float64{2}, []float64{1}, 2},
+		{[]float64{1, 3, 6}, []float64{1, 2, 2}, 1.5},        // ratios 1, 1.5, 3
+		{[]float64{1, 3, 6, 8}, []float64{1, 2, 2, 2}, 2.25}, // 1, 1.5, 3, 4: the middle two
+		{[]float64{4, 4, 4}, []float64{2, 2}, 2},             // only blocks both have
+	} {
+		if got := pairedRatio(tc.a, tc.b); got != tc.want {
+			t.Errorf("pairedRatio(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
 	}
 }

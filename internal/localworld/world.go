@@ -185,6 +185,26 @@ func (w *World) reap(r int, p *proc) {
 // PID is daemon r's process id.
 func (w *World) PID(r int) int { return w.procs[r].cmd.Process.Pid }
 
+// Exit waits up to d for node r to exit and reports whether it did, and
+// its exit status if so. It does not consume Exited.
+func (w *World) Exit(r int, d time.Duration) (exited bool, err error) {
+	p := w.procs[r]
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+	}
+	if d <= 0 {
+		return false, nil
+	}
+	select {
+	case <-p.done:
+		return true, p.err
+	case <-time.After(d):
+		return false, nil
+	}
+}
+
 // Died describes daemon r's unasked-for exit.
 func (w *World) Died(r int) error {
 	p := w.procs[r]

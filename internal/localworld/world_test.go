@@ -121,4 +121,11 @@ func TestWaitCommand(t *testing.T) {
 	if err := w.Wait(100 * time.Millisecond); err == nil || !strings.Contains(err.Error(), "still running after 100ms") {
 		t.Fatalf("a node that does not end: %v", err)
 	}
+	if exited, err := w.Exit(0, 50*time.Millisecond); exited || err != nil {
+		t.Fatalf("Exit of a node still running: %v %v", exited, err)
+	}
+	w.Stop()
+	if exited, err := w.Exit(0, 0); !exited || err == nil || !strings.Contains(err.Error(), "signal: terminated") {
+		t.Fatalf("Exit of a node stopped: %v %v, want its SIGTERM", exited, err)
+	}
 }

@@ -44,7 +44,7 @@ static void send_frame(int fd, const cvd_frame *f)
 }
 
 enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER,
-       PEER_V1_ONLY, PEER_NO_VERSION };
+       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2 };
 
 /* f with fd attached to its first byte, as the daemon sends LANE_OK. */
 static void send_frame_fd(int fd, const cvd_frame *f, int pass)
@@ -84,17 +84,17 @@ static void peer(int lfd, int refuse)
 	/* An older daemon (version 1 only), or one that speaks neither version:
 	 * VERSION, fatal, for each HELLO it refuses, naming the version asked;
 	 * then the next connection. */
-	while (refuse == PEER_V1_ONLY || refuse == PEER_NO_VERSION) {
+	while (refuse == PEER_V1_ONLY || refuse == PEER_NO_VERSION || refuse == PEER_V1_ANSWERS_2) {
 		char msg[96];
 		if (read_n(fd, buf, 16) != 0 || cvd_frame_header(buf, 8192, &f, &plen, &err) != 0 ||
 		    read_n(fd, buf + 16, plen) != 0 || cvd_frame_payload(&f, buf + 16, plen, &err) != 0 ||
 		    f.type != CVD_T_HELLO)
 			_exit(6);
-		if (refuse == PEER_V1_ONLY && f.version == 1) {
+		if (refuse != PEER_NO_VERSION && f.version == 1) {
 			memset(&r, 0, sizeof r);
 			r.id = f.id;
 			r.type = CVD_T_HELLO_OK;
-			r.version = 1;
+			r.version = refuse == PEER_V1_ANSWERS_2 ? 2 : 1;
 			r.info.world_size = r.info.node_count = r.info.local_size = 1;
 			r.info.inline_limit = 64;
 			r.info.max_frame = 4096;
@@ -109,7 +109,7 @@ static void peer(int lfd, int refuse)
 		r.frame_flags = CVD_FLAG_FATAL;
 		r.code = CVD_E_VERSION;
 		snprintf(msg, sizeof msg, "client speaks protocol version %u, daemon speaks 1 to %d", f.version,
-			 refuse == PEER_V1_ONLY ? 1 : 0);
+			 refuse == PEER_NO_VERSION ? 0 : 1);
 		r.data = (const uint8_t *)msg;
 		r.data_len = strlen(msg);
 		send_frame(fd, &r);
@@ -416,6 +416,16 @@ void run_scripted_tests(void)
 	      strstr(err.message, "HELLO (protocol version 1): ") != NULL &&
 	      strstr(err.message, "client speaks protocol version 1, daemon speaks 1 to 0") != NULL,
 	      "a daemon of no version: %d %s", err.code, err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+
+	/* One that answers the version-1 HELLO in version 2 would have the
+	 * client open a lane it did not ask for: refused. */
+	p = start_peer(path, PEER_V1_ANSWERS_2);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
+	      strstr(err.message, "daemon answers HELLO (protocol version 1) in version 2") != NULL,
+	      "a version-2 answer to a version-1 HELLO: %d %s", err.code, err.message);
 	cvd_close(c);
 	stop_peer(p, path);
 
