@@ -165,27 +165,25 @@ func TestBenchSidecarDaemonKilled(t *testing.T) {
 		cmd.Process.Kill()
 		<-done
 	}()
-	// The daemon of node 1: a child running `run` on the daemons' config.
+	// Every process the bench starts (2 daemons, 2 trainers, 2 ring
+	// ranks), to check afterwards that none outlived it; the victim is the
+	// daemon of node 1, running `run` on the daemons' config.
+	var started []int
 	victim := 0
-	for deadline := time.Now().Add(30 * time.Second); victim == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		for _, c := range childrenOf(cmd.Process.Pid) {
-			argv, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(c), "cmdline"))
-			a := string(argv)
-			if strings.Contains(a, "run\x00") && strings.Contains(a, "/daemons/config.yaml") && strings.Contains(a, "--rank\x001\x00") {
-				victim = c
-			}
+	for deadline := time.Now().Add(30 * time.Second); len(started) < 6 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		started = childrenOf(cmd.Process.Pid)
+	}
+	for _, c := range started {
+		argv, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(c), "cmdline"))
+		a := string(argv)
+		if strings.Contains(a, "run\x00") && strings.Contains(a, "/daemons/config.yaml") && strings.Contains(a, "--rank\x001\x00") {
+			victim = c
 		}
 	}
-	if victim == 0 {
-		t.Fatalf("no daemon of node 1 under bench --sidecar (pid %d) within 30s:\n%s", cmd.Process.Pid, out.String())
+	if len(started) != 6 || victim == 0 {
+		t.Fatalf("bench --sidecar (pid %d) runs %v within 30s, want 6 processes, the daemon of node 1 among them:\n%s", cmd.Process.Pid, started, out.String())
 	}
 	time.Sleep(time.Second) // into the timed blocks
-	// Every process the bench started (daemons, ring ranks, trainers), to
-	// check afterwards that none outlived it.
-	started := childrenOf(cmd.Process.Pid)
-	if len(started) != 6 {
-		t.Fatalf("bench --sidecar runs %d processes, want 6 (2 daemons, 2 trainers, 2 ring ranks): %v", len(started), started)
-	}
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
