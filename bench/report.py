@@ -397,6 +397,9 @@ def _sidecar_pairs(res) -> list[str]:
         if whole is not None:
             text += (f" The rounds' own pairs (separate runs, back to back) give {(whole - 1) * 100:+.1f}% by the "
                      "same formula; they are listed for comparison and do not count.")
+        text += (" On this machine the interleaved figure came out a few points below the separate runs' in most "
+                 "sets (TUNING.md section 21): the method may favour the daemon by that much, so a margin to the "
+                 "5% line smaller than that decides nothing.")
         return [text, "", _table(cols, lines, md=True), ""]
     extra = sum(p["extra"] for p in pairs)
     return [f"At {size_name(sc['bytes'])} the target's figure comes from {len(pairs)} back-to-back pairs: each "
