@@ -262,6 +262,22 @@ static cvd_request *named(cvd_client *c, float *x, size_t n, const char *name, c
 	return cvd_call_async(c, &call, err);
 }
 
+/* Connecting to a peer in mode must fail with code (a daemon's own error
+ * is fatal), its message holding want (and want2, if not NULL). */
+static void expect_refused(const char *path, const cvd_options *o, int mode, int code, const char *want,
+			   const char *want2, const char *what)
+{
+	cvd_error err;
+	pid_t p = start_peer(path, mode);
+	cvd_client *c = cvd_connect(path, o, &err);
+	int from_daemon = code == CVD_E_VERSION || code == CVD_E_PERMISSION;
+	CHECK(c == NULL && err.code == code && (!from_daemon || err.fatal) && strstr(err.message, want) != NULL &&
+	      (want2 == NULL || strstr(err.message, want2) != NULL),
+	      "%s: %d %s", what, c ? 0 : err.code, c ? "connected" : err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+}
+
 void run_scripted_tests(void)
 {
 	char path[64];
@@ -355,20 +371,11 @@ void run_scripted_tests(void)
 	stop_peer(p, path);
 
 	/* A lane the client must refuse: connect fails naming what was wrong. */
-	p = start_peer(path, PEER_LANE_SHORT_FD);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
-	      strstr(err.message, "lane: LANE_OK (id 2) says 12288 bytes, its memfd has 4096") != NULL,
-	      "lane memfd shorter than LANE_OK says: %d %s", err.code, err.message);
-	cvd_close(c);
-	stop_peer(p, path);
-	p = start_peer(path, PEER_LANE_WRONG_SIZE);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
-	      strstr(err.message, "lane: LANE_OK says 4096 bytes, want 12288") != NULL,
-	      "lane of the wrong size: %d %s", err.code, err.message);
-	cvd_close(c);
-	stop_peer(p, path);
+	expect_refused(path, &o, PEER_LANE_SHORT_FD, CVD_E_PROTOCOL,
+		       "lane: LANE_OK (id 2) says 12288 bytes, its memfd has 4096", NULL,
+		       "lane memfd shorter than LANE_OK says");
+	expect_refused(path, &o, PEER_LANE_WRONG_SIZE, CVD_E_PROTOCOL, "lane: LANE_OK says 4096 bytes, want 12288",
+		       NULL, "lane of the wrong size");
 	/* A ring with an id is a protocol fault: the next call fails naming it. */
 	p = start_peer(path, PEER_LANE_BAD_WAKE);
 	c = cvd_connect(path, &o, &err);
@@ -410,31 +417,13 @@ void run_scripted_tests(void)
 	cvd_close(c);
 	stop_peer(p, path);
 	/* One that speaks neither: its VERSION error for the second, version-1 HELLO. */
-	p = start_peer(path, PEER_NO_VERSION);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c == NULL && err.code == CVD_E_VERSION && err.fatal &&
-	      strstr(err.message, "HELLO (protocol version 1): ") != NULL &&
-	      strstr(err.message, "client speaks protocol version 1, daemon speaks 1 to 0") != NULL,
-	      "a daemon of no version: %d %s", err.code, err.message);
-	cvd_close(c);
-	stop_peer(p, path);
-
+	expect_refused(path, &o, PEER_NO_VERSION, CVD_E_VERSION, "HELLO (protocol version 1): ",
+		       "client speaks protocol version 1, daemon speaks 1 to 0", "a daemon of no version");
 	/* One that answers the version-1 HELLO in version 2 would have the
 	 * client open a lane it did not ask for: refused. */
-	p = start_peer(path, PEER_V1_ANSWERS_2);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c == NULL && err.code == CVD_E_PROTOCOL &&
-	      strstr(err.message, "daemon answers HELLO (protocol version 1) in version 2") != NULL,
-	      "a version-2 answer to a version-1 HELLO: %d %s", err.code, err.message);
-	cvd_close(c);
-	stop_peer(p, path);
-
+	expect_refused(path, &o, PEER_V1_ANSWERS_2, CVD_E_PROTOCOL,
+		       "daemon answers HELLO (protocol version 1) in version 2", NULL,
+		       "a version-2 answer to a version-1 HELLO");
 	/* refused before HELLO is read: the daemon's error, not a broken pipe */
-	p = start_peer(path, PEER_REFUSE);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c == NULL && err.code == CVD_E_PERMISSION && err.fatal &&
-	      strstr(err.message, "uid 1000 is not allowed") != NULL,
-	      "refused: %d %s", err.code, err.message);
-	cvd_close(c);
-	stop_peer(p, path);
+	expect_refused(path, &o, PEER_REFUSE, CVD_E_PERMISSION, "uid 1000 is not allowed", NULL, "refused");
 }
