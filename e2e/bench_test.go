@@ -83,6 +83,18 @@ func TestBenchCommand(t *testing.T) {
 	}
 }
 
+// Every mode stops at --timeout, killing what it started, and says so.
+func TestBenchTimeout(t *testing.T) {
+	_, out, err := runBench(t, "--sizes", "64MiB", "--iters", "100000", "--timeout", "2s")
+	if err == nil || !strings.Contains(out, "bench: not finished within --timeout 2s: 0 of 1 sizes done") {
+		t.Fatalf("bench past its --timeout: %v\n%s", err, out)
+	}
+	_, out, err = runBench(t, "--ring-only", "--sizes", "64MiB", "--iters", "100000", "--timeout", "2s")
+	if err == nil || !strings.Contains(out, "still running after 2s") {
+		t.Fatalf("bench --ring-only past its --timeout: %v\n%s", err, out)
+	}
+}
+
 // --ring-only and --sidecar have no trainers to spread over a node: more
 // than one per node is refused by name.
 func TestBenchRingOnlyRefusesLocal(t *testing.T) {

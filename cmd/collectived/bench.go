@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -40,7 +41,7 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
 			&cli.BoolFlag{Name: "sidecar", Usage: "the daemons' world and the ring engines alone (--ring-only) up together, taking turns a block of calls at a time, each size reported for both: the sidecar's own cost, both sides seeing the same machine"},
 			&cli.IntFlag{Name: "sidecar-block", Value: 1, Usage: "with --sidecar: timed calls per block; each block starts with one untimed call, as the first after the other side's turn runs cold"},
-			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "with --ring-only or --sidecar: how long the whole run may take"},
+			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "how long the whole run may take"},
 		},
 		Action: runBench,
 	}
@@ -136,6 +137,15 @@ func runBench(c *cli.Context) error {
 			}
 		}
 	}
+	// Past --timeout every trainer is killed, which ends the reads below.
+	var timedOut atomic.Bool
+	limit := time.AfterFunc(c.Duration("timeout"), func() {
+		timedOut.Store(true)
+		for _, t := range trainers {
+			t.cmd.Process.Kill()
+		}
+	})
+	defer limit.Stop()
 
 	tty := isTerminal(os.Stderr)
 	p := newBenchPrinter(c, nodes, local, "trainers")
@@ -157,13 +167,17 @@ func runBench(c *cli.Context) error {
 		}
 	}
 	// Trainer 0 has closed its stdout: it is exiting. The others end with
-	// their last call, each bounded by the client's timeout.
+	// their last call (bounded by the client's timeout), or are killed at
+	// --timeout.
 	var failed []string
 	for i, t := range trainers {
 		<-t.done
 		if t.err != nil {
 			failed = append(failed, fmt.Sprintf("trainer %d: %v: %s", i, t.err, strings.TrimSpace(t.stderr.String())))
 		}
+	}
+	if timedOut.Load() {
+		return exitf("bench: not finished within --timeout %v: %d of %d sizes done", c.Duration("timeout"), done, len(sizes))
 	}
 	if len(failed) > 0 || done != len(sizes) {
 		return exitf("bench failed after %d of %d sizes:\n%s\ndaemon 0 log:\n%s", done, len(sizes), strings.Join(failed, "\n"), localworld.Tail(w.Logs[0]))
