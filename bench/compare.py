@@ -39,8 +39,9 @@ SYSTEMS = ["collectived", "ring-only", "mpi-tcp", "mpi-shm", "gloo"]
 # node running its ring engine directly with the daemon's default ring
 # settings. It has the daemons' topology only in world 2 (2 nodes x 1).
 RING_ONLY = "ring-only"
-# The size of the sidecar target: extra collectived/ring-only pairs run at it,
-# interleaved (`collectived bench --sidecar`), one call of each in turn.
+# The size of the sidecar target: extra collectived/ring-only pairs run at it
+# (separate runs back to back, which count), and interleaved runs
+# (`collectived bench --sidecar`, a call of each in turn), shown beside.
 SIDECAR_SIZE = report.MIB64
 SIDECAR_BLOCK = 1
 WORLD2_ONLY = {RING_ONLY}
@@ -149,9 +150,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, help="untimed calls per size for every size (default 1000 up to 1 MiB, 5 above; quick 50/2)")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--sidecar-pairs", type=int,
-                    help="interleaved runs of collectived and ring-only at 64 MiB in world 2 after each round "
-                         "(`collectived bench --sidecar`: both worlds up, one call of each in turn), "
-                         "the sidecar target's figure (default 2; quick 0)")
+                    help="extra back-to-back collectived and ring-only runs at 64 MiB in world 2 after each round, "
+                         "for the sidecar overhead (default 2; quick 0)")
+    ap.add_argument("--sidecar-interleaved", type=int,
+                    help="interleaved runs of both at 64 MiB after each round (`collectived bench --sidecar`: both "
+                         "worlds up, a call of each in turn), shown beside the target (default 1; quick 0)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
     ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
@@ -191,8 +194,13 @@ def main() -> int:
         a.sidecar_pairs = 0 if a.quick else 2
     if a.sidecar_pairs < 0:
         raise SystemExit(f"compare: --sidecar-pairs {a.sidecar_pairs}: want 0 or more")
+    if a.sidecar_interleaved is None:
+        a.sidecar_interleaved = 0 if a.quick else 1
+    if a.sidecar_interleaved < 0:
+        raise SystemExit(f"compare: --sidecar-interleaved {a.sidecar_interleaved}: want 0 or more")
     if not (2 in worlds and RING_ONLY in systems and SIDECAR_SIZE in sizes):
-        a.sidecar_pairs = 0  # nothing to pair: the overhead is not measured in this run
+        # nothing to pair: the overhead is not measured in this run
+        a.sidecar_pairs = a.sidecar_interleaved = 0
     sg = groups(sizes, it_small, it_large, wu_small, wu_large)
     bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir")}
 
@@ -205,7 +213,7 @@ def main() -> int:
     rc = {k: v for k, v in srcconfig.read(src).items() if k.startswith("daemon_")}
     res = {"meta": dict(machine(), ring_config=rc), "argv": sys.argv[1:], "sizes": sizes, "worlds": worlds,
            "rounds": a.rounds, "sidecar_pair_adjacent": True, "sidecar_pairs_per_round": a.sidecar_pairs,
-           "sidecar_block": SIDECAR_BLOCK,
+           "sidecar_interleaved_per_round": a.sidecar_interleaved, "sidecar_block": SIDECAR_BLOCK,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
                      "warmup": wu_large, "warmup_small": wu_small},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
@@ -237,12 +245,19 @@ def main() -> int:
                         bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
                 else:
                     got["rows"] += step(name, lambda: measure_system(item, w, sg, bins, a.timeout)) or []
-        # The sidecar overhead is a few percent on runs that drift by tens
-        # within seconds: both sides in one run, a call of each in turn.
+        # The sidecar overhead is a few percent on runs that swing by tens:
+        # more back-to-back pairs at its size, cheap next to a round; and
+        # interleaved runs, shown beside (TUNING.md section 21).
         got["sidecar_pairs"] = []
+        sg64 = groups([SIDECAR_SIZE], it_small, it_large, wu_small, wu_large)
         for j in range(a.sidecar_pairs):
-            pair = sidecar_pair(step, f"round {rnd + 1}/{a.rounds}, sidecar pair {j + 1} (interleaved)",
-                                groups([SIDECAR_SIZE], it_small, it_large, wu_small, wu_large), bins, a.timeout)
+            pair = separate_pair(step, f"round {rnd + 1}/{a.rounds}, sidecar pair {j + 1}", pair_order(rnd, j),
+                                 sg64, bins, a.timeout)
+            if pair:
+                got["sidecar_pairs"].append(pair)
+        for j in range(a.sidecar_interleaved):
+            pair = interleaved_pair(step, f"round {rnd + 1}/{a.rounds}, interleaved sidecar run {j + 1}",
+                                    sg64, bins, a.timeout)
             if pair:
                 got["sidecar_pairs"].append(pair)
         res["per_round"].append(got)
@@ -301,8 +316,27 @@ def keep_pair(order, rnd):
     return rest[:i] + pair + rest[i + 1:]
 
 
-def sidecar_pair(step, name, sizes_groups, bins, timeout):
-    """One extra pair: `collectived bench --sidecar` in world 2 at the
+def pair_order(rnd, j):
+    """Which side of extra pair j of round rnd runs first: alternating, so
+    that neither always follows the other."""
+    return ["collectived", RING_ONLY] if (rnd + j) % 2 == 0 else [RING_ONLY, "collectived"]
+
+
+def separate_pair(step, name, order, sizes_groups, bins, timeout):
+    """One extra pair: collectived and ring-only in world 2, back to back,
+    at the sidecar target's size. None if either failed (step has recorded
+    why)."""
+    pair = {"order": order}
+    for system in order:
+        rows = step(f"{name}: {system}", lambda: measure_system(system, 2, sizes_groups, bins, timeout))
+        if not rows:
+            return None
+        pair[system] = rows[0]
+    return pair
+
+
+def interleaved_pair(step, name, sizes_groups, bins, timeout):
+    """One interleaved run: `collectived bench --sidecar` in world 2 at the
     sidecar target's size, both sides from the same run. None if it failed
     (step has recorded why)."""
     def run():
@@ -321,7 +355,7 @@ def sidecar_pairs(res):
     """Every measurement of the sidecar's two sides at SIDECAR_SIZE: each
     round's own pair (collectived and ring-only in world 2, separate runs
     adjacent in the round) and the extra pairs run after the round
-    (interleaved in one run; in results from before, separate runs)."""
+    (separate runs back to back, or interleaved in one run)."""
     pairs = []
     for i, rnd in enumerate(res["per_round"]):
         def med(rows, system):
@@ -342,6 +376,20 @@ def sidecar_pairs(res):
     return pairs
 
 
+def sidecar_summary(res):
+    """res["sidecar"]: every pair at SIDECAR_SIZE, and each side's median
+    over the pairs the target counts (report.target_pairs: the separate
+    runs; interleaved runs flatter the daemon, TUNING.md section 21)."""
+    pairs = sidecar_pairs(res)
+    res.pop("sidecar", None)
+    if pairs:
+        use = report.target_pairs(pairs)
+        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs,
+                          "interleaved": all(p.get("interleaved") for p in use),
+                          "collectived_us": statistics.median(p["collectived_us"] for p in use),
+                          "ring_only_us": statistics.median(p["ring_only_us"] for p in use)}
+
+
 def aggregate(res):
     """One figure per (system, world, size): the median over rounds of each
     round's median (and of its p99), so one disturbed round does not decide
@@ -359,15 +407,7 @@ def aggregate(res):
                             "path": rs[0].get("path"),
                             "rounds": [{k: r.get(k) for k in ("median_us", "p99_us", "busbw_GBps", "load_before",
                                                               "load_after")} for r in rs]})
-    pairs = sidecar_pairs(res)
-    if pairs:
-        # Interleaved pairs, where there are any, are the target's: each saw
-        # both sides on the same machine from one call to the next.
-        use = report.target_pairs(pairs)
-        res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs,
-                          "interleaved": any(p.get("interleaved") for p in pairs),
-                          "collectived_us": statistics.median(p["collectived_us"] for p in use),
-                          "ring_only_us": statistics.median(p["ring_only_us"] for p in use)}
+    sidecar_summary(res)
     tcp = [rnd["tcp_bidir"] for rnd in res["per_round"] if rnd["tcp_bidir"]]
     if tcp:
         out = {"seconds": tcp[0]["seconds"], "streams": tcp[0].get("streams", 1), "rounds": len(tcp),
@@ -384,6 +424,8 @@ def aggregate(res):
 
 
 def finish(res, a) -> int:
+    if res.get("per_round"):
+        sidecar_summary(res)  # again, for --report-only on results of older rules
     print(report.ratio_text(res))
     print(report.targets_text(res))
     if res.get("errors"):
