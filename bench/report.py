@@ -471,7 +471,7 @@ GAINS = [
     "| 20. one P while the link is lent, instead of a companion goroutine | 4 B 48.1 µs | 43.1 µs |",
     "| 21. (how it is measured, not a speed-up) the sidecar's two sides take turns in one run "
     "(`bench --sidecar`), a call each | sidecar overhead at 64 MiB from separate runs: -0.2%, "
-    "+6.3%, +9.1%, -2.2% (four full runs) | from interleaved runs: -0.4% and -4.7% (the latter two full runs); "
+    "+6.3%, +9.1%, -2.2%, +3.7% (five full runs) | from interleaved runs: -0.4%, -4.7%, -8.8% (the last three); "
     "shown beside the target, which keeps to separate runs: taking turns slows the ring engines alone more |",
     "",
 ]
