@@ -278,6 +278,24 @@ static void expect_refused(const char *path, const cvd_options *o, int mode, int
 	stop_peer(p, path);
 }
 
+/* A peer in mode gives a lane, then answers a call wrongly: the call fails
+ * with CVD_E_PROTOCOL, its message holding want. */
+static void expect_lane_call_refused(const char *path, const cvd_options *o, int mode, const char *want,
+				     const char *what)
+{
+	cvd_error err;
+	pid_t p = start_peer(path, mode);
+	cvd_client *c = cvd_connect(path, o, &err);
+	CHECK(c != NULL && cvd_has_lane(c), "%s: connect to a peer with a lane: %s", what,
+	      c ? "no lane" : err.message);
+	if (c) {
+		int rc = cvd_barrier(c, &err);
+		CHECK(rc == CVD_E_PROTOCOL && strstr(err.message, want) != NULL, "%s: %d %s", what, rc, err.message);
+	}
+	cvd_close(c);
+	stop_peer(p, path);
+}
+
 void run_scripted_tests(void)
 {
 	char path[64];
@@ -377,27 +395,12 @@ void run_scripted_tests(void)
 	expect_refused(path, &o, PEER_LANE_WRONG_SIZE, CVD_E_PROTOCOL, "lane: LANE_OK says 4096 bytes, want 12288",
 		       NULL, "lane of the wrong size");
 	/* A ring with an id is a protocol fault: the next call fails naming it. */
-	p = start_peer(path, PEER_LANE_BAD_WAKE);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c != NULL && cvd_has_lane(c), "connect to a peer with a lane: %s", c ? "no lane" : err.message);
-	if (c) {
-		int rc = cvd_barrier(c, &err);
-		CHECK(rc == CVD_E_PROTOCOL && strstr(err.message, "WAKE_CLIENT carries id 7, want 0") != NULL,
-		      "WAKE_CLIENT with an id: %d %s", rc, err.message);
-	}
-	cvd_close(c);
-	stop_peer(p, path);
+	expect_lane_call_refused(path, &o, PEER_LANE_BAD_WAKE, "WAKE_CLIENT carries id 7, want 0",
+				 "WAKE_CLIENT with an id");
 	/* An answer on the lane of a type that may not travel there. */
-	p = start_peer(path, PEER_LANE_BAD_ANSWER);
-	c = cvd_connect(path, &o, &err);
-	CHECK(c != NULL && cvd_has_lane(c), "connect to a peer with a lane: %s", c ? "no lane" : err.message);
-	if (c) {
-		int rc = cvd_barrier(c, &err);
-		CHECK(rc == CVD_E_PROTOCOL && strstr(err.message, "lane: STATUS_OK (id 0): only CALL_OK and ERROR may travel the lane") != NULL,
-		      "STATUS_OK on the lane: %d %s", rc, err.message);
-	}
-	cvd_close(c);
-	stop_peer(p, path);
+	expect_lane_call_refused(path, &o, PEER_LANE_BAD_ANSWER,
+				 "lane: STATUS_OK (id 0): only CALL_OK and ERROR may travel the lane",
+				 "STATUS_OK on the lane");
 	/* ... which the client does not ask for when told not to. */
 	p = start_peer(path, PEER_LANE_WRONG_SIZE);
 	o.no_lane = 1;
