@@ -498,9 +498,10 @@ def markdown(res, plot_rel) -> str:
           "all-gather), so busbw equals the bytes each direction carries per second. "
           "The sidecar overhead compares `collectived bench`'s median with `collectived bench --ring-only`'s "
           "(each node's ring engine alone in its own process, no daemon or trainer), both one process per node on "
-          f"the daemon's default ring config ({_cfg(res, 'daemon')}); at 64 MiB the target takes both from the same "
-          "runs (`collectived bench --sidecar`: the two worlds up together, taking turns call by call) when the run "
-          "has them; see \"Sidecar cost\" below. "
+          f"the daemon's default ring config ({_cfg(res, 'daemon')}); at 64 MiB, interleaved runs "
+          "(`collectived bench --sidecar`: both worlds up together, taking turns call by call) are shown beside the "
+          "target and do not count; "
+          "see \"Sidecar cost\" below. "
           "Verdicts on a loaded 2-core machine move between runs: read them with the ranges in the tables below.", ""]
     tcp_t = [t for t in ts if "bidirectional TCP" in t["target"]]
     if tcp_t and tcp_t[0]["value"] is not None and tcp_t[0]["value"] > 1:
@@ -656,7 +657,7 @@ def markdown(res, plot_rel) -> str:
           "# the sidecar's baseline by hand (what the ring-only rows run):",
           "bench/.build/collectived bench --ring-only --nodes 2 --local 1 --sizes 4,65536,1048576,67108864 "
           "--iters 30 --warmup 5 --json",
-          "# both sides in one run, taking turns a call at a time (what the sidecar target's pairs run):",
+          "# both sides in one run, taking turns a call at a time (the interleaved runs shown beside the target):",
           "bench/.build/collectived bench --sidecar --sizes 64MiB --iters 30 --warmup 5",
           "```", "",
           f"This run: `bench/compare {' '.join(res.get('argv') or [])}`. The commands it executed, in order:", "",
