@@ -379,7 +379,7 @@ def sidecar_pairs(res):
 def sidecar_summary(res):
     """res["sidecar"]: every pair at SIDECAR_SIZE, and each side's median
     over the pairs the target counts (report.target_pairs: the separate
-    runs; interleaved runs flatter the daemon, TUNING.md section 21)."""
+    runs; interleaved runs may flatter the daemon, TUNING.md section 21)."""
     pairs = sidecar_pairs(res)
     res.pop("sidecar", None)
     if pairs:

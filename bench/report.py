@@ -170,8 +170,9 @@ def rounds_overhead(res, size):
 def target_pairs(pairs):
     """The pairs the sidecar target's figure comes from: the separate runs
     (the rounds' own pairs and the extra back-to-back ones), not the
-    interleaved ones (`collectived bench --sidecar`), which flatter the
-    daemon (TUNING.md section 21); those alone if there is nothing else."""
+    interleaved ones (`collectived bench --sidecar`), which may flatter
+    the daemon (TUNING.md section 21); those alone if there is nothing
+    else."""
     sep = [p for p in pairs if not p.get("interleaved")]
     return sep or pairs
 
@@ -401,8 +402,9 @@ def _sidecar_pairs(res) -> list[str]:
                  "the ring engines' world up together, taking turns; in each turn one world makes an untimed call "
                  f"and then {res.get('sidecar_block', 1)} timed one(s), so both see the machine as it is from one "
                  f"moment to the next) give {(fig - 1) * 100:+.1f}% by the same formula (their own overheads "
-                 f"{min(own):+.1f}% to {max(own):+.1f}%). They do not count: taking turns slows the ring engines "
-                 "alone by several percent more than the daemon (TUNING.md section 21), so they flatter the daemon.")
+                 f"{min(own):+.1f}% to {max(own):+.1f}%). They do not count: taking turns seems to slow the ring "
+                 "engines alone by a few percent more than the daemon (TUNING.md section 21), so they may flatter "
+                 "the daemon.")
     return [text, "", _table(cols, lines, md=True), ""]
 
 
@@ -472,7 +474,8 @@ GAINS = [
     "| 21. (how it is measured, not a speed-up) the sidecar's two sides take turns in one run "
     "(`bench --sidecar`), a call each | sidecar overhead at 64 MiB from separate runs: -0.2%, "
     "+6.3%, +9.1%, -2.2%, +3.7% (five full runs) | from interleaved runs: -0.4%, -4.7%, -8.8% (the last three); "
-    "shown beside the target, which keeps to separate runs: taking turns slows the ring engines alone more |",
+    "shown beside the target, which keeps to separate runs: taking turns seems to slow the ring engines alone "
+    "more |",
     "",
 ]
 

@@ -220,7 +220,7 @@ class TargetsTest(unittest.TestCase):
 
     def test_interleaved_pairs_are_shown_not_counted(self):
         # The rounds' own pairs (separate runs) say +10%; two interleaved
-        # runs say 102/100 and 99/100. Interleaving flatters the daemon, so
+        # runs say 102/100 and 99/100. Interleaving may flatter the daemon, so
         # the target keeps to the separate runs (+10%, FAIL) and the
         # interleaved figure (+0.5%) is given beside it.
         res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
