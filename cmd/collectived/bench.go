@@ -112,8 +112,7 @@ func runBench(c *cli.Context) error {
 		}
 		return runBenchRingOnly(c, self, dir, nodes, len(sizes))
 	}
-	w, err := localworld.Start(localworld.Options{Bin: self, Dir: dir, Nodes: nodes, Local: local,
-		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), OpenWait: 20 * time.Second})
+	w, err := localworld.Start(daemonWorld(c, self, dir, nodes, local))
 	if err != nil {
 		return err
 	}
@@ -223,10 +222,7 @@ func (p *benchPrinter) print(row benchRow) {
 // process per node (bench-ring), and prints what ring rank 0 measured.
 func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error {
 	results := filepath.Join(dir, "ring-results.json")
-	w, err := localworld.Start(localworld.Options{Bin: self, Dir: dir, Nodes: nodes, Local: 1,
-		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), Command: "bench-ring",
-		Args: []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-			"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")), "--out", results}})
+	w, err := localworld.Start(ringWorld(c, self, dir, nodes, results))
 	if err != nil {
 		return err
 	}
@@ -251,10 +247,27 @@ func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error
 	return nil
 }
 
+// daemonWorld is the world of daemons every bench mode with trainers
+// starts: nodes daemons for local trainers each.
+func daemonWorld(c *cli.Context, self, dir string, nodes, local int) localworld.Options {
+	return localworld.Options{Bin: self, Dir: dir, Nodes: nodes, Local: local,
+		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), OpenWait: 20 * time.Second}
+}
+
+// ringWorld is the world of ring engines alone (bench-ring, one per
+// node) on the same config, ring rank 0 writing its results to results.
+func ringWorld(c *cli.Context, self, dir string, nodes int, results string) localworld.Options {
+	o := daemonWorld(c, self, dir, nodes, 1)
+	o.Command = "bench-ring"
+	o.Args = []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
+		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")), "--out", results}
+	return o
+}
+
 func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benchRow {
 	ts := slices.Clone(r.TimesNS)
 	slices.Sort(ts)
-	med := medianNS(ts)
+	med := medianSorted(ts)
 	p99 := float64(ts[min(len(ts)-1, int(float64(len(ts))*0.99))])
 	alg := float64(r.Bytes) / med // bytes per ns = GB/s
 	bus := alg
@@ -271,6 +284,10 @@ func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benc
 func medianNS(times []int64) float64 {
 	ts := slices.Clone(times)
 	slices.Sort(ts)
+	return medianSorted(ts)
+}
+
+func medianSorted(ts []int64) float64 {
 	if len(ts)%2 == 0 {
 		return float64(ts[len(ts)/2-1]+ts[len(ts)/2]) / 2
 	}

@@ -86,11 +86,15 @@ func (t *benchTrainer) ended(grace time.Duration) (bool, string) {
 		}
 		err = t.wait(grace)
 	}
-	status := "exit status 0"
-	if err != nil {
-		status = err.Error()
+	return true, fmt.Sprintf("%s; its stderr: %s", exitStatus(err), strings.TrimSpace(t.stderr.String()))
+}
+
+// exitStatus says how a process ended, given what Wait returned.
+func exitStatus(err error) string {
+	if err == nil {
+		return "exit status 0"
 	}
-	return true, fmt.Sprintf("%s; its stderr: %s", status, strings.TrimSpace(t.stderr.String()))
+	return err.Error()
 }
 
 // kill ends the trainer if it still runs, and reaps it.

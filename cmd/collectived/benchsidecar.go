@@ -58,11 +58,9 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		return fmt.Errorf("bench --sidecar: ring ports: %w", err)
 	}
 	results := filepath.Join(ringDir, "ring-results.json")
-	rw, err := localworld.Start(localworld.Options{Bin: self, Dir: ringDir, Nodes: nodes, Local: 1, Ports: ports[:nodes],
-		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), Command: "bench-ring",
-		Args: append([]string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-			"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(c.Int("warmup")), "--out", results}, paceArgs...),
-		ExtraFiles: ringSide.childFiles})
+	ro := ringWorld(c, self, ringDir, nodes, results)
+	ro.Ports, ro.Args, ro.ExtraFiles = ports[:nodes], append(ro.Args, paceArgs...), ringSide.childFiles
+	rw, err := localworld.Start(ro)
 	if err != nil {
 		return err
 	}
@@ -71,16 +69,14 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		exited, err := rw.Exit(i, grace)
 		status := "still running"
 		if exited {
-			status = "exit status 0"
-			if err != nil {
-				status = err.Error()
-			}
+			status = exitStatus(err)
 		}
 		return exited, fmt.Sprintf("%s; its log ends:\n%s", status, localworld.Tail(rw.Logs[i]))
 	}
 
-	dw, err := localworld.Start(localworld.Options{Bin: self, Dir: daemonDir, Nodes: nodes, Local: 1, Ports: ports[nodes:],
-		Job: "bench", TokenEnv: "COLLECTIVED_BENCH_TOKEN", Extra: c.String("extra-config"), OpenWait: 20 * time.Second})
+	do := daemonWorld(c, self, daemonDir, nodes, 1)
+	do.Ports = ports[nodes:]
+	dw, err := localworld.Start(do)
 	if err != nil {
 		return err
 	}
@@ -102,7 +98,7 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 	daemonSide.others = func() (out []string) {
 		for r := range nodes {
 			if exited, err := dw.Exit(r, 0); exited {
-				out = append(out, fmt.Sprintf("daemon %d (pid %d) exited: %v; its log ends:\n%s", r, dw.PID(r), err, localworld.Tail(dw.Logs[r])))
+				out = append(out, fmt.Sprintf("daemon %d (pid %d) exited: %s; its log ends:\n%s", r, dw.PID(r), exitStatus(err), localworld.Tail(dw.Logs[r])))
 			}
 		}
 		return out

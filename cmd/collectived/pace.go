@@ -113,10 +113,3 @@ func (p *pacer) starts(i int) bool { return p != nil && i%p.block == 0 }
 func (p *pacer) ends(i, iters int) bool {
 	return p != nil && ((i+1)%p.block == 0 || i == iters-1)
 }
-
-func (p *pacer) Close() error {
-	if p == nil {
-		return nil
-	}
-	return p.c.Close()
-}

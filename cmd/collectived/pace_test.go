@@ -45,7 +45,7 @@ func TestPacedMeasureTakesTurns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pace.Close()
+	defer pace.c.Close()
 	calls := make(chan struct{}, 16) // one per call, sent before the block is reported over
 	done := make(chan error, 1)
 	go func() {
@@ -150,7 +150,7 @@ func TestPacerErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { p.Close(); parent.Close() })
+		t.Cleanup(func() { p.c.Close(); parent.Close() })
 		return p, parent
 	}
 	p, parent := open(time.Minute)
