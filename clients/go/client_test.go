@@ -98,17 +98,7 @@ func TestDialErrors(t *testing.T) {
 // on cue, for the client's own checks.
 func scriptedDaemon(t *testing.T, v uint16, serve func(conn *ipc.Conn, nc net.Conn)) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "cvd-scripted-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "s.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	path, l := scriptedListener(t)
 	go func() {
 		nc, err := l.Accept()
 		if err != nil {
@@ -120,12 +110,36 @@ func scriptedDaemon(t *testing.T, v uint16, serve func(conn *ipc.Conn, nc net.Co
 		if err != nil || f.Type != ipc.TypeHello {
 			return
 		}
-		ok := ipc.HelloOK{Version: v, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
+		ok := scriptedHelloOK(v)
 		conn.WriteFrame(ok.Encode(f.ID), -1)
 		conn.SetMaxFrame(ok.MaxFrame)
 		serve(conn, nc)
 	}()
 	return path
+}
+
+// scriptedListener listens on a Unix socket of its own (a short path:
+// sun_path is small), closed and removed when the test ends.
+func scriptedListener(t *testing.T) (string, net.Listener) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cvd-scripted-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return path, l
+}
+
+// scriptedHelloOK is a scripted daemon's HELLO_OK in version v: a world of
+// one, small bounds, a 1 s collective timeout.
+func scriptedHelloOK(v uint16) ipc.HelloOK {
+	return ipc.HelloOK{Version: v, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
 }
 
 // silentDaemon answers HELLO, then reads and never answers; closing done

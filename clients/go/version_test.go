@@ -4,8 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,17 +18,7 @@ import (
 // version asked, plus lie.
 func oldDaemon(t *testing.T, maxV uint16, refusal *ipc.Error, lie uint16) (path string, asked func() []uint16) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "cvd-old-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path = filepath.Join(dir, "s.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	path, l := scriptedListener(t)
 	var mu sync.Mutex
 	var versions []uint16
 	go func() {
@@ -55,7 +43,7 @@ func oldDaemon(t *testing.T, maxV uint16, refusal *ipc.Error, lie uint16) (path 
 			case v > maxV:
 				conn.WriteFrame(ipc.Fatalf(ipc.CodeVersion, "HELLO: client speaks protocol version %d, daemon speaks 1 to %d", v, maxV).Encode(f.ID), -1)
 			default:
-				ok := ipc.HelloOK{Version: v + lie, WorldSize: 1, NodeCount: 1, LocalSize: 1, InlineLimit: 1024, MaxFrame: 4096, MaxInFlight: 8, TimeoutMS: 1000}
+				ok := scriptedHelloOK(v + lie)
 				conn.WriteFrame(ok.Encode(f.ID), -1)
 				go func() { io.Copy(io.Discard, nc); nc.Close() }() // until the client's Close
 				continue

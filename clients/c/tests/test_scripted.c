@@ -43,6 +43,23 @@ static void send_frame(int fd, const cvd_frame *f)
 		_exit(2);
 }
 
+/* The peer's HELLO_OK, in version v: a world of one, inline limit 64,
+ * collective timeout 1000 ms. */
+static void send_hello_ok(int fd, uint64_t id, uint16_t v)
+{
+	cvd_frame r;
+	memset(&r, 0, sizeof r);
+	r.id = id;
+	r.type = CVD_T_HELLO_OK;
+	r.version = v;
+	r.info.world_size = r.info.node_count = r.info.local_size = 1;
+	r.info.inline_limit = 64;
+	r.info.max_frame = 4096;
+	r.info.max_in_flight = 8;
+	r.info.timeout_ms = 1000;
+	send_frame(fd, &r);
+}
+
 enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER,
        PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2 };
 
@@ -91,16 +108,7 @@ static void peer(int lfd, int refuse)
 		    f.type != CVD_T_HELLO)
 			_exit(6);
 		if (refuse != PEER_NO_VERSION && f.version == 1) {
-			memset(&r, 0, sizeof r);
-			r.id = f.id;
-			r.type = CVD_T_HELLO_OK;
-			r.version = refuse == PEER_V1_ANSWERS_2 ? 2 : 1;
-			r.info.world_size = r.info.node_count = r.info.local_size = 1;
-			r.info.inline_limit = 64;
-			r.info.max_frame = 4096;
-			r.info.max_in_flight = 8;
-			r.info.timeout_ms = 1000;
-			send_frame(fd, &r);
+			send_hello_ok(fd, f.id, refuse == PEER_V1_ANSWERS_2 ? 2 : 1);
 			break;
 		}
 		memset(&r, 0, sizeof r);
@@ -135,14 +143,7 @@ static void peer(int lfd, int refuse)
 		memset(&r, 0, sizeof r);
 		r.id = f.id;
 		if (f.type == CVD_T_HELLO) {
-			r.type = CVD_T_HELLO_OK;
-			r.version = refuse >= PEER_LANE_SHORT_FD ? 2 : 1;
-			r.info.world_size = r.info.node_count = r.info.local_size = 1;
-			r.info.inline_limit = 64;
-			r.info.max_frame = 4096;
-			r.info.max_in_flight = 8;
-			r.info.timeout_ms = 1000;
-			send_frame(fd, &r);
+			send_hello_ok(fd, f.id, refuse >= PEER_LANE_SHORT_FD ? 2 : 1);
 			continue;
 		}
 		if (f.type == CVD_T_LANE) {
