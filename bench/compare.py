@@ -385,7 +385,6 @@ def sidecar_summary(res):
     if pairs:
         use = report.target_pairs(pairs)
         res["sidecar"] = {"bytes": SIDECAR_SIZE, "pairs": pairs,
-                          "interleaved": all(p.get("interleaved") for p in use),
                           "collectived_us": statistics.median(p["collectived_us"] for p in use),
                           "ring_only_us": statistics.median(p["ring_only_us"] for p in use)}
 
@@ -444,7 +443,7 @@ def finish(res, a) -> int:
         report.plots(res, plots)
         with open(a.doc, "w") as f:
             f.write(report.markdown(res, os.path.relpath(plots, docs)))
-        log(f"wrote {a.doc} and {plots}/busbw.png, latency.png, results.json")
+        log(f"wrote {a.doc} and {plots}/busbw.png, latency.png" + ("" if a.report_only else ", results.json"))
     return 1 if res.get("errors") else 0
 
 

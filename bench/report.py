@@ -382,19 +382,20 @@ def _sidecar_pairs(res) -> list[str]:
              for p, o in zip(pairs, over)]
     cols = ["round", "pair", "ring-only, median µs", "collectived, median µs", "overhead"]
     figure = sidecar_overhead(res, sc["bytes"])
-    over_use = [o for p, o in zip(pairs, over) if sc.get("interleaved") or not p.get("interleaved")]
-    extra = sum(p["extra"] and not p.get("interleaved") for p in pairs)
-    text = (f"At {size_name(sc['bytes'])} the target's figure comes from {len(over_use)} back-to-back pairs: each "
+    use = target_pairs(pairs)
+    if all(p.get("interleaved") for p in use):  # a run with interleaved pairs only
+        return [f"At {size_name(sc['bytes'])} this run has only interleaved runs; the target's figure comes from "
+                f"them: **{figure:+.1f}%**.{_interval_text(res)}", "", _table(cols, lines, md=True), ""]
+    over_use = [o for p, o in zip(pairs, over) if any(p is q for q in use)]
+    extra = sum(p["extra"] for p in use)
+    text = (f"At {size_name(sc['bytes'])} the target's figure comes from {len(use)} back-to-back pairs: each "
             f"round's own and {extra} extra pairs run after the rounds' other measurements, alternating which "
             "side goes first. The overhead is the median of collectived's medians over the pairs ÷ the median of "
             f"ring-only's − 1 = **{figure:+.1f}%**; the median of the pairs' own "
             f"overheads is {statistics.median(over_use):+.1f}%, and they range from {min(over_use):+.1f}% to "
             f"{max(over_use):+.1f}%.{_interval_text(res)} The table above gives the rounds alone.")
-    if sc.get("interleaved"):  # a run with interleaved pairs only
-        text = (f"At {size_name(sc['bytes'])} this run has only interleaved runs; the target's figure comes from "
-                f"them: **{figure:+.1f}%**.{_interval_text(res)}")
     inter = [(p, o) for p, o in zip(pairs, over) if p.get("interleaved")]
-    if inter and not sc.get("interleaved"):
+    if inter:
         fig = _ratio(statistics.median(p["collectived_us"] for p, _ in inter),
                      statistics.median(p["ring_only_us"] for p, _ in inter))
         own = [o for _, o in inter]

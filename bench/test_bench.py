@@ -233,7 +233,7 @@ class TargetsTest(unittest.TestCase):
         res["rows"] = []
         compare.aggregate(res)
         sc = res["sidecar"]
-        self.assertFalse(sc["interleaved"])
+        self.assertNotIn("interleaved", sc)  # derived from the pairs, not stored
         self.assertEqual(len(sc["pairs"]), 5)
         self.assertEqual((sc["collectived_us"], sc["ring_only_us"]), (110.0, 100.0))
         (t,) = [t for t in report.targets(res) if t["target"] == report.SIDECAR_TARGET]
@@ -248,10 +248,12 @@ class TargetsTest(unittest.TestCase):
         self.assertIn("| 3 | the round's own | 50.0 | 110.0 | +120.0% |", md)
         # A run of interleaved pairs only (no ring-only in its rounds) has
         # them decide, and says so.
-        only = {"sidecar": {"bytes": MIB64, "interleaved": True, "collectived_us": 99.0, "ring_only_us": 100.0,
+        only = {"sidecar": {"bytes": MIB64, "collectived_us": 99.0, "ring_only_us": 100.0,
                             "pairs": [dict(round=1, extra=True, interleaved=True, collectived_us=99.0,
                                            ring_only_us=100.0)]}}
         self.assertEqual(report.target_pairs(only["sidecar"]["pairs"]), only["sidecar"]["pairs"])
+        self.assertIn("this run has only interleaved runs; the target's figure comes from them: **-1.0%**",
+                      "\n".join(report._sidecar_pairs(only)))
 
     def test_no_extra_pairs_no_pairs_table(self):
         res = rounds_res({"collectived": [100.0, 300.0, 110.0], report.RING_ONLY: [100.0, 104.0, 50.0]})
