@@ -181,16 +181,6 @@ func dialTCP(t *testing.T, addr string) net.Conn {
 	return conn
 }
 
-// shapeDigest is the job's digest as the daemons compute it.
-func (c *cluster) shapeDigest() [32]byte {
-	c.t.Helper()
-	cfg, err := config.Load(c.cfgPath)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return cfg.ShapeDigest()
-}
-
 // validHello is what rank r's daemon would send to its next, with a fresh
 // nonce.
 func (c *cluster) validHello(rank int) rvHelloMsg {
