@@ -105,33 +105,40 @@ def machine() -> dict:
     }
 
 
-def groups(sizes, iters_small, iters_large, warmup_small, warmup_large):
+def groups(sizes, iters_small, iters_large, warmup_small, warmup_large, prewarm):
     """Sizes split by iteration and warm-up counts: small buffers get more
     calls of both. A few hundred microseconds of small calls decide
-    nothing on a shared 2-core machine, and the first thousand or so run
-    slower than the rest (collectived 4 B world 2, 8 alternating runs of
-    200 calls: median 27.1 us after 5 warm-up calls, 17.8 us after 2000)."""
+    nothing on a shared 2-core machine. Each group is one start of a
+    world's processes, and each start first makes `prewarm` one-element
+    calls, on every system alike: collectived's processes run up to twice
+    as slow for the first ~0.2 s after they start, whatever the size
+    (TUNING.md section 22; 4 B world 2, 8 alternating runs after 1000
+    warm-up calls: median 57.8 us without, 31.4 us after 5000), which a
+    per-size count large enough would make every size pay."""
     small = [s for s in sizes if s <= SMALL]
     large = [s for s in sizes if s > SMALL]
-    return [(g, n, w) for g, n, w in ((small, iters_small, warmup_small), (large, iters_large, warmup_large)) if g]
+    return [(g, n, w, prewarm) for g, n, w in ((small, iters_small, warmup_small), (large, iters_large, warmup_large))
+            if g]
 
 
 def measure_system(system, world, sizes_groups, bins, timeout):
     rows = []
-    for sizes, iters, warmup in sizes_groups:
+    for sizes, iters, warmup, prewarm in sizes_groups:
         l0 = runners.loadavg()
         t0 = time.monotonic()
         if system == "collectived":
-            got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout)
+            got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
+                                      prewarm=prewarm)
         elif system == RING_ONLY:
             if world != 2:
                 raise ValueError(f"{system}: only world 2 (2 nodes x 1) is defined, not {world}")
-            got = runners.collectived(bins["collectived"], 2, 1, sizes, iters, warmup, timeout, ring_only=True)
+            got = runners.collectived(bins["collectived"], 2, 1, sizes, iters, warmup, timeout, ring_only=True,
+                                      prewarm=prewarm)
         elif system in ("mpi-tcp", "mpi-shm"):
-            got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout)
+            got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout, prewarm)
         elif system == "gloo":
             got = runners.gloo("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), world, sizes,
-                               iters, warmup, timeout)
+                               iters, warmup, timeout, prewarm)
         else:
             raise ValueError(system)
         took = time.monotonic() - t0
@@ -148,6 +155,8 @@ def main() -> int:
     ap.add_argument("--worlds", default="2,4", help="2 (2 nodes x 1 trainer vs 2 ranks), 4 (2 x 2 vs 4 ranks)")
     ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 1000 up to 1 MiB, 30 above; quick 50/10)")
     ap.add_argument("--warmup", type=int, help="untimed calls per size for every size (default 1000 up to 1 MiB, 5 above; quick 50/2)")
+    ap.add_argument("--prewarm", type=int, help="untimed one-element calls before the first size of each run, on every "
+                    "system (default 5000; quick 1000): collectived's first ~0.2 s after its processes start runs slower")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--sidecar-pairs", type=int,
                     help="extra back-to-back collectived and ring-only runs at 64 MiB in world 2 after each round, "
@@ -186,6 +195,9 @@ def main() -> int:
         raise SystemExit(f"compare: --iters {a.iters}: want at least 1")
     if wu_small < 0:
         raise SystemExit(f"compare: --warmup {a.warmup}: want 0 or more")
+    prewarm = a.prewarm if a.prewarm is not None else (1000 if a.quick else 5000)
+    if prewarm < 0:
+        raise SystemExit(f"compare: --prewarm {a.prewarm}: want 0 or more")
     if a.rounds is None:
         a.rounds = 1 if a.quick else 5
     if a.rounds < 1:
@@ -201,7 +213,7 @@ def main() -> int:
     if not (2 in worlds and RING_ONLY in systems and SIDECAR_SIZE in sizes):
         # nothing to pair: the overhead is not measured in this run
         a.sidecar_pairs = a.sidecar_interleaved = 0
-    sg = groups(sizes, it_small, it_large, wu_small, wu_large)
+    sg = groups(sizes, it_small, it_large, wu_small, wu_large, prewarm)
     bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir")}
 
     started = time.monotonic()
@@ -215,7 +227,7 @@ def main() -> int:
            "rounds": a.rounds, "sidecar_pair_adjacent": True, "sidecar_pairs_per_round": a.sidecar_pairs,
            "sidecar_interleaved_per_round": a.sidecar_interleaved, "sidecar_block": SIDECAR_BLOCK,
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
-                     "warmup": wu_large, "warmup_small": wu_small},
+                     "warmup": wu_large, "warmup_small": wu_small, "prewarm": prewarm},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
 
     def step(name, fn):
@@ -249,7 +261,7 @@ def main() -> int:
         # more back-to-back pairs at its size, cheap next to a round; and
         # interleaved runs, shown beside (TUNING.md section 21).
         got["sidecar_pairs"] = []
-        sg64 = groups([SIDECAR_SIZE], it_small, it_large, wu_small, wu_large)
+        sg64 = groups([SIDECAR_SIZE], it_small, it_large, wu_small, wu_large, prewarm)
         for j in range(a.sidecar_pairs):
             pair = separate_pair(step, f"round {rnd + 1}/{a.rounds}, sidecar pair {j + 1}", pair_order(rnd, j),
                                  sg64, bins, a.timeout)
@@ -340,8 +352,8 @@ def interleaved_pair(step, name, sizes_groups, bins, timeout):
     sidecar target's size, both sides from the same run. None if it failed
     (step has recorded why)."""
     def run():
-        (sizes, iters, warmup), = sizes_groups
-        return runners.collectived_sidecar(bins["collectived"], sizes, iters, warmup, timeout, SIDECAR_BLOCK)
+        (sizes, iters, warmup, prewarm), = sizes_groups
+        return runners.collectived_sidecar(bins["collectived"], sizes, iters, warmup, timeout, SIDECAR_BLOCK, prewarm)
     got = step(name, run)
     if not got:
         return None

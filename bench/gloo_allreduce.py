@@ -1,7 +1,8 @@
 """The torch.distributed Gloo side of bench/compare: one rank.
 
 Times dist.all_reduce (float32, sum, in place, CPU tensors) the way
-`collectived bench` times its allreduce: per size, one checked call,
+`collectived bench` times its allreduce: first `prewarm` untimed calls of
+one element, then per size one checked call,
 `warmup` untimed calls, then `iters` back-to-back timed calls (no barrier
 between them), the tensor refilled before the last one and checked after
 it. Rank 0 prints one JSON object per size with its per-call times; the
@@ -27,10 +28,11 @@ def main() -> int:
     ap.add_argument("--sizes", required=True, help="comma-separated byte counts")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--prewarm", type=int, default=0, help="untimed one-element calls before the first size")
     ap.add_argument("--timeout", type=float, default=120, help="seconds Gloo may wait for the other ranks")
     a = ap.parse_args()
-    if a.iters < 1 or a.warmup < 0:
-        ap.error(f"--iters {a.iters} must be >= 1 and --warmup {a.warmup} >= 0")
+    if a.iters < 1 or a.warmup < 0 or a.prewarm < 0:
+        ap.error(f"--iters {a.iters} must be >= 1, --warmup {a.warmup} and --prewarm {a.prewarm} >= 0")
     sizes = []
     for f in a.sizes.split(","):
         try:
@@ -46,6 +48,9 @@ def main() -> int:
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=a.timeout))
     tri = a.world * (a.world + 1) // 2
+    one = torch.ones(1, dtype=torch.float32)
+    for _ in range(a.prewarm):
+        dist.all_reduce(one, op=dist.ReduceOp.SUM)
     for size in sizes:
         n = max(1, size // 4)
         pattern = (torch.arange(n, dtype=torch.int64) % 7 + 1).to(torch.float32)

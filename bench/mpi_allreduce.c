@@ -2,16 +2,17 @@
  * mpi_allreduce: the OpenMPI side of bench/compare.
  *
  * Times MPI_Allreduce (float32, sum, in place) the way `collectived bench`
- * times its allreduce, so the two are comparable number for number: per
- * size, one checked call, `warmup` untimed calls, then `iters` back-to-back
+ * times its allreduce, so the two are comparable number for number: first
+ * `prewarm` untimed calls of one float, then per size one checked call, `warmup` untimed calls, then `iters` back-to-back
  * timed calls (no barrier between them), the buffer refilled before the
  * last one and checked after it. Rank 0's per-call times are printed as one
  * JSON object per size on stdout; the median and p99 are computed by the
  * caller from those times, exactly as for the other systems.
  *
- * usage: mpi_allreduce SIZES ITERS WARMUP
- *   SIZES  comma-separated byte counts (multiples of 4 are used as is,
- *          smaller ones become one float)
+ * usage: mpi_allreduce SIZES ITERS WARMUP [PREWARM]
+ *   SIZES    comma-separated byte counts (multiples of 4 are used as is,
+ *            smaller ones become one float)
+ *   PREWARM  untimed one-float calls before the first size (default 0)
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -49,23 +50,36 @@ static int check(const float *b, size_t n, int world, int64_t bytes)
 	return 0;
 }
 
+/* A count argument: a whole decimal number of at least min, or the run
+ * ends naming it. */
+static int count_arg(const char *s, int min, const char *name, int rank)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (*s == '\0' || *end != '\0' || v < min || v > 1000000000) {
+		if (rank == 0)
+			fprintf(stderr, "mpi_allreduce: %s \"%s\": want a whole number of at least %d\n", name, s, min);
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	}
+	return (int)v;
+}
+
 int main(int argc, char **argv)
 {
 	MPI_Init(&argc, &argv);
 	int rank, world;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &world);
-	if (argc != 4) {
+	if (argc != 4 && argc != 5) {
 		if (rank == 0)
-			fprintf(stderr, "usage: %s SIZES ITERS WARMUP\n", argv[0]);
+			fprintf(stderr, "usage: %s SIZES ITERS WARMUP [PREWARM]\n", argv[0]);
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}
-	int iters = atoi(argv[2]), warmup = atoi(argv[3]);
-	if (iters < 1 || warmup < 0) {
-		if (rank == 0)
-			fprintf(stderr, "mpi_allreduce: ITERS %s must be >= 1 and WARMUP %s >= 0\n", argv[2], argv[3]);
-		MPI_Abort(MPI_COMM_WORLD, 2);
-	}
+	int iters = count_arg(argv[2], 1, "ITERS", rank), warmup = count_arg(argv[3], 0, "WARMUP", rank);
+	int prewarm = argc == 5 ? count_arg(argv[4], 0, "PREWARM", rank) : 0;
+	float one = 1;
+	for (int i = 0; i < prewarm; i++)
+		MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 	int64_t *times = malloc(sizeof(int64_t) * (size_t)iters);
 	char *sizes = strdup(argv[1]);
 	for (char *tok = strtok(sizes, ","); tok; tok = strtok(NULL, ",")) {

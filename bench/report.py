@@ -543,6 +543,11 @@ def markdown(res, plot_rel) -> str:
               f" After each round, {res['sidecar_pairs_per_round']} extra back-to-back pair(s) of collectived and "
               "ring-only in world 2 at 64 MiB, for the sidecar target (see \"Sidecar cost\")."
               if res.get("sidecar_pairs_per_round") else ""),
+          (f"- Each start of a system's processes (one per size group, world and round) first makes "
+           f"{it['prewarm']} untimed allreduces of one float, the same for every system: collectived's processes run "
+           "up to twice as slow for the first ~0.2 s after they start, MPI's and Gloo's do not "
+           "([TUNING.md section 22](TUNING.md#22-the-first-fraction-of-a-second-after-a-start-and-the-prewarm)).\n"
+           if it.get("prewarm") else "") +
           f"- Per size and system: one checked call, then {it.get('warmup_small', it['warmup'])} untimed warm-up calls "
           f"and {it['small']} timed calls for sizes up to {size_name(it['small_max_bytes'])}, "
           f"{it['warmup']} and {it['large']} above, "

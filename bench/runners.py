@@ -108,14 +108,17 @@ def _expect(rows, sizes, what):
 
 # --- collectived -----------------------------------------------------------
 
-def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None, ring_only=False) -> list[dict]:
+def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None, ring_only=False,
+                prewarm=0) -> list[dict]:
     """`collectived bench --json`: daemons and trainers as processes. With
     ring_only, `--ring-only`: one process per node calling its ring engine
     directly, on the ring settings a daemon with the same config uses (the
-    sidecar's baseline); it prints the same rows with "path": "ring"."""
+    sidecar's baseline); it prints the same rows with "path": "ring".
+    --prewarm is always given, so the command shown is what ran (bench's
+    own default is not 0)."""
     argv = [binary, "bench"] + (["--ring-only"] if ring_only else []) + [
         "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
-        "--iters", iters, "--warmup", warmup, "--json"]
+        "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
     if extra_config:
         argv += ["--extra-config", extra_config]
     what = "collectived bench --ring-only" if ring_only else "collectived bench"
@@ -129,13 +132,13 @@ def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_confi
     return rows
 
 
-def collectived_sidecar(binary, sizes, iters, warmup, timeout, block=1) -> tuple[list[dict], list[dict]]:
+def collectived_sidecar(binary, sizes, iters, warmup, timeout, block=1, prewarm=0) -> tuple[list[dict], list[dict]]:
     """`collectived bench --sidecar --json` in world 2: the daemons' world
     and the ring engines alone up together, taking turns `block` calls at a
     time. Returns the collectived rows and the ring-only rows, one per
     size each, measured over the same stretch of time."""
     argv = [binary, "bench", "--sidecar", "--sidecar-block", block, "--nodes", 2, "--local", 1,
-            "--sizes", ",".join(map(str, sizes)), "--iters", iters, "--warmup", warmup, "--json"]
+            "--sizes", ",".join(map(str, sizes)), "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
     what = "collectived bench --sidecar"
     rows = parse_collectived(run(argv, timeout=timeout), 2, what)
     c, r = rows[0::2], rows[1::2]
@@ -171,10 +174,10 @@ MPI_TRANSPORTS = {
 }
 
 
-def mpi(binary, transport, world, sizes, iters, warmup, timeout) -> list[dict]:
+def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0) -> list[dict]:
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", world,
             "--mca", "oob_tcp_if_include", "lo", *MPI_TRANSPORTS[transport],
-            binary, ",".join(map(str, sizes)), iters, warmup]
+            binary, ",".join(map(str, sizes)), iters, warmup, prewarm]
     rows = _parse_times(run(argv, timeout=timeout), world, transport)
     _expect(rows, sizes, transport)
     return rows
@@ -182,12 +185,12 @@ def mpi(binary, transport, world, sizes, iters, warmup, timeout) -> list[dict]:
 
 # --- torch.distributed Gloo ------------------------------------------------
 
-def gloo(python, script, world, sizes, iters, warmup, timeout) -> list[dict]:
+def gloo(python, script, world, sizes, iters, warmup, timeout, prewarm=0) -> list[dict]:
     init = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = []
     base = [python, script, "--world", world, "--init", init, "--sizes", ",".join(map(str, sizes)),
-            "--iters", iters, "--warmup", warmup]
+            "--iters", iters, "--warmup", warmup, "--prewarm", prewarm]
     COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
         try:

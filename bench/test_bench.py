@@ -46,9 +46,9 @@ class ArgsTest(unittest.TestCase):
         self.assertIn("--worlds: '3'", str(cm.exception))
 
     def test_groups_split_small_and_large(self):
-        self.assertEqual(compare.groups([4, 1 << 20, 16 << 20], 1000, 30, 1000, 5),
-                         [([4, 1 << 20], 1000, 1000), ([16 << 20], 30, 5)])
-        self.assertEqual(compare.groups([MIB64], 1000, 30, 1000, 5), [([MIB64], 30, 5)])
+        self.assertEqual(compare.groups([4, 1 << 20, 16 << 20], 1000, 30, 1000, 5, 5000),
+                         [([4, 1 << 20], 1000, 1000, 5000), ([16 << 20], 30, 5, 5000)])
+        self.assertEqual(compare.groups([MIB64], 1000, 30, 1000, 5, 0), [([MIB64], 30, 5, 0)])
 
 
 class StatsTest(unittest.TestCase):
@@ -351,6 +351,10 @@ class TargetsTest(unittest.TestCase):
         for want in ("## Targets (issue 5)", "## Machine and conditions", "![busbw against size](bench/busbw.png)",
                      "other work was running", "## Reproduce"):
             self.assertIn(want, md)
+        self.assertNotIn("untimed allreduces of one float", md)  # results from before --prewarm
+        res["iters"]["prewarm"] = 5000
+        self.assertIn("first makes 5000 untimed allreduces of one float, the same for every system",
+                      report.markdown(res, "bench"))
 
 
 class AggregateTest(unittest.TestCase):
@@ -409,13 +413,13 @@ class RoundsTest(unittest.TestCase):
         def step(name, fn):
             calls.append(name)
             return None
-        self.assertIsNone(compare.interleaved_pair(step, "p", [([MIB64], 30, 5)], {}, 1))
+        self.assertIsNone(compare.interleaved_pair(step, "p", [([MIB64], 30, 5, 0)], {}, 1))
         self.assertEqual(calls, ["p"])
 
     def test_interleaved_pair_is_one_run(self):
         row = lambda path, us: {"bytes": MIB64, "path": path, "median_us": us, "iters": 30}
         pair = compare.interleaved_pair(lambda name, fn: ([row("shm", 101.0)], [row("ring", 100.0)]), "p",
-                                        [([MIB64], 30, 5)], {}, 1)
+                                        [([MIB64], 30, 5, 0)], {}, 1)
         self.assertEqual(pair["interleaved"], True)
         self.assertEqual(pair["block"], compare.SIDECAR_BLOCK)
         self.assertEqual((pair["collectived"]["system"], pair["collectived"]["median_us"]), ("collectived", 101.0))
@@ -424,7 +428,7 @@ class RoundsTest(unittest.TestCase):
 
     def test_ring_only_refuses_world4(self):
         with self.assertRaises(ValueError) as cm:
-            compare.measure_system("ring-only", 4, [([4], 5, 1)], {"collectived": "/nonexistent"}, 10)
+            compare.measure_system("ring-only", 4, [([4], 5, 1, 0)], {"collectived": "/nonexistent"}, 10)
         self.assertIn("ring-only: only world 2", str(cm.exception))
 
 
@@ -493,7 +497,7 @@ class RingOnlyRealTest(unittest.TestCase):
         self.assertEqual([(r["bytes"], r["world"], r["path"], r["iters"]) for r in rows],
                          [(4, 2, "ring", 5), (65536, 2, "ring", 5)])
         self.assertTrue(all(r["median_us"] > 0 and r["verified"] for r in rows))
-        self.assertIn("bench --ring-only --nodes 2 --local 1 --sizes 4,65536 --iters 5 --warmup 1 --json",
+        self.assertIn("bench --ring-only --nodes 2 --local 1 --sizes 4,65536 --iters 5 --warmup 1 --prewarm 0 --json",
                       runners.COMMANDS[n])
 
     @unittest.skipUnless(_collectived_bin("--sidecar"), "bin/collectived with bench --sidecar not built (make build)")
@@ -513,9 +517,20 @@ class MPIProgramTest(unittest.TestCase):
         subprocess.run(["mpicc", "-O2", "-Wall", "-o", cls.bin, os.path.join(HERE, "mpi_allreduce.c")], check=True)
 
     def test_real_run_is_checked_and_parsed(self):
-        rows = runners.mpi(self.bin, "mpi-shm", 2, [4, 4096], 5, 1, 120)
+        n = len(runners.COMMANDS)
+        rows = runners.mpi(self.bin, "mpi-shm", 2, [4, 4096], 5, 1, 120, prewarm=20)
         self.assertEqual([r["bytes"] for r in rows], [4, 4096])
         self.assertTrue(all(r["iters"] == 5 and r["median_us"] > 0 for r in rows))
+        self.assertTrue(runners.COMMANDS[n].endswith("mpi_allreduce_test 4,4096 5 1 20"), runners.COMMANDS[n])
+
+    def test_bad_counts_are_refused_by_name(self):
+        for args, want in ((["4", "0", "1"], 'ITERS "0": want a whole number of at least 1'),
+                           (["4", "5", "x"], 'WARMUP "x": want a whole number of at least 0'),
+                           (["4", "5", "1", "-3"], 'PREWARM "-3": want a whole number of at least 0')):
+            p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", self.bin] + args,
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr, args)
 
     def test_bad_size_is_refused(self):
         with self.assertRaises(runners.RunError) as cm:
@@ -588,6 +603,7 @@ class WorkerArgsTest(unittest.TestCase):
     def test_compare_refuses_bad_counts(self):
         for args, want in ((["--iters", "0"], "--iters 0: want at least 1"),
                            (["--warmup", "-1"], "--warmup -1: want 0 or more"),
+                           (["--prewarm", "-1"], "--prewarm -1: want 0 or more"),
                            (["--sidecar-pairs", "-1"], "--sidecar-pairs -1: want 0 or more"),
                            (["--sidecar-interleaved", "-1"], "--sidecar-interleaved -1: want 0 or more")):
             p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--no-doc"] + args,
@@ -601,6 +617,11 @@ class WorkerArgsTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 2)
         self.assertIn("--iters 0 must be >= 1", p.stderr)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
+                            "--init", "tcp://127.0.0.1:1", "--sizes", "4", "--prewarm", "-2"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--prewarm -2 >= 0", p.stderr)
 
     def test_gloo_worker_refuses_bad_size(self):
         p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",

@@ -33,6 +33,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "op", Value: "sum"},
 			&cli.IntFlag{Name: "iters", Value: 20, Usage: "timed iterations per size"},
 			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
+			&cli.IntFlag{Name: "prewarm", Value: defaultPrewarm, Usage: "untimed allreduces of one element before the first size: the first fraction of a second after the processes start runs slower (docs/TUNING.md, section 22)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
@@ -80,6 +81,11 @@ func runBench(c *cli.Context) error {
 	iters := c.Int("iters")
 	if iters < 1 {
 		return exitf("bench: --iters %d: want at least 1", iters)
+	}
+	for _, name := range []string{"warmup", "prewarm"} {
+		if n := c.Int(name); n < 0 {
+			return exitf("bench: --%s %d: want 0 or more", name, n)
+		}
 	}
 	if d := c.Duration("timeout"); d <= 0 {
 		return exitf("bench: --timeout %v: want more than 0", d)
@@ -260,7 +266,8 @@ func ringWorld(c *cli.Context, self, dir string, nodes int, results string) loca
 	o := daemonWorld(c, self, dir, nodes, 1)
 	o.Command = "bench-ring"
 	o.Args = []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")), "--out", results}
+		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
+		"--prewarm", strconv.Itoa(c.Int("prewarm")), "--out", results}
 	return o
 }
 

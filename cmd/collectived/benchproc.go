@@ -35,7 +35,7 @@ type benchTrainer struct {
 func startBenchTrainer(c *cli.Context, self string, w *localworld.World, n, l int, files []*os.File, extra []string) (*benchTrainer, error) {
 	cmd := exec.Command(self, append([]string{"bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
 		"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
+		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")), "--prewarm", strconv.Itoa(c.Int("prewarm")),
 		"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
 		"--no-lane=" + strconv.FormatBool(c.Bool("client-no-lane"))}, extra...)...)
 	r, wr, err := os.Pipe()

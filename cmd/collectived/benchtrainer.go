@@ -34,6 +34,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.StringFlag{Name: "op", Value: "sum"},
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
+			&cli.IntFlag{Name: "prewarm"},
 			&cli.IntFlag{Name: "local-rank", Value: -1},
 			&cli.DurationFlag{Name: "spin"},
 			&cli.IntFlag{Name: "inline-max"},
@@ -56,8 +57,10 @@ func benchTrainerCommand() *cli.Command {
 			}
 			defer cl.Close()
 			enc := json.NewEncoder(os.Stdout)
-			for _, size := range sizes {
-				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace)
+			one := make([]byte, dt.Size())
+			prewarm := prewarmer(c.Int("prewarm"), func() error { return cl.AllReduce(one, dt, op) })
+			for i, size := range sizes {
+				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm))
 				if err != nil {
 					return fmt.Errorf("world rank %d, size %d: %w", cl.Rank(), size, err)
 				}
@@ -85,7 +88,7 @@ func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op colle
 	return
 }
 
-func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer) (sizeResult, error) {
+func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm func() error) (sizeResult, error) {
 	es := int64(dt.Size())
 	count := size / es
 	if count == 0 {
@@ -110,20 +113,26 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 	}
 	var err error
 	res.TimesNS, err = measure(buf, dt, op, cl.Rank(), cl.Size(), iters, warmup,
-		pace, func() error { return cl.AllReduce(buf, dt, op) })
+		pace, prewarm, func() error { return cl.AllReduce(buf, dt, op) })
 	return res, err
 }
 
 // measure is the protocol of every bench command for one size: a checked
 // call on known values, warmup calls, then iters timed calls, the last of
 // them on known values again and checked too. allreduce runs one call on
-// buf, which holds elements of dt on world rank rank of world. A pacer
-// (bench --sidecar) runs the checked call and warmup as one block and the
-// timed calls in blocks, each when the parent says and each after one
-// untimed call; nil runs them at once.
-func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, allreduce func() error) ([]int64, error) {
+// buf, which holds elements of dt on world rank rank of world. prewarm,
+// if not nil, runs first (the first size's: see prewarmer). A pacer
+// (bench --sidecar) runs prewarm, the checked call and warmup as one block
+// and the timed calls in blocks, each when the parent says and each after
+// one untimed call; nil runs them at once.
+func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, prewarm, allreduce func() error) ([]int64, error) {
 	if err := pace.wait(); err != nil {
 		return nil, err
+	}
+	if prewarm != nil {
+		if err := prewarm(); err != nil {
+			return nil, fmt.Errorf("prewarm: %w", err)
+		}
 	}
 	fill(buf, dt, op, rank)
 	if err := allreduce(); err != nil {

@@ -26,13 +26,15 @@ func TestParseSizes(t *testing.T) {
 // Bad bench flags are refused, by name, before any daemon starts.
 func TestBenchRefusesBadFlags(t *testing.T) {
 	for want, args := range map[string][]string{
-		"--nodes 0 x --local 1":   {"--nodes", "0"},
-		"at most 64 trainers":     {"--nodes", "9", "--local", "8"},
-		"--sizes":                 {"--sizes", "4,lots"},
-		"unknown dtype \"bf16\"":  {"--dtype", "bf16"},
-		"unknown reduce op \"avg": {"--op", "avg"},
-		"--iters 0":               {"--iters", "0"},
-		"--timeout 0s: want more": {"--ring-only", "--timeout", "0s"},
+		"--nodes 0 x --local 1":        {"--nodes", "0"},
+		"at most 64 trainers":          {"--nodes", "9", "--local", "8"},
+		"--sizes":                      {"--sizes", "4,lots"},
+		"unknown dtype \"bf16\"":       {"--dtype", "bf16"},
+		"unknown reduce op \"avg":      {"--op", "avg"},
+		"--iters 0":                    {"--iters", "0"},
+		"--warmup -1: want 0 or more":  {"--warmup", "-1"},
+		"--prewarm -1: want 0 or more": {"--prewarm", "-1"},
+		"--timeout 0s: want more":      {"--ring-only", "--timeout", "0s"},
 		"--sidecar runs one ring rank per node and no trainers beside it: --local is 2, want 1": {"--sidecar", "--local", "2"},
 		"--sidecar-block 0: want at least 1":                                                    {"--sidecar", "--sidecar-block", "0"},
 		"--ring-only and --sidecar":                                                             {"--sidecar", "--ring-only"},
@@ -62,17 +64,46 @@ func TestVersion(t *testing.T) {
 // element, before any timing is reported; a working one passes.
 func TestMeasureChecksResults(t *testing.T) {
 	buf := make([]byte, 16)
-	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, nil, func() error { return nil })
+	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, nil, nil, func() error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "wrong result at element 0") {
 		t.Fatalf("measure of a call that does nothing: %v, want a wrong result at element 0", err)
 	}
 	// In a world of 1 the buffer itself is the sum.
-	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, func() error { return nil })
+	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, func() error { return nil })
 	if err != nil || len(times) != 3 {
 		t.Fatalf("measure in a world of one: %v, %d times, want 3", err, len(times))
 	}
 	boom := errors.New("boom")
-	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, func() error { return boom }); !errors.Is(err, boom) {
+	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, func() error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("measure of a failing call: %v, want its error", err)
+	}
+}
+
+// --prewarm: the first size of a sweep makes n one-element calls before
+// its checked call, the others none; a failing one is named as such and
+// stops the size before anything is timed.
+func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
+	var order []string
+	prewarm := prewarmer(4, func() error { order = append(order, "pre"); return nil })
+	call := func() error { order = append(order, "call"); return nil }
+	buf := make([]byte, 8)
+	for i := range 2 {
+		if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil, firstOnly(i, prewarm), call); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Size 0: 4 prewarm calls, the checked call, 1 timed; size 1: checked, timed.
+	if got, want := strings.Join(order, " "), "pre pre pre pre call call call call"; got != want {
+		t.Fatalf("calls made: %q, want %q", got, want)
+	}
+	if prewarmer(0, call) != nil {
+		t.Error("prewarmer(0) makes calls; want none (nil)")
+	}
+	boom := errors.New("boom")
+	timed := false
+	_, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil,
+		prewarmer(2, func() error { return boom }), func() error { timed = true; return nil })
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "prewarm: boom") || timed {
+		t.Fatalf("a failing prewarm: %v (sized calls made: %v), want \"prewarm: boom\" and none", err, timed)
 	}
 }

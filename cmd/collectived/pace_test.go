@@ -31,7 +31,7 @@ func pacedPair(t *testing.T) (*pacedSide, net.Conn) {
 	return s, kid
 }
 
-// A paced process runs its checked call and warmup as one block and its
+// A paced process runs its prewarm, checked call and warmup as one block and its
 // timed calls in blocks of --pace-block, each only after the parent's
 // go-ahead, and reports each block over.
 func TestPacedMeasureTakesTurns(t *testing.T) {
@@ -49,17 +49,18 @@ func TestPacedMeasureTakesTurns(t *testing.T) {
 	calls := make(chan struct{}, 16) // one per call, sent before the block is reported over
 	done := make(chan error, 1)
 	go func() {
-		_, err := measure(make([]byte, 8), collective.Float32, collective.Sum, 0, 1, 5, 1, pace, func() error {
+		call := func() error {
 			calls <- struct{}{}
 			return nil
-		})
+		}
+		_, err := measure(make([]byte, 8), collective.Float32, collective.Sum, 0, 1, 5, 1, pace, prewarmer(3, call), call)
 		done <- err
 	}()
 	deadline := time.Now().Add(time.Minute)
 	made := 0
-	// Checked call + 1 warmup, then timed blocks of 2, 2 and 1, each after
-	// an untimed call.
-	for step, want := range []int{2, 5, 8, 10} {
+	// 3 prewarm calls, the checked call and 1 warmup, then timed blocks of
+	// 2, 2 and 1, each after an untimed call.
+	for step, want := range []int{5, 8, 11, 13} {
 		select {
 		case <-calls:
 			t.Fatalf("a call ran before the go-ahead of step %d", step)

@@ -1,0 +1,35 @@
+package main
+
+// defaultPrewarm is bench's --prewarm: one-element calls take a few tens
+// of microseconds, so this is well past the slow start below on two CPUs
+// and costs a fraction of a second on larger worlds.
+const defaultPrewarm = 2000
+
+// prewarmer returns a func that makes n untimed calls before the first
+// size, or nil for n = 0. For the first ~0.2 s after a world's processes
+// start, every call runs up to twice as slow as later, whatever its size;
+// a world that was started and left idle for a second first does not
+// (docs/TUNING.md, section 22). Per-size warmup counts cannot cover that
+// for small sizes without making every size's warmup long, so it is paid
+// once, on the cheapest call there is.
+func prewarmer(n int, call func() error) func() error {
+	if n <= 0 {
+		return nil
+	}
+	return func() error {
+		for i := 0; i < n; i++ {
+			if err := call(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// firstOnly is prewarm for the i-th size of a sweep: only the first runs it.
+func firstOnly(i int, prewarm func() error) func() error {
+	if i > 0 {
+		return nil
+	}
+	return prewarm
+}
