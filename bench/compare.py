@@ -160,7 +160,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--sidecar-pairs", type=int,
                     help="extra back-to-back collectived and ring-only runs at 64 MiB in world 2 after each round, "
-                         "for the sidecar overhead (default 2; quick 0)")
+                         "for the sidecar overhead (default 4; quick 0)")
     ap.add_argument("--sidecar-interleaved", type=int,
                     help="interleaved runs of both at 64 MiB after each round (`collectived bench --sidecar`: both "
                          "worlds up, a call of each in turn), shown beside the target (default 1; quick 0)")
@@ -203,7 +203,7 @@ def main() -> int:
     if a.rounds < 1:
         raise SystemExit(f"compare: --rounds {a.rounds}: want at least 1")
     if a.sidecar_pairs is None:
-        a.sidecar_pairs = 0 if a.quick else 2
+        a.sidecar_pairs = 0 if a.quick else 4
     if a.sidecar_pairs < 0:
         raise SystemExit(f"compare: --sidecar-pairs {a.sidecar_pairs}: want 0 or more")
     if a.sidecar_interleaved is None:

@@ -683,7 +683,7 @@ def markdown(res, plot_rel) -> str:
           "python3-torch, python3-matplotlib, iperf3), builds `collectived`, `bench/mpi_allreduce.c` and "
           "`bench/tcp_bidir.c` into "
           "`bench/.build/`, and runs everything with Debian's `/usr/bin/python3`:", "", "```sh",
-          "bench/compare               # full run: 5 rounds, 8-15 minutes on 2 cores (by load); writes this file",
+          "bench/compare               # full run: 5 rounds, 15-20 minutes on 2 cores (by load); writes this file",
           "bench/compare --from-head   # the same, measuring the committed HEAD rather than the work tree",
           "bench/compare --quick       # sizes 4 B, 64 KiB, 64 MiB, fewer calls, 1 round: about 1 minute",
           "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",
