@@ -156,7 +156,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, help="timed calls per size for every size (default 1000 up to 1 MiB, 30 above; quick 50/10)")
     ap.add_argument("--warmup", type=int, help="untimed calls per size for every size (default 1000 up to 1 MiB, 5 above; quick 50/2)")
     ap.add_argument("--prewarm", type=int, help="untimed one-element calls before the first size of each run, on every "
-                    "system (default 5000; quick 1000): collectived's first ~0.2 s after its processes start runs slower")
+                    "system (default 5000, quick too): collectived's first ~0.2 s after its processes start runs slower")
     ap.add_argument("--rounds", type=int, help="times every measurement is repeated, order rotated (default 5; quick 1)")
     ap.add_argument("--sidecar-pairs", type=int,
                     help="extra back-to-back collectived and ring-only runs at 64 MiB in world 2 after each round, "
@@ -195,7 +195,7 @@ def main() -> int:
         raise SystemExit(f"compare: --iters {a.iters}: want at least 1")
     if wu_small < 0:
         raise SystemExit(f"compare: --warmup {a.warmup}: want 0 or more")
-    prewarm = a.prewarm if a.prewarm is not None else (1000 if a.quick else 5000)
+    prewarm = a.prewarm if a.prewarm is not None else 5000
     if prewarm < 0:
         raise SystemExit(f"compare: --prewarm {a.prewarm}: want 0 or more")
     if a.rounds is None:

@@ -14,6 +14,7 @@
  *            smaller ones become one float)
  *   PREWARM  untimed one-float calls before the first size (default 0)
  */
+#include <errno.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -50,15 +51,20 @@ static int check(const float *b, size_t n, int world, int64_t bytes)
 	return 0;
 }
 
-/* A count argument: a whole decimal number of at least min, or the run
- * ends naming it. */
+#define COUNT_MAX 100000000
+
+/* A count argument: a whole decimal number from min to COUNT_MAX, or the
+ * run ends naming it. Every rank parses the same arguments, so every rank
+ * finds the same fault; rank 0 says so. */
 static int count_arg(const char *s, int min, const char *name, int rank)
 {
 	char *end;
+	errno = 0;
 	long v = strtol(s, &end, 10);
-	if (*s == '\0' || *end != '\0' || v < min || v > 1000000000) {
+	if (*s == '\0' || *end != '\0' || errno != 0 || v < min || v > COUNT_MAX) {
 		if (rank == 0)
-			fprintf(stderr, "mpi_allreduce: %s \"%s\": want a whole number of at least %d\n", name, s, min);
+			fprintf(stderr, "mpi_allreduce: %s \"%s\": want a whole number from %d to %d\n", name, s, min,
+				COUNT_MAX);
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}
 	return (int)v;
@@ -77,10 +83,14 @@ int main(int argc, char **argv)
 	}
 	int iters = count_arg(argv[2], 1, "ITERS", rank), warmup = count_arg(argv[3], 0, "WARMUP", rank);
 	int prewarm = argc == 5 ? count_arg(argv[4], 0, "PREWARM", rank) : 0;
-	float one = 1;
+	float one = 0; /* zero, as collectived bench's prewarm: the sum stays 0 */
 	for (int i = 0; i < prewarm; i++)
 		MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 	int64_t *times = malloc(sizeof(int64_t) * (size_t)iters);
+	if (!times) {
+		fprintf(stderr, "mpi_allreduce: rank %d: cannot allocate %d times\n", rank, iters);
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
 	char *sizes = strdup(argv[1]);
 	for (char *tok = strtok(sizes, ","); tok; tok = strtok(NULL, ",")) {
 		char *end;

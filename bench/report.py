@@ -390,7 +390,7 @@ def _sidecar_pairs(res) -> list[str]:
     """The pairs the target's figure comes from, when the run has extra
     ones."""
     sc = res.get("sidecar")
-    if not sc or not any(p["extra"] for p in sc["pairs"]):
+    if not sc or (len(sc["pairs"]) < 2 and not any(p["extra"] for p in sc["pairs"])):
         return []
     pairs, over = sc["pairs"], paired_overheads(res)
 
@@ -406,11 +406,12 @@ def _sidecar_pairs(res) -> list[str]:
     if all(p.get("interleaved") for p in use):  # a run with interleaved pairs only
         return [f"At {size_name(sc['bytes'])} this run has only interleaved runs; the target's figure comes from "
                 f"them: **{figure:+.1f}%**.{_interval_text(res)}", "", _table(cols, lines, md=True), ""]
-    over_use = [o for p, o in zip(pairs, over) if any(p is q for q in use)]
+    over_use = [own_overhead(p) for p in use]
     extra = sum(p["extra"] for p in use)
-    text = (f"At {size_name(sc['bytes'])} the target's figure comes from {len(use)} back-to-back pairs: each "
-            f"round's own and {extra} extra pairs run after the rounds' other measurements, alternating which "
-            "side goes first. The overhead is the median of the pairs' own overheads (each pair's collectived "
+    which = (f"each round's own and {extra} extra pairs run after the rounds' other measurements, alternating which "
+             "side goes first" if extra else "each round's own (the two side by side in the round)")
+    text = (f"At {size_name(sc['bytes'])} the target's figure comes from {len(use)} back-to-back pairs: "
+            f"{which}. The overhead is the median of the pairs' own overheads (each pair's collectived "
             f"median ÷ its ring-only median − 1) = **{figure:+.1f}%**; they range from {min(over_use):+.1f}% to "
             f"{max(over_use):+.1f}%.{_interval_text(res)} A pair's two runs share the machine's slow or fast "
             "phase, which its own ratio cancels; the median of collectived's medians over the pairs ÷ the median "
@@ -422,7 +423,7 @@ def _sidecar_pairs(res) -> list[str]:
         text += (f" Beside them, {len(inter)} interleaved runs (`collectived bench --sidecar`: the daemons' world and "
                  "the ring engines' world up together, taking turns; in each turn one world makes an untimed call "
                  f"and then {res.get('sidecar_block', 1)} timed one(s), so both see the machine as it is from one "
-                 f"moment to the next) give {paired_median(inter):+.1f}% by the same formula (their own overheads "
+                 f"moment to the next) give {paired_median(inter):+.1f}% by the target's rule (their own overheads "
                  f"{min(own):+.1f}% to {max(own):+.1f}%). They do not count: taking turns seems to slow the ring "
                  "engines alone by a few percent more than the daemon (TUNING.md section 21), so they may flatter "
                  "the daemon.")
@@ -690,7 +691,7 @@ def markdown(res, plot_rel) -> str:
           "bench/compare --systems collectived,ring-only --worlds 2 --no-extras --no-doc   # the sidecar cost alone",
           "# the sidecar's baseline by hand (what the ring-only rows run):",
           "bench/.build/collectived bench --ring-only --nodes 2 --local 1 --sizes 4,65536,1048576,67108864 "
-          "--iters 30 --warmup 5 --json",
+          "--iters 30 --warmup 5 --prewarm 5000 --json",
           "# both sides in one run, taking turns a call at a time (the interleaved runs shown beside the target):",
           "bench/.build/collectived bench --sidecar --sizes 64MiB --iters 30 --warmup 5",
           "```", "",

@@ -78,15 +78,6 @@ func runBench(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	iters := c.Int("iters")
-	if iters < 1 {
-		return exitf("bench: --iters %d: want at least 1", iters)
-	}
-	for _, name := range []string{"warmup", "prewarm"} {
-		if n := c.Int(name); n < 0 {
-			return exitf("bench: --%s %d: want 0 or more", name, n)
-		}
-	}
 	if d := c.Duration("timeout"); d <= 0 {
 		return exitf("bench: --timeout %v: want more than 0", d)
 	}
@@ -265,10 +256,16 @@ func daemonWorld(c *cli.Context, self, dir string, nodes, local int) localworld.
 func ringWorld(c *cli.Context, self, dir string, nodes int, results string) localworld.Options {
 	o := daemonWorld(c, self, dir, nodes, 1)
 	o.Command = "bench-ring"
-	o.Args = []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
-		"--prewarm", strconv.Itoa(c.Int("prewarm")), "--out", results}
+	o.Args = append(workloadArgs(c), "--out", results)
 	return o
+}
+
+// workloadArgs passes bench's workload flags on to a bench-trainer or
+// bench-ring process.
+func workloadArgs(c *cli.Context) []string {
+	return []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
+		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
+		"--prewarm", strconv.Itoa(c.Int("prewarm"))}
 }
 
 func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benchRow {

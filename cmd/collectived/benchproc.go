@@ -33,11 +33,11 @@ type benchTrainer struct {
 // startBenchTrainer starts the trainer of local rank l on node n of w;
 // files become its fd 3 on, extra is appended to its arguments.
 func startBenchTrainer(c *cli.Context, self string, w *localworld.World, n, l int, files []*os.File, extra []string) (*benchTrainer, error) {
-	cmd := exec.Command(self, append([]string{"bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l),
-		"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
-		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")), "--prewarm", strconv.Itoa(c.Int("prewarm")),
-		"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
-		"--no-lane=" + strconv.FormatBool(c.Bool("client-no-lane"))}, extra...)...)
+	args := append([]string{"bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l)},
+		workloadArgs(c)...)
+	args = append(args, "--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
+		"--no-lane="+strconv.FormatBool(c.Bool("client-no-lane")))
+	cmd := exec.Command(self, append(args, extra...)...)
 	r, wr, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("trainer %d of node %d: stdout pipe: %w", l, n, err)

@@ -89,9 +89,8 @@ func runBenchRing(c *cli.Context) error {
 		out = f
 	}
 	enc := json.NewEncoder(out)
-	one := make([]byte, dt.Size())
 	d1 := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: 1}
-	prewarm := prewarmer(c.Int("prewarm"), func() error { return r.AllReduce(d1, one) })
+	prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return r.AllReduce(d1, one) })
 	for i, size := range sizes {
 		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm))
 		if err != nil {

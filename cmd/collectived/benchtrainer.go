@@ -57,8 +57,7 @@ func benchTrainerCommand() *cli.Command {
 			}
 			defer cl.Close()
 			enc := json.NewEncoder(os.Stdout)
-			one := make([]byte, dt.Size())
-			prewarm := prewarmer(c.Int("prewarm"), func() error { return cl.AllReduce(one, dt, op) })
+			prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return cl.AllReduce(one, dt, op) })
 			for i, size := range sizes {
 				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm))
 				if err != nil {
@@ -80,6 +79,16 @@ func benchTrainerCommand() *cli.Command {
 func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op collective.ReduceOp, err error) {
 	if sizes, err = parseSizes(c.String("sizes")); err != nil {
 		return
+	}
+	if n := c.Int("iters"); n < 1 {
+		err = fmt.Errorf("--iters %d: want at least 1", n)
+		return
+	}
+	for _, name := range []string{"warmup", "prewarm"} {
+		if n := c.Int(name); n < 0 {
+			err = fmt.Errorf("--%s %d: want 0 or more", name, n)
+			return
+		}
 	}
 	if dt, err = collective.ParseDType(c.String("dtype")); err != nil {
 		return

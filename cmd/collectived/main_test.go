@@ -50,6 +50,23 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 	}
 }
 
+// The hidden per-process commands check the counts their parent gives
+// them as bench does its own.
+func TestWorkerCommandsRefuseBadCounts(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench-trainer", "--socket", "/nonexistent", "--job", "j", "--sizes", "4", "--prewarm", "-1"}, "--prewarm -1: want 0 or more"},
+		{[]string{"bench-trainer", "--socket", "/nonexistent", "--job", "j", "--sizes", "4", "--warmup", "-2"}, "--warmup -2: want 0 or more"},
+		{[]string{"bench-ring", "--config", "/nonexistent", "--sizes", "4", "--iters", "0"}, "--iters 0: want at least 1"},
+	} {
+		if _, err := runApp(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	app := newApp()
 	var out bytes.Buffer
@@ -84,7 +101,13 @@ func TestMeasureChecksResults(t *testing.T) {
 // stops the size before anything is timed.
 func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	var order []string
-	prewarm := prewarmer(4, func() error { order = append(order, "pre"); return nil })
+	prewarm := prewarmer(4, collective.Float64, func(one []byte) error {
+		if len(one) != 8 || !bytes.Equal(one, make([]byte, 8)) {
+			t.Errorf("prewarm buffer %v, want one float64 zero", one)
+		}
+		order = append(order, "pre")
+		return nil
+	})
 	call := func() error { order = append(order, "call"); return nil }
 	buf := make([]byte, 8)
 	for i := range 2 {
@@ -96,14 +119,14 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	if got, want := strings.Join(order, " "), "pre pre pre pre call call call call"; got != want {
 		t.Fatalf("calls made: %q, want %q", got, want)
 	}
-	if prewarmer(0, call) != nil {
+	if prewarmer(0, collective.Float32, func([]byte) error { return call() }) != nil {
 		t.Error("prewarmer(0) makes calls; want none (nil)")
 	}
 	boom := errors.New("boom")
-	timed := false
+	sized := false // the size's own calls: the checked one and the timed ones
 	_, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil,
-		prewarmer(2, func() error { return boom }), func() error { timed = true; return nil })
-	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "prewarm: boom") || timed {
-		t.Fatalf("a failing prewarm: %v (sized calls made: %v), want \"prewarm: boom\" and none", err, timed)
+		prewarmer(2, collective.Float32, func([]byte) error { return boom }), func() error { sized = true; return nil })
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "prewarm: boom") || sized {
+		t.Fatalf("a failing prewarm: %v (the size's calls made: %v), want \"prewarm: boom\" and none", err, sized)
 	}
 }
