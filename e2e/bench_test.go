@@ -49,6 +49,19 @@ func runBench(t *testing.T, args ...string) ([]benchRow, string, error) {
 	return rows, text, err
 }
 
+// benchRows runs bench with args, which must succeed and report n rows.
+func benchRows(t *testing.T, n int, args ...string) []benchRow {
+	t.Helper()
+	rows, out, err := runBench(t, args...)
+	if err != nil {
+		t.Fatalf("bench %v: %v\n%s", args, err, out)
+	}
+	if len(rows) != n {
+		t.Fatalf("bench %v: %d rows, want %d:\n%s", args, len(rows), n, out)
+	}
+	return rows
+}
+
 // The benchmark's modes, through the daemons (with and without the lane)
 // and on the ring engines alone, run end to end, verify their results and
 // report every size.
@@ -64,13 +77,7 @@ func TestBenchCommand(t *testing.T) {
 		{[]string{"--ring-only"}, "ring", "ring", false},
 	} {
 		args := append([]string{"--nodes", "2", "--local", "1", "--sizes", "4,1MiB", "--iters", "5", "--json"}, mode.flags...)
-		rows, out, err := runBench(t, args...)
-		if err != nil {
-			t.Fatalf("bench %v: %v\n%s", args, err, out)
-		}
-		if len(rows) != 2 {
-			t.Fatalf("bench %v: %d rows, want 2:\n%s", args, len(rows), out)
-		}
+		rows := benchRows(t, 2, args...)
 		for i, want := range []struct {
 			bytes int64
 			path  string
@@ -111,13 +118,7 @@ func TestBenchRingOnlyRefusesLocal(t *testing.T) {
 // with the median of each block.
 func TestBenchSidecar(t *testing.T) {
 	args := []string{"--sidecar", "--nodes", "2", "--sizes", "4,1MiB", "--iters", "5", "--sidecar-block", "2", "--json"}
-	rows, out, err := runBench(t, args...)
-	if err != nil {
-		t.Fatalf("bench %v: %v\n%s", args, err, out)
-	}
-	if len(rows) != 4 {
-		t.Fatalf("bench %v: %d rows, want 4:\n%s", args, len(rows), out)
-	}
+	rows := benchRows(t, 4, args...)
 	for i, want := range []struct {
 		bytes int64
 		path  string
@@ -133,7 +134,7 @@ func TestBenchSidecar(t *testing.T) {
 		}
 	}
 	// The table says what the sidecar costs, per size.
-	_, out, err = runBench(t, "--sidecar", "--sizes", "4", "--iters", "2")
+	_, out, err := runBench(t, "--sidecar", "--sizes", "4", "--iters", "2")
 	if err != nil || !strings.Contains(out, "4 sidecar overhead") || !strings.Contains(out, "all 1 sizes verified on all 2 trainers and all 2 ring ranks") {
 		t.Fatalf("bench --sidecar (table): %v\n%s", err, out)
 	}
