@@ -36,7 +36,7 @@ import (
 // checks the documented layout.
 const (
 	rvHeaderLen   = 8
-	rvVersion     = 3 // rendezvous.ProtocolVersion
+	rvVersion     = 4 // rendezvous.ProtocolVersion
 	rvHello       = 1
 	rvAuth        = 2
 	rvStatus      = 3

@@ -19,8 +19,11 @@ const (
 	// of the two versions would not agree on its frames. Version 3: ops
 	// stripe over every stream of a link from 4 segments (2 MiB by
 	// default; version 2 from 8), so peers of versions 2 and 3 would not
-	// agree on which stream carries the frames of a 2-4 MiB op.
-	ProtocolVersion = 3
+	// agree on which stream carries the frames of a 2-4 MiB op. Version
+	// 4: in a ring of two, the ops of short frames (Start, Barrier, a
+	// small allreduce) travel both ways on the first stream rank 0 dialled
+	// (ring/duplex.go), where version 3 sent rank 1's on its own link.
+	ProtocolVersion = 4
 
 	magic      = "CLVD"
 	headerLen  = 8

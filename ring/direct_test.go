@@ -55,7 +55,7 @@ func TestDirectLongFrames(t *testing.T) {
 					if got := r.sentDirect - before[i]; got+1 < frames || got > frames {
 						t.Errorf("round %d, rank %d: %d of %d frames written by the op itself", round, i, got, frames)
 					}
-					if iov := r.next[0].iov; iov[0].Base != nil || iov[1].Base != nil {
+					if iov := r.tx[0].iov; iov[0].Base != nil || iov[1].Base != nil {
 						t.Errorf("rank %d: the stream still points into a caller's buffer after the op", i)
 					}
 				}

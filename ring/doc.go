@@ -71,12 +71,14 @@
 // its wire codes; the name travels only inside the fingerprint
 // (collective.Desc.Fingerprint, over all fields and the name). Kinds:
 //
-//	1 data       forward only (to next); payload <= max(SegmentBytes, small limit)
+//	1 data       forward only (to next), but both ways on a ring of two's
+//	             duplex stream; payload <= max(SegmentBytes, small limit),
+//	             <= small limit on the duplex stream
 //	2 abort      both ways; payload = reason text <= 1024 bytes;
 //	             aux = origin rank | original failure's code << 32
 //	                   | (culprit rank + 1, 0: none) << 40
 //	3 heartbeat  both ways; no payload
-//	4 start      forward only; generation = the sender's running maximum proposal
+//	4 start      as data; generation = the sender's running maximum proposal
 //
 // aux of an allgather data frame is the length of the block it belongs
 // to. A reader checks magic, version, kind, reserved bytes, the sender
@@ -103,6 +105,12 @@
 // reducing overlap, and no size can deadlock: receivers always drain into
 // their buffers while every rank alternates sends and receives. Segment g
 // of an op goes on stream g mod S of the link.
+//
+// A ring of two: Start, Barrier and allreduces on the small path send and
+// receive on one duplex stream, stream 0 of the link rank 0 dialled
+// (rank 0's next, rank 1's prev), so that each frame carries the
+// acknowledgement of the last one received instead of the kernel sending
+// bare ACKs (duplex.go). Every other op uses the links as above.
 //
 // AllReduce, small: every rank's whole buffer circulates once (N-1
 // steps, one frame each), then every rank folds the N buffers itself.
@@ -160,7 +168,8 @@
 // # Lending the link (AllReduceLent)
 //
 // A caller making small allreduces in a row from one goroutine can have
-// the reader of stream 0 from the previous rank lend it that connection
+// the reader of the stream they receive on (stream 0 from the previous
+// rank, or a ring of two's duplex stream) lend it that connection
 // at a frame boundary: the op goroutine then reads its own frames, through
 // the same step as the reader (heartbeats, aborts and checks included),
 // with no goroutine hand-off. It keeps the link between such calls (silence

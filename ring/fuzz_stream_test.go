@@ -17,9 +17,11 @@ import (
 // returns (bounded), and a failure is a *ring.Error wrapping one of the
 // ring's sentinels, never a panic or a hang.
 //
-// The first byte picks the direction (bit 0: against the data direction,
-// where only heartbeats and aborts may come) and the op (bit 1: a pipelined
-// 400 KB allreduce instead of a 4-byte one on the small path).
+// The first byte picks the direction (bit 0: on the streams to the fake
+// from rank 0's next, where only heartbeats and aborts may come except on
+// the duplex stream; otherwise where the op's data comes) and the op (bit
+// 1: a pipelined 400 KB allreduce instead of a 4-byte one on the small
+// path).
 func FuzzRingStream(f *testing.F) {
 	const gen = 7
 	frame := func(h header, payload []byte) []byte {
@@ -80,7 +82,7 @@ func FuzzRingStream(f *testing.F) {
 			if flags&1 != 0 {
 				fake.writePrev(payload)
 			} else {
-				fake.writeNext(payload)
+				fake.writeData(flags&2 == 0, payload)
 			}
 			closeFake()
 		}()

@@ -53,7 +53,7 @@ func (r *Ring) placeFor(m uint64) []byte {
 // of a place for the frame that will take its turn, rxBuffers frames later
 // on the same stream.
 func (r *Ring) release(b *rxBuf) {
-	s := r.prev[(r.recvCount-1)%r.nstreams]
+	s := r.rx[(r.recvCount-1)%r.nstreams]
 	var dst []byte
 	if r.pl.total > 0 {
 		dst = r.placeFor(r.recvCount - 1 + rxBuffers*r.nstreams)

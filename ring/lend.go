@@ -9,15 +9,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Lending the link from the previous rank to the op goroutine.
+// Lending the link small ops receive on to the op goroutine.
 //
 // A small allreduce through a daemon is a chain of short hops, and on a
 // machine with few CPUs every hand-off between goroutines (the ring reader
 // delivering a frame to the op) waits for a thread to get a CPU. A caller
 // that makes small calls in a row from one goroutine (the daemon's session
 // reader of a node with one trainer) can instead run them with
-// AllReduceLent: the reader of stream 0 from the previous rank lends it the
-// connection at a frame boundary and parks, and the op goroutine reads its
+// AllReduceLent: the reader of the stream small ops receive on (stream 0
+// from the previous rank, or a ring of two's duplex stream, duplex.go)
+// lends it the connection at a frame boundary and parks, and the op goroutine reads its
 // frames itself, heartbeats and aborts included (readFrame, the reader's
 // own step). It keeps the link between such calls and gives it back with
 // GiveBack when they stop; any other op gives it back first.
@@ -43,8 +44,8 @@ const (
 // errLend ends a reader's poll at a frame boundary when a borrower asked.
 var errLend = errors.New("ring: link lent to the op goroutine")
 
-// lendable reports whether the stream can be lent: stream 0 from the
-// previous rank, whose reader polls (Config.Spin > 0).
+// lendable reports whether the stream can be lent: the one small ops
+// receive on (Ring.lender), when its reader polls (Config.Spin > 0).
 func (s *stream) lendable() bool { return s.resume != nil }
 
 // lendToBorrower is the reader's side: it parks until the link comes back.
@@ -71,7 +72,7 @@ func (s *stream) lendToBorrower() bool {
 	}
 }
 
-// GiveBack returns the link from the previous rank to its reader, if an
+// GiveBack returns the lent link to its reader, if an
 // AllReduceLent borrowed it. Call it from the goroutine that made the
 // calls, between ops, when its calls stop; it is idempotent.
 func (r *Ring) GiveBack() {
@@ -82,7 +83,7 @@ func (r *Ring) GiveBack() {
 }
 
 func (r *Ring) giveBack() {
-	s := r.prev[0]
+	s := r.lender()
 	if !s.lendable() {
 		return
 	}
@@ -111,11 +112,11 @@ func (r *Ring) giveBack() {
 // call, which ends sooner, never pays for the question (a system call).
 const stopEvery = time.Millisecond
 
-// recvLent is recv for an op run by AllReduceLent: it reads the link from
-// the previous rank itself once the reader has lent it, and until then
-// takes what the reader delivers.
+// recvLent is recv for an op run by AllReduceLent: it reads the link it
+// receives on itself once the reader has lent it, and until then takes
+// what the reader delivers.
 func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
-	s := r.prev[0]
+	s := r.rx[0]
 	s.lend.CompareAndSwap(lendNone, lendAsked)
 	deadline := time.Now().Add(r.cfg.OpTimeout).UnixNano()
 	lastYield := time.Now().UnixNano()

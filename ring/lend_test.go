@@ -83,7 +83,7 @@ func TestAllReduceLent(t *testing.T) {
 			}
 			lentOut := 0
 			for _, r := range rings {
-				if r.prev[0].lend.Load() == lendOut {
+				if r.lender().lend.Load() == lendOut {
 					lentOut++
 				}
 			}

@@ -32,6 +32,7 @@ func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 	if len(r.next) > 1 && d.Bytes() >= uint64(r.cfg.StripeBytes) {
 		r.nstreams = uint64(len(r.next))
 	}
+	r.route(r.shortFrames(d))
 	if r.nstreams != 1 {
 		r.lent = false // the lent link is stream 0's alone
 	}
@@ -144,7 +145,7 @@ func (r *Ring) canSend() bool {
 // writer goroutine until the write is reported done.
 func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 	i := int(r.sendCount % r.nstreams)
-	s := r.next[i]
+	s := r.tx[i]
 	if r.outstanding[i] >= txDepth {
 		r.timer.Reset(r.cfg.OpTimeout)
 		for r.outstanding[i] >= txDepth {
@@ -198,7 +199,7 @@ func (r *Ring) startFrame(gen uint32) error {
 		return err
 	}
 	h := header{Kind: kindStart, Generation: gen, Sender: uint32(r.rank), Step: uint32(r.step)}
-	r.next[i].reqs <- txReq{hdr: h}
+	r.tx[i].reqs <- txReq{hdr: h}
 	r.outstanding[i]++
 	r.sendCount++
 	return nil
@@ -208,7 +209,7 @@ func (r *Ring) startFrame(gen uint32) error {
 // it belongs to the op and step under way. The caller returns the buffer
 // with release.
 func (r *Ring) recv(kind frameKind) (*rxBuf, error) {
-	s := r.prev[r.recvCount%r.nstreams]
+	s := r.rx[r.recvCount%r.nstreams]
 	r.timer.Reset(r.cfg.OpTimeout)
 	for {
 		select {
@@ -265,7 +266,7 @@ func (r *Ring) expectLen(b *rxBuf, n int) error {
 	// Released, b is the reader's again, and it may be reading the next
 	// frame into it already: take its length first.
 	r.release(b)
-	s := r.prev[(r.recvCount-1)%r.nstreams]
+	s := r.rx[(r.recvCount-1)%r.nstreams]
 	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes and small_bytes must be the same on every rank)", got, r.step, n))
 }
 
@@ -289,7 +290,7 @@ func (r *Ring) waitSent(g uint64) error {
 		case <-r.dying:
 			return r.opError()
 		case <-r.timer.C:
-			return r.failLocal(r.next[i], r.timeout("sending to"))
+			return r.failLocal(r.tx[i], r.timeout("sending to"))
 		}
 	}
 	return nil
@@ -319,7 +320,7 @@ func (r *Ring) drainWrites() error {
 		case <-r.timer.C:
 			switch {
 			case !failed:
-				err = r.failLocal(r.next[0], r.timeout("sending to"))
+				err = r.failLocal(r.tx[0], r.timeout("sending to"))
 				dying, failed = nil, true
 				r.timer.Reset(min(drainGrace, r.cfg.AbortWait))
 			case !kicked:
@@ -345,7 +346,7 @@ const drainGrace = 100 * time.Millisecond
 // kickWrites ends the writes blocked on streams that still have this op's
 // frames queued, by giving them a deadline in the past.
 func (r *Ring) kickWrites() {
-	for i, s := range r.next {
+	for i, s := range r.tx {
 		if r.outstanding[i] > 0 {
 			_ = s.conn.SetWriteDeadline(time.Now())
 		}

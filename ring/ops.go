@@ -44,6 +44,7 @@ func (r *Ring) Start() (generation uint32, err error) {
 	}
 	r.desc, r.fp, r.seq = collective.Desc{}, 0, 0
 	r.sendCount, r.recvCount = 0, 0
+	r.route(true) // start frames are empty
 	gen := r.cfg.Generation
 	for s := 0; s < r.size-1 && err == nil; s++ {
 		r.setStep(s)
@@ -109,8 +110,8 @@ func (r *Ring) checkLocalBufs(bufs [][]byte) error {
 }
 
 // AllReduceLent is AllReduceLocal for a caller that makes small calls in
-// a row from one goroutine: a small allreduce borrows the link from the
-// previous rank and reads it in the calling goroutine (lend.go), keeping
+// a row from one goroutine: a small allreduce borrows the link it
+// receives on and reads it in the calling goroutine (lend.go), keeping
 // it until GiveBack or the next op called otherwise. Larger calls run as
 // AllReduceLocal does. It needs Config.Spin > 0 to borrow.
 //
@@ -144,7 +145,7 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bo
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
-	lent = lent && r.size > 1 && r.prev[0].lendable() && r.isSmall(len(buf), d.DType.Size())
+	lent = lent && r.size > 1 && r.lender().lendable() && r.isSmall(len(buf), d.DType.Size())
 	if err := r.beginOp(&d, lent); err != nil {
 		return err
 	}
@@ -280,7 +281,7 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 				// reduce-scatter had sent these bytes before handing
 				// them to the reader).
 				if rl > 0 && &b.data[0] != &dst[0] {
-					return r.failLocal(r.prev[(r.recvCount-1)%r.nstreams], fmt.Errorf("internal error: segment %d of step %d was received at the wrong place", j, step))
+					return r.failLocal(r.rx[(r.recvCount-1)%r.nstreams], fmt.Errorf("internal error: segment %d of step %d was received at the wrong place", j, step))
 				}
 				r.inPlace++
 				f.copyBack(dst, ro)
@@ -448,13 +449,13 @@ func (r *Ring) allGather(out [][]byte) error {
 			if nrecv < 0 {
 				if b.hdr.Aux > uint64(r.cfg.MaxGatherBytes) {
 					r.release(b)
-					return r.failLocal(r.prev[(r.recvCount-1)%r.nstreams], badFrame("allgather block of %d bytes announced, limit max_gather_bytes %d", b.hdr.Aux, r.cfg.MaxGatherBytes))
+					return r.failLocal(r.rx[(r.recvCount-1)%r.nstreams], badFrame("allgather block of %d bytes announced, limit max_gather_bytes %d", b.hdr.Aux, r.cfg.MaxGatherBytes))
 				}
 				total = int(b.hdr.Aux)
 				nrecv = max(1, (total+seg-1)/seg)
 			} else if b.hdr.Aux != uint64(total) {
 				r.release(b)
-				return r.failLocal(r.prev[(r.recvCount-1)%r.nstreams], badFrame("allgather block length changed from %d to %d within the block", total, b.hdr.Aux))
+				return r.failLocal(r.rx[(r.recvCount-1)%r.nstreams], badFrame("allgather block length changed from %d to %d within the block", total, b.hdr.Aux))
 			}
 			if err := r.expectLen(b, min((k+1)*seg, total)-min(k*seg, total)); err != nil {
 				return err

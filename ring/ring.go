@@ -18,7 +18,8 @@ import (
 // in). len(Next)==len(Prev)>=1 when Size>1, nil when Size==1. Every
 // connection must be distinct (in a ring of two, Next and Prev both lead
 // to the other rank but are separate connections). Conns are full
-// duplex: heartbeats and aborts also flow backwards. New takes ownership
+// duplex: heartbeats and aborts also flow backwards, and in a ring of
+// two the short ops' data too, on rank 0's Next[0] (duplex.go). New takes ownership
 // of the connections (Close closes them); if New fails they are left to
 // the caller.
 type Links struct {
@@ -37,8 +38,9 @@ type Ring struct {
 	rank, size int
 	next, prev []*stream
 	all        []*stream
-	maxPayload int // bound of a data frame payload and size of each receive buffer
-	smallLimit int // no allreduce on the small path is longer
+	pair       []*stream // a ring of two's duplex stream (duplex.go), nil otherwise
+	maxPayload int       // bound of a data frame payload and size of each receive buffer
+	smallLimit int       // no allreduce on the small path is longer
 
 	// hungPeer is 1 + the rank found hung (0: none). Its streams are closed
 	// at once on failure: an abort frame cannot reach a peer that does not
@@ -53,6 +55,7 @@ type Ring struct {
 	lent        bool         // this op reads the lent link itself (AllReduceLent)
 	lentStop    func() error // AllReduceLent's stop
 	nstreams    uint64       // streams this op stripes its frames over (begin)
+	tx, rx      []*stream    // the streams this op sends on and receives from (route)
 	busy        atomic.Bool
 	started     atomic.Bool
 	seq         uint64
@@ -158,6 +161,9 @@ func New(cfg Config, links Links) (*Ring, error) {
 	}
 	r.all = append(append([]*stream(nil), r.next...), r.prev...)
 	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*r.maxPayload+len(r.next[0].wbuf)))
+	r.setupDuplex()
+	r.lender().makeLendable()
+	r.tx, r.rx = r.next, r.prev
 	for _, s := range r.all {
 		r.wg.Add(1)
 		go s.readLoop()

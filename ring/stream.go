@@ -29,7 +29,8 @@ const (
 )
 
 // direction tells which way data flows on a stream. Data and start frames
-// flow forward only (toNext); heartbeats and aborts flow both ways.
+// flow forward only (toNext), except on a ring of two's duplex stream
+// (duplex.go); heartbeats and aborts flow both ways.
 type direction uint8
 
 const (
@@ -44,6 +45,7 @@ type stream struct {
 	r        *Ring
 	idx      int
 	dir      direction
+	duplex   bool // data flows both ways (duplex.go)
 	conn     net.Conn
 	peerRank int
 	peerAddr string
@@ -57,7 +59,8 @@ type stream struct {
 	// receive buffer: silence then is our doing, not the peer's.
 	waitLocal atomic.Bool
 
-	// fromPrev: received data frames, and the buffers to receive into.
+	// fromPrev (and duplex): received data frames, and the buffers to
+	// receive into.
 	free chan *rxBuf
 	full chan *rxBuf
 	// fromPrev, owned by the op goroutine: receiving in place
@@ -67,7 +70,7 @@ type stream struct {
 	placeFree []*rxBuf
 	places    [rxBuffers]rxBuf
 
-	// toNext: frames queued for the writer goroutine.
+	// toNext (and duplex): frames queued for the writer goroutine.
 	reqs chan txReq
 	hb   chan struct{} // a heartbeat is due
 	wbuf []byte        // header plus a coalesced small payload; used under wsem
@@ -85,8 +88,8 @@ type stream struct {
 	directFull bool
 	directFn   func(fd uintptr) bool
 
-	// fromPrev, stream 0: lending the read side to the op goroutine
-	// (lend.go).
+	// The stream small ops receive on (fromPrev stream 0, or the duplex
+	// stream): lending the read side to the op goroutine (lend.go).
 	lend   atomic.Int32  // lendNone, lendAsked, lendOut
 	resume chan struct{} // the borrower hands the link back
 	sr     *spinReader   // rd, when it polls
@@ -124,40 +127,18 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 	s := &stream{r: r, idx: idx, dir: dir, conn: c, peerRank: peerRank, peerAddr: peerAddr,
 		wsem: make(chan struct{}, 1), readerDone: make(chan struct{}), hb: make(chan struct{}, 1)}
 	s.rd = c
-	if dir == fromPrev {
-		// Only data arrives from prev; the backward direction carries
-		// heartbeats and aborts, which are not worth a poller.
-		s.rd = newSpinReader(c, r.cfg.Spin)
-		if sr, ok := s.rd.(*spinReader); ok {
-			s.sr = sr
-			if idx == 0 {
-				// The first stream carries every small op: it may be lent
-				// to the goroutine that runs them (lend.go).
-				sr.lend = &s.lend
-				s.resume = make(chan struct{}, 1)
-			}
-		}
-	}
 	if s.peerAddr == "" && c.RemoteAddr() != nil {
 		s.peerAddr = c.RemoteAddr().String()
 	}
 	now := time.Now().UnixNano()
 	s.lastRead.Store(now)
 	s.lastWrite.Store(now)
+	// Only data is worth a poller; a direction that carries heartbeats
+	// and aborts alone is read without one.
 	if dir == fromPrev {
-		s.free = make(chan *rxBuf, rxBuffers)
-		s.full = make(chan *rxBuf, rxBuffers)
-		for i := 0; i < rxBuffers; i++ {
-			s.free <- &rxBuf{buf: make([]byte, r.maxPayload)}
-			s.places[i].place = true
-			s.placeFree = append(s.placeFree, &s.places[i])
-		}
-		s.spare = make([]*rxBuf, 0, rxBuffers)
+		s.receiveData(r.maxPayload)
 	} else {
-		s.reqs = make(chan txReq, txDepth)
-		s.wbuf = make([]byte, headerLen+coalesceBytes)
-		s.rc = rawConn(c)
-		s.directFn = s.writeDirect
+		s.sendData()
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -167,6 +148,40 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 		}
 	}
 	return s
+}
+
+// receiveData sets the stream up to receive data frames of up to n bytes
+// each: a reader that polls (Config.Spin) and rxBuffers buffers.
+func (s *stream) receiveData(n int) {
+	if sr, ok := newSpinReader(s.conn, s.r.cfg.Spin).(*spinReader); ok {
+		s.rd, s.sr = sr, sr
+	}
+	s.free = make(chan *rxBuf, rxBuffers)
+	s.full = make(chan *rxBuf, rxBuffers)
+	for i := 0; i < rxBuffers; i++ {
+		s.free <- &rxBuf{buf: make([]byte, n)}
+		s.places[i].place = true
+		s.placeFree = append(s.placeFree, &s.places[i])
+	}
+	s.spare = make([]*rxBuf, 0, rxBuffers)
+}
+
+// sendData sets the stream up to send data frames: the writer's queue
+// and buffer, and the op goroutine's own writes (direct.go).
+func (s *stream) sendData() {
+	s.reqs = make(chan txReq, txDepth)
+	s.wbuf = make([]byte, headerLen+coalesceBytes)
+	s.rc = rawConn(s.conn)
+	s.directFn = s.writeDirect
+}
+
+// makeLendable lets the op goroutine borrow the read side (lend.go): the
+// stream every small op receives on, when its reader polls.
+func (s *stream) makeLendable() {
+	if s.sr != nil {
+		s.sr.lend = &s.lend
+		s.resume = make(chan struct{}, 1)
+	}
 }
 
 // readLoop owns the read side of the stream until the connection fails,
@@ -225,7 +240,7 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 	if err == nil && h.Sender != uint32(s.peerRank) {
 		err = badFrame("frame claims sender rank %d, want %d", h.Sender, s.peerRank)
 	}
-	if err == nil && s.dir == toNext && (h.Kind == kindData || h.Kind == kindStart) {
+	if err == nil && s.dir == toNext && !s.duplex && (h.Kind == kindData || h.Kind == kindStart) {
 		err = badFrame("%s frame on the backward direction", h.Kind)
 	}
 	if err != nil {
@@ -272,10 +287,17 @@ func (s *stream) receive(h header) *rxBuf {
 		}
 	}
 	if int(h.Length) > len(b.buf) {
-		// Only a place is shorter than the longest payload: the op knows
-		// how long this segment is, and the peer sent more.
+		// Only a place, or a buffer of rank 0's duplex stream, is shorter
+		// than the longest payload: the op knows how long this segment
+		// is, or the duplex stream carries short frames alone, and the
+		// peer sent more.
+		n, place := len(b.buf), b.place
 		s.free <- b
-		s.r.failFrom(s, badFrame("data frame of %d bytes where a segment of %d was due (seq %d, step %d)", h.Length, len(b.buf), h.Seq, h.Step))
+		if place {
+			s.r.failFrom(s, badFrame("data frame of %d bytes where a segment of %d was due (seq %d, step %d)", h.Length, n, h.Seq, h.Step))
+		} else {
+			s.r.failFrom(s, badFrame("data frame of %d bytes on the duplex stream, which carries frames of at most %d (seq %d, step %d)", h.Length, n, h.Seq, h.Step))
+		}
 		return nil
 	}
 	b.hdr = h
@@ -347,7 +369,7 @@ func (s *stream) writeLoop() {
 	defer s.r.wg.Done()
 	for {
 		select {
-		case req := <-s.reqs: // nil, never ready, on fromPrev streams
+		case req := <-s.reqs: // nil, never ready, where no data is sent
 			err := s.writeData(&req)
 			s.r.done <- txDone{stream: s.idx, err: err}
 		case <-s.hb:
