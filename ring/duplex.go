@@ -17,12 +17,18 @@ import "github.com/collectived/collectived/collective"
 //
 // So in a ring of two, stream 0 of the link rank 0 dialled (rank 0's
 // next[0], rank 1's prev[0]) is duplex: the ops whose every frame is
-// short (Start, Barrier, an allreduce on the small path) send and
-// receive on it, and it is the stream lent to AllReduceLent. Larger ops
-// keep to the one-way streams, whose throughput a shared connection would
-// cost. Both ends derive the same choice from the description, so they
-// agree on where each frame travels; the rendezvous protocol version (4)
-// keeps peers that send the old way out of the ring.
+// short (Start, Barrier, an allreduce on the small path of at most
+// duplexBytes) send and receive on it, and it is the stream lent to
+// AllReduceLent. Longer frames keep to the one-way streams: two of them
+// crossing on one connection measured slower than on two. Both ends
+// derive the same choice from the description, so they agree on where
+// each frame travels; the rendezvous protocol version (4) keeps peers
+// that send the old way out of the ring.
+
+// duplexBytes is the longest frame the duplex stream carries. Measured
+// against one-way streams (docs/TUNING.md, section 24): 4 B faster,
+// 4 KiB the same, 16 KiB and 64 KiB slower.
+const duplexBytes = 4 << 10
 
 // setupDuplex makes the ring of two's duplex stream: rank 0's next[0]
 // learns to receive short frames, rank 1's prev[0] to send them.
@@ -33,8 +39,8 @@ func (r *Ring) setupDuplex() {
 	var d *stream
 	if r.rank == 0 {
 		d = r.next[0]
-		d.receiveData(r.smallLimit)
-		r.bufBytes += int64(rxBuffers * r.smallLimit)
+		d.receiveData(r.duplexLimit())
+		r.bufBytes += int64(rxBuffers * r.duplexLimit())
 	} else {
 		d = r.prev[0]
 		d.sendData()
@@ -44,16 +50,19 @@ func (r *Ring) setupDuplex() {
 	r.pair = []*stream{d}
 }
 
-// shortFrames reports whether every frame of an op of d is at most the
-// small limit, so that it may travel on the duplex stream: a barrier
-// (empty frames) or an allreduce on the small path. Every rank answers
-// alike for the same description.
+// duplexLimit is the longest payload an op on the duplex stream sends.
+func (r *Ring) duplexLimit() int { return min(r.smallLimit, duplexBytes) }
+
+// shortFrames reports whether every frame of an op of d is at most
+// duplexLimit, so that it travels on the duplex stream: a barrier (empty
+// frames) or an allreduce on the small path that short. Every rank
+// answers alike for the same description.
 func (r *Ring) shortFrames(d *collective.Desc) bool {
 	switch d.Op {
 	case collective.OpBarrier:
 		return true
 	case collective.OpAllReduce:
-		return r.Small(*d)
+		return r.Small(*d) && d.Bytes() <= uint64(r.duplexLimit())
 	}
 	return false
 }
@@ -68,10 +77,14 @@ func (r *Ring) route(short bool) {
 	}
 }
 
-// lender is the stream small ops receive on, which AllReduceLent borrows.
-func (r *Ring) lender() *stream {
-	if r.pair != nil {
-		return r.pair[0]
+// setupLenders makes the streams small ops receive on lendable
+// (AllReduceLent): stream 0 from prev, and a ring of two's duplex stream.
+func (r *Ring) setupLenders() {
+	r.lenders = []*stream{r.prev[0]}
+	if r.pair != nil && r.pair[0] != r.prev[0] {
+		r.lenders = append(r.lenders, r.pair[0])
 	}
-	return r.prev[0]
+	for _, s := range r.lenders {
+		s.makeLendable()
+	}
 }

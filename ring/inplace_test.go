@@ -188,7 +188,7 @@ func TestWrongLengthFrameWhileMoreArrive(t *testing.T) {
 		h.encode(b)
 		stream = append(stream, b...)
 	}
-	fake.writeData(true, stream)
+	fake.writeData(d.Bytes() <= duplexBytes, stream) // longer: the one-way streams
 	err := rings[0].AllReduce(d, make([]byte, d.Bytes()))
 	if !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), "segment of 4096 bytes at step 0, want 65536") {
 		t.Fatalf("got %v, want a bad frame of 4096 bytes where 65536 were due", err)

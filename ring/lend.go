@@ -44,8 +44,8 @@ const (
 // errLend ends a reader's poll at a frame boundary when a borrower asked.
 var errLend = errors.New("ring: link lent to the op goroutine")
 
-// lendable reports whether the stream can be lent: the one small ops
-// receive on (Ring.lender), when its reader polls (Config.Spin > 0).
+// lendable reports whether the stream can be lent: one small ops receive
+// on (Ring.lenders), when its reader polls (Config.Spin > 0).
 func (s *stream) lendable() bool { return s.resume != nil }
 
 // lendToBorrower is the reader's side: it parks until the link comes back.
@@ -79,14 +79,19 @@ func (r *Ring) GiveBack() {
 	if r.size == 1 || r.busy.Load() {
 		return // an op under way gave it back as it began
 	}
-	r.giveBack()
+	r.giveBack(nil)
 }
 
-func (r *Ring) giveBack() {
-	s := r.lender()
-	if !s.lendable() {
-		return
+// giveBack returns every lent link but keep (nil: all of them).
+func (r *Ring) giveBack(keep *stream) {
+	for _, s := range r.lenders {
+		if s != keep {
+			r.giveBackStream(s)
+		}
 	}
+}
+
+func (r *Ring) giveBackStream(s *stream) {
 	for {
 		switch st := s.lend.Load(); st {
 		case lendNone:

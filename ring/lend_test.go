@@ -83,8 +83,10 @@ func TestAllReduceLent(t *testing.T) {
 			}
 			lentOut := 0
 			for _, r := range rings {
-				if r.lender().lend.Load() == lendOut {
-					lentOut++
+				for _, s := range r.lenders {
+					if s.lend.Load() == lendOut {
+						lentOut++
+					}
 				}
 			}
 			if lentOut == 0 {

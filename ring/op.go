@@ -33,12 +33,17 @@ func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 		r.nstreams = uint64(len(r.next))
 	}
 	r.route(r.shortFrames(d))
-	if r.nstreams != 1 {
-		r.lent = false // the lent link is stream 0's alone
+	if r.nstreams != 1 || r.size == 1 || !r.rx[0].lendable() {
+		r.lent = false // the lent link is one an op receives all its frames on
 	}
-	if !r.lent && r.size > 1 {
-		// Only AllReduceLent's ops read the lent link themselves.
-		r.giveBack()
+	if r.size > 1 {
+		// Only AllReduceLent's ops read a lent link themselves, and only
+		// the one they receive on.
+		var keep *stream
+		if r.lent {
+			keep = r.rx[0]
+		}
+		r.giveBack(keep)
 	}
 	r.sendCount, r.recvCount = 0, 0
 	for i := range r.completed {

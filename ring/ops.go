@@ -145,7 +145,7 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bo
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
-	lent = lent && r.size > 1 && r.lender().lendable() && r.isSmall(len(buf), d.DType.Size())
+	lent = lent && r.size > 1 && r.isSmall(len(buf), d.DType.Size())
 	if err := r.beginOp(&d, lent); err != nil {
 		return err
 	}

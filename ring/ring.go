@@ -39,6 +39,7 @@ type Ring struct {
 	next, prev []*stream
 	all        []*stream
 	pair       []*stream // a ring of two's duplex stream (duplex.go), nil otherwise
+	lenders    []*stream // the streams AllReduceLent may borrow (setupLenders)
 	maxPayload int       // bound of a data frame payload and size of each receive buffer
 	smallLimit int       // no allreduce on the small path is longer
 
@@ -162,7 +163,7 @@ func New(cfg Config, links Links) (*Ring, error) {
 	r.all = append(append([]*stream(nil), r.next...), r.prev...)
 	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*r.maxPayload+len(r.next[0].wbuf)))
 	r.setupDuplex()
-	r.lender().makeLendable()
+	r.setupLenders()
 	r.tx, r.rx = r.next, r.prev
 	for _, s := range r.all {
 		r.wg.Add(1)
