@@ -73,7 +73,7 @@
 //
 //	1 data       forward only (to next), but both ways on a ring of two's
 //	             duplex stream; payload <= max(SegmentBytes, small limit),
-//	             <= small limit on the duplex stream
+//	             <= 4 KiB on the duplex stream
 //	2 abort      both ways; payload = reason text <= 1024 bytes;
 //	             aux = origin rank | original failure's code << 32
 //	                   | (culprit rank + 1, 0: none) << 40
@@ -106,8 +106,8 @@
 // their buffers while every rank alternates sends and receives. Segment g
 // of an op goes on stream g mod S of the link.
 //
-// A ring of two: Start, Barrier and allreduces on the small path send and
-// receive on one duplex stream, stream 0 of the link rank 0 dialled
+// A ring of two: Start, Barrier and allreduces on the small path of at
+// most 4 KiB send and receive on one duplex stream, stream 0 of the link rank 0 dialled
 // (rank 0's next, rank 1's prev), so that each frame carries the
 // acknowledgement of the last one received instead of the kernel sending
 // bare ACKs (duplex.go). Every other op uses the links as above.

@@ -289,8 +289,8 @@ func (s *stream) receive(h header) *rxBuf {
 	if int(h.Length) > len(b.buf) {
 		// Only a place, or a buffer of rank 0's duplex stream, is shorter
 		// than the longest payload: the op knows how long this segment
-		// is, or the duplex stream carries short frames alone, and the
-		// peer sent more.
+		// is, or the duplex stream carries frames of at most duplexBytes,
+		// and the peer sent more.
 		n, place := len(b.buf), b.place
 		s.free <- b
 		if place {
