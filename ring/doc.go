@@ -34,7 +34,7 @@
 // algorithm: it queues frames to the writers, takes received frames from
 // the readers and reduces. Received payloads land in buffers allocated at
 // New (rxBuffers per stream, each SegmentBytes or the small-message
-// limit) or, in the allgather half of a large allreduce, straight in the
+// limit; 4 KiB at rank 0's end of a ring of two's duplex stream) or, in the allgather half of a large allreduce, straight in the
 // caller's buffer at the segment the op expects there (inplace.go); never
 // in memory sized by a peer. The writers send straight from the caller's
 // buffer. An op returns only when no writer reads its buffer and no

@@ -25,7 +25,7 @@ import "github.com/collectived/collectived/collective"
 // each frame travels; the rendezvous protocol version (4) keeps peers
 // that send the old way out of the ring.
 
-// duplexBytes is the longest frame the duplex stream carries. Measured
+// duplexBytes is the longest payload the duplex stream carries. Measured
 // against one-way streams (docs/TUNING.md, section 24): 4 B faster,
 // 4 KiB the same, 16 KiB and 64 KiB slower.
 const duplexBytes = 4 << 10
