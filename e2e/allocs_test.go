@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"testing"
 
 	cvd "github.com/collectived/collectived/clients/go"
@@ -85,24 +86,36 @@ func TestDaemonSteadyStateAllocs(t *testing.T) {
 		warmup, calls int
 	}{{"inline 1KiB", inline, 300, 1000}, {"copied 16KiB", copied, 300, 1000}, {"shm 1MiB", shm, 300, 1000}, {"shm 4MiB, re-armed", long, 50, 200}} {
 		run(tc.warmup, tc.bufs) // warm up: buffers, free lists, names
-		// A status query allocates in the daemon too; its cost varies a
-		// little, so take the least of several back-to-back queries.
-		perStatus := math.Inf(1)
-		prev := mallocs()
-		for i := 0; i < 5; i++ {
-			m := mallocs()
-			perStatus = math.Min(perStatus, m-prev)
-			prev = m
+		// One allocation per call would read 1.0 in every attempt;
+		// background work (heartbeats, the runtime) adds a few hundredths,
+		// more to slower calls, and now and then a burst: the least of up
+		// to three attempts is the daemon's own.
+		var seen []float64
+		for attempt := 0; attempt < 3; attempt++ {
+			perCall, perStatus := measureAllocs(mallocs, func() { run(tc.calls, tc.bufs) }, tc.calls)
+			t.Logf("%s: %.3f allocations per collective in daemon 0 (a status query costs %.0f)", tc.name, perCall, perStatus)
+			if seen = append(seen, perCall); perCall <= 0.1 {
+				break
+			}
 		}
-		calls := tc.calls
-		run(calls, tc.bufs)
-		c := mallocs()
-		perCall := (c - prev - perStatus) / float64(calls)
-		t.Logf("%s: %.3f allocations per collective in daemon 0 (a status query costs %.0f)", tc.name, perCall, perStatus)
-		// One allocation per call would read 1.0; background work (heartbeats,
-		// the runtime) adds a few hundredths.
-		if perCall > 0.1 {
-			t.Errorf("%s: daemon allocates %.3f times per collective in the steady state, want 0", tc.name, perCall)
+		if least := slices.Min(seen); least > 0.1 {
+			t.Errorf("%s: daemon allocates %.3f times per collective in the steady state (attempts %.3f), want 0", tc.name, least, seen)
 		}
 	}
+}
+
+// measureAllocs runs calls collectives (run) and returns the daemon's
+// allocations per call, less what the status queries cost: a query
+// allocates in the daemon too, and its cost varies a little, so the
+// least of several back-to-back queries is taken.
+func measureAllocs(mallocs func() float64, run func(), calls int) (perCall, perStatus float64) {
+	perStatus = math.Inf(1)
+	prev := mallocs()
+	for i := 0; i < 5; i++ {
+		m := mallocs()
+		perStatus = math.Min(perStatus, m-prev)
+		prev = m
+	}
+	run()
+	return (mallocs() - prev - perStatus) / float64(calls), perStatus
 }
