@@ -34,7 +34,8 @@
 // algorithm: it queues frames to the writers, takes received frames from
 // the readers and reduces. Received payloads land in buffers allocated at
 // New (rxBuffers per stream, each SegmentBytes or the small-message
-// limit; 4 KiB at rank 0's end of a ring of two's duplex stream) or, in the allgather half of a large allreduce, straight in the
+// limit; at most 4 KiB at rank 0's end of a ring of two's duplex
+// stream) or, in the allgather half of a large allreduce, straight in the
 // caller's buffer at the segment the op expects there (inplace.go); never
 // in memory sized by a peer. The writers send straight from the caller's
 // buffer. An op returns only when no writer reads its buffer and no
@@ -73,7 +74,7 @@
 //
 //	1 data       forward only (to next), but both ways on a ring of two's
 //	             duplex stream; payload <= max(SegmentBytes, small limit),
-//	             <= 4 KiB on the duplex stream
+//	             <= 4 KiB from rank 1 on the duplex stream
 //	2 abort      both ways; payload = reason text <= 1024 bytes;
 //	             aux = origin rank | original failure's code << 32
 //	                   | (culprit rank + 1, 0: none) << 40

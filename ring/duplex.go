@@ -19,13 +19,16 @@ import "github.com/collectived/collectived/collective"
 // next[0], rank 1's prev[0]) is duplex: the ops whose every frame is
 // short (Start, Barrier, an allreduce on the small path of at most
 // duplexBytes) send and receive on it, and it is the stream lent to
-// AllReduceLent. Longer frames keep to the one-way streams: two of them
-// crossing on one connection measured slower than on two. Both ends
+// AllReduceLent. Every other op keeps to the links as in a larger ring
+// (so rank 0's longer frames still go out on this connection, one way):
+// two long frames crossing on one connection measured slower than on
+// two. Both ends
 // derive the same choice from the description, so they agree on where
 // each frame travels; the rendezvous protocol version (4) keeps peers
 // that send the old way out of the ring.
 
-// duplexBytes is the longest payload the duplex stream carries. Measured
+// duplexBytes is the longest payload that travels both ways on the
+// duplex stream, and so the longest rank 0 receives on it. Measured
 // against one-way streams (docs/TUNING.md, section 24): 4 B faster,
 // 4 KiB the same, 16 KiB and 64 KiB slower.
 const duplexBytes = 4 << 10

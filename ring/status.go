@@ -24,7 +24,8 @@ type Status struct {
 	Err                        error // the first failure, nil while healthy
 	// BufferBytes is what the ring allocated at New for its pipeline: the
 	// receive buffers of the streams from the previous rank, the write
-	// buffers of those to the next, and the small-op scratch. Ops borrow
+	// buffers of those to the next, the small-op scratch, and in a ring of
+	// two the duplex stream's other side (duplex.go). Ops borrow
 	// the caller's buffer for everything else, so this bounds what a ring
 	// adds to its process's memory whatever the sizes reduced.
 	BufferBytes int64
