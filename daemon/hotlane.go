@@ -12,7 +12,7 @@ import (
 // trainer's session goroutine, from reading the request to writing the
 // answer, with no hand-off to the engine, the ring's writer or reader, or
 // the session's writer (ring.AllReduceLent: the session goroutine also
-// reads the ring link from the previous node). On a machine with few
+// reads the ring link the call receives on). On a machine with few
 // CPUs every hand-off waits for a thread to get a CPU; docs/TUNING.md
 // (section 10) has the measurements.
 //

@@ -16,12 +16,13 @@ import (
 // delivering a frame to the op) waits for a thread to get a CPU. A caller
 // that makes small calls in a row from one goroutine (the daemon's session
 // reader of a node with one trainer) can instead run them with
-// AllReduceLent: the reader of the stream small ops receive on (stream 0
+// AllReduceLent: the reader of the stream the call receives on (stream 0
 // from the previous rank, or a ring of two's duplex stream, duplex.go)
-// lends it the connection at a frame boundary and parks, and the op goroutine reads its
-// frames itself, heartbeats and aborts included (readFrame, the reader's
-// own step). It keeps the link between such calls and gives it back with
-// GiveBack when they stop; any other op gives it back first.
+// lends it the connection at a frame boundary and parks, and the op
+// goroutine reads its frames itself, heartbeats and aborts included
+// (readFrame, the reader's own step). It keeps the link between such
+// calls and gives it back with GiveBack when they stop; every op that
+// does not read that link itself gives it back first.
 //
 // While the link is lent, the process runs on one P (narrow): its work is
 // the borrower's alone. An idle second P would have its thread sleep in
