@@ -87,7 +87,13 @@
 // bound for the kind before reading a payload; any violation is
 // ErrBadFrame. The op then checks that a data frame belongs to it:
 // generation (ErrGeneration), seq and description (ErrMismatch, showing
-// both descriptions), step and segment length (ErrBadFrame).
+// both descriptions), step and segment length (ErrBadFrame). A reader
+// also compares every data frame's description with the op under way
+// (or, when it comes first, with the op that begins at its seq), so that
+// an op waiting on another stream learns of a diverged peer at once: in
+// a ring of two a short op waits on the duplex stream while a broadcast's
+// frame from rank 1 arrives on the other link. Heartbeats announce the
+// op under way the same way, for diverged calls that send no data.
 //
 // # Protocol flow
 //
@@ -176,5 +182,9 @@
 // with no goroutine hand-off. It keeps the link between such calls (silence
 // on it is not counted against the peer then) and GiveBack, or any other
 // op, returns it; lend.go says why, and what keeps the process's other P
-// busy meanwhile.
+// busy meanwhile. A borrower parks in its read for at most lentPark
+// (5 ms) at a time, then looks at its op timeout, its stop check and the
+// other readers' notes, so a quiet peer cannot keep it past any of them.
+// A write failing on the lent link (the duplex stream) gives the link
+// back to its reader, which finds what the peer sent before it went.
 package ring

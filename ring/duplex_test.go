@@ -160,3 +160,131 @@ func TestDuplexOnlyFirstStream(t *testing.T) {
 		t.Fatalf("got %v, want a data frame on the backward direction refused", err)
 	}
 }
+
+// A write that fails on the lent duplex stream fails the call at once:
+// the op goroutine, which also holds the link's read side, gives it back
+// to its reader, which finds the peer gone, instead of waiting AbortWait
+// for a reader that is parked.
+func TestDuplexLentWriteFails(t *testing.T) {
+	const abortWait = 30 * time.Second
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) {
+		c.Spin = 200 * time.Microsecond
+		c.AbortWait = abortWait
+		c.OpTimeout = 2 * abortWait
+		c.HeartbeatInterval = time.Hour // no heartbeat write finds the reset first
+		c.HeartbeatTimeout = 2 * time.Hour
+	})
+	fake := newFakeRank(links[1], 1, 2)
+	go fake.start(11)
+	defer fake.closeAll()
+	startAll(t, rings)
+	r := rings[0]
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
+	h := header{Kind: kindData, Sender: 1, Generation: 11, Length: uint32(d.Bytes())}
+	h.setDesc(&d, d.Fingerprint())
+	b := make([]byte, headerLen+int(d.Bytes()))
+	h.encode(b)
+	time.AfterFunc(20*time.Millisecond, func() { fake.writeData(true, b) })
+	if err := r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the duplex stream lent", func() bool { return r.pair[0].lend.Load() == lendOut })
+
+	// The peer resets the duplex connection alone; the other stays up.
+	dup := links[1].Prev[0].(*net.TCPConn)
+	if err := dup.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	dup.Close()
+	waitFor(t, "rank 0's end of the duplex connection reset", func() bool {
+		var info *unix.TCPInfo
+		_ = rawConn(r.pair[0].conn).Control(func(fd uintptr) {
+			info, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		})
+		return info != nil && info.State == unix.BPF_TCP_CLOSE
+	})
+
+	errc := make(chan error, 1)
+	go func() { errc <- r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrPeerClosed) || !strings.Contains(err.Error(), "rank 1") {
+			t.Fatalf("got %v, want the peer closed, naming rank 1", err)
+		}
+		t.Logf("rank 0: %v", err)
+	case <-time.After(abortWait / 3):
+		t.Fatalf("the call's write failed on the reset duplex stream and the call has not returned after %v (AbortWait %v)", abortWait/3, abortWait)
+	}
+}
+
+// waitFor polls cond for up to 10 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+	}
+}
+
+// In a ring of two a short op waits on the duplex stream while a
+// broadcast from rank 1 arrives on the other link: rank 0 finds the
+// mismatch in that data frame at once (no heartbeats here to announce
+// it), whether the frame lands while its op waits or before the op
+// begins (the root's broadcast ended without it).
+func TestDuplexMismatchFoundAtOnce(t *testing.T) {
+	bcast := collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 1, Root: 1}
+	ar := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1}
+	for _, c := range []struct {
+		name  string
+		ahead bool // rank 1's broadcast ends before rank 0 calls
+		lent  bool
+	}{{"together", false, false}, {"together lent", false, true}, {"peer ahead", true, false}, {"peer ahead lent", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			rings, _ := faultWorld(t, 2, nil, func(cfg *Config) {
+				cfg.Spin = 200 * time.Microsecond
+				cfg.OpTimeout = 30 * time.Second
+				cfg.HeartbeatInterval = time.Hour
+				cfg.HeartbeatTimeout = 2 * time.Hour
+			})
+			startAll(t, rings)
+			allReduce := func() error {
+				if c.lent {
+					return rings[0].AllReduceLent(ar, [][]byte{make([]byte, 4)}, nil)
+				}
+				return rings[0].AllReduce(ar, make([]byte, 4))
+			}
+			var errs []error
+			if c.ahead {
+				if err := rings[1].Broadcast(bcast, make([]byte, 4)); err != nil {
+					t.Fatalf("rank 1's broadcast, which waits for no one: %v", err)
+				}
+				waitFor(t, "rank 0 sees rank 1's broadcast", func() bool {
+					p, ok := rings[0].PeerInOp()
+					return ok && p.Seq == 0 && p.Desc.Op == collective.OpBroadcast
+				})
+				errs = opOnReal(t, rings[:1], 10*time.Second, func(int, *Ring) error { return allReduce() })
+			} else {
+				errs = opOnReal(t, rings, 10*time.Second, func(i int, r *Ring) error {
+					if i == 1 {
+						return r.Broadcast(bcast, make([]byte, 4))
+					}
+					return allReduce()
+				})
+				// The root's broadcast may end before it hears of the
+				// mismatch; its next call fails with it.
+				if errs[1] == nil {
+					errs[1] = rings[1].Barrier(barrierDesc)
+				}
+			}
+			if !errors.Is(errs[0], ErrMismatch) || !strings.Contains(errs[0].Error(), "rank 1 sent seq 0 broadcast(float32, count=1, root=1)") ||
+				!strings.Contains(errs[0].Error(), "seen in its data frame") {
+				t.Fatalf("rank 0: got %v, want a mismatch naming rank 1's broadcast, seen in its data frame", errs[0])
+			}
+			t.Logf("rank 0: %v", errs[0])
+			if len(errs) > 1 && !errors.Is(errs[1], ErrMismatch) {
+				t.Errorf("rank 1: got %v, want the mismatch", errs[1])
+			}
+		})
+	}
+}

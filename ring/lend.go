@@ -118,12 +118,22 @@ func (r *Ring) giveBackStream(s *stream) {
 // call, which ends sooner, never pays for the question (a system call).
 const stopEvery = time.Millisecond
 
+// lentPark bounds how long a borrower sleeps in one read of the lent link
+// before it looks again at its deadline, its stop check and what the
+// other links' readers noted (a peer's diverged op seen on another
+// stream: without the look it would wait for the next frame here, a
+// heartbeat at the latest).
+const lentPark = 5 * time.Millisecond
+
 // recvLent is recv for an op run by AllReduceLent: it reads the link it
 // receives on itself once the reader has lent it, and until then takes
 // what the reader delivers.
 func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 	s := r.rx[0]
 	s.lend.CompareAndSwap(lendNone, lendAsked)
+	if s.sr != nil {
+		s.sr.quiet = false
+	}
 	deadline := time.Now().Add(r.cfg.OpTimeout).UnixNano()
 	lastYield := time.Now().UnixNano()
 	lastStop := lastYield // a call that ends within stopEvery asks nothing
@@ -162,15 +172,21 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 			default:
 			}
 			r.narrow()
-			s.sr.borrowed = true
+			s.sr.borrowed, s.sr.boundary = true, true
 			b, st := s.readFrame()
 			s.sr.borrowed = false
 			switch st {
 			case frameOK:
+				s.sr.quiet = false
 				if b != nil {
 					return r.accept(s, kind, b)
 				}
 				continue // a heartbeat or a deferred abort: read on
+			case frameLend:
+				// Parked lentPark with nothing read: look around, then
+				// park again without polling first.
+				s.sr.quiet = true
+				continue
 			default:
 				if err := r.opError(); err != nil {
 					return nil, err

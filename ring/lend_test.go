@@ -198,6 +198,58 @@ func TestAllReduceLentTimesOut(t *testing.T) {
 	}
 }
 
+// A lent call whose peer sends nothing at all, not even heartbeats, still
+// times out after OpTimeout and still asks its stop check: the borrower's
+// read of the quiet link ends every lentPark for it to look.
+func TestAllReduceLentQuietPeer(t *testing.T) {
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 2}
+	gone := errors.New("the caller's client has gone")
+	for _, c := range []struct {
+		name string
+		stop bool
+	}{{"timeout", false}, {"stop", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			rings := lentWorld(t, 2, 1, func(cfg *Config) {
+				cfg.OpTimeout = time.Second
+				if c.stop {
+					cfg.OpTimeout = time.Minute
+				}
+				cfg.HeartbeatInterval = time.Hour
+				cfg.HeartbeatTimeout = 2 * time.Hour
+			})
+			bufs, _ := float32Bufs(2, 2, 0)
+			for k := 0; k < 10; k++ {
+				noErrors(t, "warm-up", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
+			}
+			t0 := time.Now()
+			var stop func() error
+			if c.stop {
+				stop = func() error {
+					if time.Since(t0) > 100*time.Millisecond {
+						return gone
+					}
+					return nil
+				}
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- rings[0].AllReduceLent(d, [][]byte{bufs[0]}, stop) }()
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the lent call on a quiet link has not returned after 10s")
+			}
+			t.Logf("after %v: %v", time.Since(t0), err)
+			if c.stop && (!errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), gone.Error())) {
+				t.Fatalf("got %v, want the stop check's answer", err)
+			}
+			if !c.stop && !errors.Is(err, ErrTimeout) {
+				t.Fatalf("got %v, want ErrTimeout", err)
+			}
+		})
+	}
+}
+
 // A lent call's stop check aborts the ring with its answer: the caller
 // gets it, and so does every other rank.
 func TestAllReduceLentStop(t *testing.T) {

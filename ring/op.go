@@ -368,11 +368,11 @@ func (r *Ring) mismatch(s *stream, h *header, how string) error {
 	})
 }
 
-// peerDiverged turns a heartbeat announcing another call at this seq
-// into a mismatch; a stale note (an earlier op) is ignored.
+// peerDiverged turns a peer's note of another call at this seq into a
+// mismatch; a stale note (an earlier op) is ignored.
 func (r *Ring) peerDiverged(n peerNote) error {
 	if n.h.Seq != r.seq || n.h.sameDesc(&r.desc, r.fp) {
 		return nil
 	}
-	return r.mismatch(n.s, &n.h, " (announced in a heartbeat)")
+	return r.mismatch(n.s, &n.h, n.via)
 }

@@ -91,6 +91,8 @@ type Ring struct {
 	peerSeenRank int
 	peerSeenAt   time.Time
 	peerSeenOK   bool
+	peerSeenOn   *stream
+	peerSeenVia  string
 
 	gen atomic.Uint32
 	// What is under way, for errors raised outside the op goroutine.
@@ -501,11 +503,19 @@ func (r *Ring) heartbeatLoop() {
 	}
 }
 
-// peerNote is a heartbeat announcing a different call at our seq.
+// peerNote is a peer's op at our seq, announced in a heartbeat or seen
+// in its data frame, that differs from ours; via says which, for the
+// mismatch's message.
 type peerNote struct {
-	s *stream
-	h header
+	s   *stream
+	h   header
+	via string
 }
+
+const (
+	viaHeartbeat = " (announced in a heartbeat)"
+	viaData      = " (seen in its data frame)"
+)
 
 // announce stamps the op under way, if any, into a heartbeat.
 func (r *Ring) announce(h *header) {
@@ -518,19 +528,42 @@ func (r *Ring) announce(h *header) {
 }
 
 // setCurrent records the op under way for announce (active false: none).
+// An op beginning checks what the peer was seen doing at its seq before:
+// a broadcast's root, for one, may have sent its frame and finished while
+// this rank's op waits on another stream (a ring of two's duplex stream,
+// duplex.go).
 func (r *Ring) setCurrent(active bool) {
 	r.curMu.Lock()
 	r.curActive = active
 	if active {
 		r.curHdr = header{Seq: r.seq}
 		r.curHdr.setDesc(&r.desc, r.fp)
+		// Any note waiting is an earlier op's: heard reads curHdr under
+		// curMu, which this holds. Drop it, so that it leaves room for one
+		// about this op.
+		select {
+		case <-r.peerOp:
+		default:
+		}
+		if p := &r.peerSeen; r.peerSeenOK && p.Seq == r.seq && p.Op != collective.OpInvalid && !p.sameDesc(&r.desc, r.fp) {
+			n := peerNote{s: r.peerSeenOn, h: *p, via: r.peerSeenVia}
+			for sent := false; !sent; {
+				select {
+				case r.peerOp <- n:
+					sent = true
+				case <-r.peerOp: // a stale one sent since the drain
+				}
+			}
+		}
 	}
 	r.curMu.Unlock()
 }
 
-// heard compares a peer's announced op with ours; a different call at
-// the same seq goes to the op goroutine, which reports the mismatch.
-func (r *Ring) heard(s *stream, h *header) {
+// heard compares a peer's op, announced in a heartbeat or carried by a
+// data frame, with ours; a different call at the same seq goes to the op
+// goroutine, which reports the mismatch. The op may be waiting on another
+// stream than the one this came on, so it would not read the frame itself.
+func (r *Ring) heard(s *stream, h *header, via string) {
 	if h.Op == collective.OpInvalid {
 		return
 	}
@@ -538,6 +571,7 @@ func (r *Ring) heard(s *stream, h *header) {
 	c, active := r.curHdr, r.curActive
 	if !r.peerSeenOK || r.peerSeen.Seq != h.Seq {
 		r.peerSeen, r.peerSeenRank, r.peerSeenAt, r.peerSeenOK = *h, s.peerRank, time.Now(), true
+		r.peerSeenOn, r.peerSeenVia = s, via
 	}
 	r.curMu.Unlock()
 	if !active || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
@@ -545,7 +579,7 @@ func (r *Ring) heard(s *stream, h *header) {
 		return
 	}
 	select {
-	case r.peerOp <- peerNote{s: s, h: *h}:
+	case r.peerOp <- peerNote{s: s, h: *h, via: via}:
 	default:
 	}
 }

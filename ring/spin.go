@@ -1,8 +1,10 @@
 package ring
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -27,6 +29,13 @@ type spinReader struct {
 	// borrowed: the op goroutine reads, alone in its process's hot path:
 	// no Gosched between polls (see lend.go).
 	borrowed bool
+	// A borrower parks for at most lentPark at a frame boundary, then its
+	// read ends with errLend, so that it looks at what else it waits for
+	// (lend.go, recvLent); quiet (a wait already that long) skips the
+	// poll before parking again.
+	dl       interface{ SetReadDeadline(time.Time) error }
+	armed    bool // a park deadline is set on the connection
+	quiet    bool
 	p        []byte
 	n        int
 	err      error
@@ -41,7 +50,7 @@ func newSpinReader(c net.Conn, spin time.Duration) io.Reader {
 	if rc == nil || spin <= 0 {
 		return c
 	}
-	s := &spinReader{rc: rc, spin: int64(spin)}
+	s := &spinReader{rc: rc, spin: int64(spin), dl: c}
 	s.fn = s.try
 	return s
 }
@@ -58,8 +67,29 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	}
 	s.p, s.n, s.err = p, 0, nil
 	s.deadline = time.Now().UnixNano() + s.spin
-	if err := s.rc.Read(s.fn); err != nil {
-		return 0, err
+	if s.borrowed && s.quiet {
+		s.deadline = 0
+	}
+	for {
+		err := s.rc.Read(s.fn)
+		if !s.armed {
+			if err != nil {
+				return 0, err
+			}
+			break
+		}
+		s.armed = false
+		_ = s.dl.SetReadDeadline(time.Time{}) // the reader, given the link back, must not find it
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, err
+		}
+		if s.boundary {
+			return 0, errLend
+		}
+		// Inside a frame: wait on for the rest of it.
 	}
 	s.p = nil
 	if s.err == nil && s.n == 0 {
@@ -86,6 +116,10 @@ func (s *spinReader) try(fd uintptr) bool {
 				return true
 			}
 			if time.Now().UnixNano() >= s.deadline {
+				if s.borrowed && !s.armed {
+					s.armed = true
+					_ = s.dl.SetReadDeadline(time.Now().Add(lentPark))
+				}
 				return false
 			}
 			// Let this process's other goroutines (the op, writers) have the

@@ -249,7 +249,7 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 	}
 	switch h.Kind {
 	case kindHeartbeat:
-		s.r.heard(s, &h)
+		s.r.heard(s, &h, viaHeartbeat)
 	case kindAbort:
 		var reason [maxReasonLen]byte
 		if _, err := io.ReadFull(s.rd, reason[:h.Length]); err != nil {
@@ -259,6 +259,9 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 		s.abortSeen.Store(true)
 		s.r.failFromAbort(s, h, string(reason[:h.Length]))
 	case kindData, kindStart:
+		if h.Kind == kindData && h.Generation == s.r.gen.Load() {
+			s.r.heard(s, &h, viaData)
+		}
 		b := s.receive(h)
 		if b == nil {
 			return nil, frameEndDrain
