@@ -103,22 +103,31 @@ func TestDuplexCarriesShortOpsBothWays(t *testing.T) {
 		}
 	}
 	// A small allreduce too long for the duplex stream borrows the one-way
-	// stream it receives on instead; the duplex stream goes back.
+	// stream it receives on instead; lent calls alternating between the
+	// two keep both lent, and any other op gives both back.
 	d16 := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: duplexBytes/4 + 1}
-	borrowed := 0
-	for k := 0; k < 50; k++ {
-		bufs, want := float32Bufs(2, int(d16.Count), k)
-		noErrors(t, "allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d16, [][]byte{bufs[i]}, nil) }))
-		checkFloat32(t, "allreduce", bufs, want)
-		if rings[0].prev[0].lend.Load() == lendOut {
-			borrowed++
+	bothLent := 0
+	for k := 0; k < 100; k++ {
+		d := d16
+		if k%2 == 1 {
+			d = collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
 		}
-		if rings[0].pair[0].lend.Load() == lendOut {
-			t.Fatal("the duplex stream is still lent during calls that receive on the one-way stream")
+		bufs, want := float32Bufs(2, int(d.Count), k)
+		noErrors(t, "allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
+		checkFloat32(t, "allreduce", bufs, want)
+		if rings[0].prev[0].lend.Load() == lendOut && rings[0].pair[0].lend.Load() == lendOut {
+			bothLent++
 		}
 	}
-	if borrowed == 0 {
-		t.Errorf("rank 0 never borrowed its one-way stream 0 in 50 lent calls of %d bytes", d16.Bytes())
+	if bothLent == 0 {
+		t.Errorf("rank 0 never had both its one-way stream 0 and the duplex stream lent in 100 lent calls alternating %d and 12 bytes", d16.Bytes())
+	}
+	bufs, _ := float32Bufs(2, 3, 0)
+	noErrors(t, "allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduce(d, bufs[i]) }))
+	for _, s := range rings[0].lenders {
+		if st := s.lend.Load(); st != lendNone {
+			t.Errorf("rank 0's lendable stream (duplex %v) is still lent (state %d) after an op that is not", s.duplex, st)
+		}
 	}
 }
 
@@ -286,5 +295,35 @@ func TestDuplexMismatchFoundAtOnce(t *testing.T) {
 				t.Errorf("rank 1: got %v, want the mismatch", errs[1])
 			}
 		})
+	}
+}
+
+// Rank 0 keeps the duplex stream lent, unread, through lent calls that
+// receive on the one-way stream; a peer slow to make such a call (longer
+// than the heartbeat timeout) is not taken for hung on the duplex
+// stream, whose heartbeats nobody reads meanwhile.
+func TestDuplexKeptLentIsNotHung(t *testing.T) {
+	rings := lentWorld(t, 2, 1, func(c *Config) {
+		c.HeartbeatInterval = 20 * time.Millisecond
+		c.HeartbeatTimeout = 200 * time.Millisecond
+	})
+	short := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
+	longer := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: duplexBytes/4 + 1}
+	for k := 0; k < 20; k++ {
+		bufs, want := float32Bufs(2, 3, k)
+		noErrors(t, "short", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(short, [][]byte{bufs[i]}, nil) }))
+		checkFloat32(t, "short", bufs, want)
+	}
+	waitFor(t, "rank 0's duplex stream lent", func() bool { return rings[0].pair[0].lend.Load() == lendOut })
+	bufs, want := float32Bufs(2, int(longer.Count), 1)
+	noErrors(t, "a longer small allreduce, rank 1 late", onAll(t, rings, func(i int, r *Ring) error {
+		if i == 1 {
+			time.Sleep(3 * rings[0].cfg.HeartbeatTimeout)
+		}
+		return r.AllReduceLent(longer, [][]byte{bufs[i]}, nil)
+	}))
+	checkFloat32(t, "a longer small allreduce", bufs, want)
+	if rings[0].pair[0].lend.Load() != lendOut {
+		t.Error("rank 0 gave the duplex stream back during a lent call that does not read it")
 	}
 }

@@ -21,8 +21,11 @@ import (
 // lends it the connection at a frame boundary and parks, and the op
 // goroutine reads its frames itself, heartbeats and aborts included
 // (readFrame, the reader's own step). It keeps the link between such
-// calls and gives it back with GiveBack when they stop; every op that
-// does not read that link itself gives it back first.
+// calls and gives it back with GiveBack when they stop; every op that is
+// not lent gives it back first. Rank 0 of a ring of two lends two links
+// (the duplex stream for short ops, stream 0 from rank 1 for the longer
+// small ones): a lent op keeps the one it does not read, so that calls
+// alternating between the two hand nothing back and forth.
 //
 // While the link is lent, the process runs on one P (narrow): its work is
 // the borrower's alone. An idle second P would have its thread sleep in
@@ -33,7 +36,8 @@ import (
 // kept it awake but was one more thread wanting a CPU on every turn of
 // every poller on the machine (section 20). GOMAXPROCS goes back to what
 // it was (widen) when the link does, before any other op, so the large
-// ops that follow run on every P. Changing it stops the world for some
+// ops that follow run on every P, and while a borrower waits for a link
+// still being handed over. Changing it stops the world for some
 // microseconds, once per stretch of small calls.
 
 const (
@@ -80,15 +84,13 @@ func (r *Ring) GiveBack() {
 	if r.size == 1 || r.busy.Load() {
 		return // an op under way gave it back as it began
 	}
-	r.giveBack(nil)
+	r.giveBack()
 }
 
-// giveBack returns every lent link but keep (nil: all of them).
-func (r *Ring) giveBack(keep *stream) {
+// giveBack returns every lent link.
+func (r *Ring) giveBack() {
 	for _, s := range r.lenders {
-		if s != keep {
-			r.giveBackStream(s)
-		}
+		r.giveBackStream(s)
 	}
 }
 
@@ -131,6 +133,12 @@ const lentPark = 5 * time.Millisecond
 func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 	s := r.rx[0]
 	s.lend.CompareAndSwap(lendNone, lendAsked)
+	if s.lend.Load() != lendOut {
+		// Its reader may be asleep in the netpoller, which a process on
+		// one P (narrowed for the other lent link) does not look at while
+		// this goroutine polls: every P back until the reader lets go.
+		r.widen()
+	}
 	if s.sr != nil {
 		s.sr.quiet = false
 	}

@@ -319,3 +319,51 @@ func TestSmallIsTheRingsRule(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAllReduceLentAlternating: lent calls alternating between a
+// short allreduce (4 B, on a ring of two's duplex stream) and a small one
+// too long for it (16 KiB, on the one-way stream), as a trainer's
+// gradients of two sizes would; one op is one call of each. Both ranks
+// share this process and its GOMAXPROCS, which a borrower narrows to one,
+// so the times are not a daemon's (docs/TUNING.md, section 25, measures
+// those); what it guards is the hand-over: rank 0 handing each link back
+// and asking for it again took 20 ms an op here, keeping both 0.5 ms.
+func BenchmarkAllReduceLentAlternating(b *testing.B) {
+	rings := newWorld(b, worldOpts{n: 2, streams: 2, tweak: func(c *Config) {
+		c.Spin = 200 * time.Microsecond
+		c.StripeBytes = 64 << 10
+	}})
+	descs := []collective.Desc{
+		{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1},
+		{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 4 << 10},
+	}
+	bufs := make([][]byte, 2)
+	for i := range bufs {
+		bufs[i] = make([]byte, 16<<10)
+	}
+	k := 0
+	drv := newDriver(rings, func(i int, r *Ring) error {
+		d := descs[k%2]
+		return r.AllReduceLent(d, [][]byte{bufs[i][:d.Bytes()]}, nil)
+	})
+	defer drv.stop()
+	op0 := func() error {
+		d := descs[k%2]
+		return rings[0].AllReduceLent(d, [][]byte{bufs[0][:d.Bytes()]}, nil)
+	}
+	for ; k < 20; k++ {
+		if err := drv.run(op0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		for range 2 {
+			if err := drv.run(op0); err != nil {
+				b.Fatal(err)
+			}
+			k++
+		}
+	}
+}
