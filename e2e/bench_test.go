@@ -25,6 +25,7 @@ type benchRow struct {
 	MedianUS float64   `json:"median_us"`
 	BusBW    float64   `json:"busbw_GBps"`
 	Verified bool      `json:"verified"`
+	Between  int64     `json:"between_bytes"`
 	Block    int       `json:"sidecar_block"`
 	Blocks   []float64 `json:"block_medians_us"`
 }
@@ -63,18 +64,22 @@ func benchRows(t *testing.T, n int, args ...string) []benchRow {
 }
 
 // The benchmark's modes, through the daemons (with and without the lane)
-// and on the ring engines alone, run end to end, verify their results and
+// and on the ring engines alone, with and without a call of another size
+// between the calls measured, run end to end, verify their results and
 // report every size.
 func TestBenchCommand(t *testing.T) {
 	for _, mode := range []struct {
-		flags []string
-		small string // the path a 4-byte buffer takes
-		large string // and a 1 MiB one
-		lane  bool
+		flags   []string
+		small   string // the path a 4-byte buffer takes
+		large   string // and a 1 MiB one
+		lane    bool
+		between int64
 	}{
-		{nil, "inline", "shm", true},
-		{[]string{"--client-no-lane"}, "inline", "shm", false},
-		{[]string{"--ring-only"}, "ring", "ring", false},
+		{nil, "inline", "shm", true, 0},
+		{[]string{"--client-no-lane"}, "inline", "shm", false, 0},
+		{[]string{"--ring-only"}, "ring", "ring", false, 0},
+		{[]string{"--between", "16KiB"}, "inline", "shm", true, 16 << 10},
+		{[]string{"--ring-only", "--between", "256KiB"}, "ring", "ring", false, 256 << 10},
 	} {
 		args := append([]string{"--nodes", "2", "--local", "1", "--sizes", "4,1MiB", "--iters", "5", "--json"}, mode.flags...)
 		rows := benchRows(t, 2, args...)
@@ -83,8 +88,8 @@ func TestBenchCommand(t *testing.T) {
 			path  string
 		}{{4, mode.small}, {1 << 20, mode.large}} {
 			r := rows[i]
-			if r.Bytes != want.bytes || r.Path != want.path || r.Lane != mode.lane || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.BusBW <= 0 {
-				t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, lane %v, 5 verified iterations", args, i, r, want.bytes, want.path, mode.lane)
+			if r.Bytes != want.bytes || r.Path != want.path || r.Lane != mode.lane || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.BusBW <= 0 || r.Between != mode.between {
+				t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, lane %v, 5 verified iterations, %d bytes between", args, i, r, want.bytes, want.path, mode.lane, mode.between)
 			}
 		}
 	}

@@ -34,6 +34,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "iters", Value: 20, Usage: "timed iterations per size"},
 			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
 			&cli.IntFlag{Name: "prewarm", Value: defaultPrewarm, Usage: "untimed allreduces of one element before the first size: the first fraction of a second after the processes start runs slower (docs/TUNING.md, section 22)"},
+			betweenFlag,
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
@@ -63,6 +64,8 @@ type benchRow struct {
 	AlgBWGBs float64 `json:"algbw_GBps"`
 	BusBWGBs float64 `json:"busbw_GBps"`
 	Verified bool    `json:"verified"`
+	// With --between: the size of the untimed call before each one timed.
+	BetweenBytes int64 `json:"between_bytes,omitempty"`
 	// With --sidecar: the timed calls per block the two sides took turns
 	// in, and each block's median, in the order run.
 	SidecarBlock   int       `json:"sidecar_block,omitempty"`
@@ -75,6 +78,9 @@ func runBench(c *cli.Context) error {
 		return exitf("bench: --nodes %d x --local %d: want at least 1 x 1 and at most 64 trainers", nodes, local)
 	}
 	sizes, _, _, err := parseWorkload(c)
+	if err == nil {
+		_, err = parseBetween(c)
+	}
 	if err != nil {
 		return err
 	}
@@ -194,8 +200,12 @@ type benchPrinter struct {
 func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter {
 	out := c.App.Writer
 	if !c.Bool("json") {
-		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size\n",
-			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"))
+		between := ""
+		if n, _ := parseBetween(c); n > 0 {
+			between = fmt.Sprintf(", each after an untimed call of %d bytes", n)
+		}
+		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size%s\n",
+			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"), between)
 		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
 	}
 	return &benchPrinter{c: c, nodes: nodes, local: local, enc: json.NewEncoder(out)}
@@ -204,7 +214,9 @@ func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter
 func (p *benchPrinter) row(r sizeResult) { p.print(p.summarize(r)) }
 
 func (p *benchPrinter) summarize(r sizeResult) benchRow {
-	return summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+	row.BetweenBytes, _ = parseBetween(p.c) // checked by runBench
+	return row
 }
 
 func (p *benchPrinter) print(row benchRow) {
@@ -265,7 +277,7 @@ func ringWorld(c *cli.Context, self, dir string, nodes int, results string) loca
 func workloadArgs(c *cli.Context) []string {
 	return []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
 		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
-		"--prewarm", strconv.Itoa(c.Int("prewarm"))}
+		"--prewarm", strconv.Itoa(c.Int("prewarm")), "--between", c.String("between")}
 }
 
 func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benchRow {
@@ -312,22 +324,31 @@ func isTerminal(f *os.File) bool {
 func parseSizes(s string) ([]int64, error) {
 	var out []int64
 	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		mult := int64(1)
-		for _, u := range []struct {
-			suf string
-			m   int64
-		}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-			if strings.HasSuffix(f, u.suf) {
-				f, mult = strings.TrimSuffix(f, u.suf), u.m
-				break
-			}
+		v, err := parseSize("--sizes", f)
+		if err != nil {
+			return nil, err
 		}
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil || v < 0 || v*mult > 4<<30 {
-			return nil, fmt.Errorf("--sizes: %q is not a size between 0 and 4GiB", f)
-		}
-		out = append(out, v*mult)
+		out = append(out, v)
 	}
 	return out, nil
+}
+
+// parseSize reads one size of flag: bytes, or with a unit (KiB, MiB, GiB).
+func parseSize(flag, f string) (int64, error) {
+	f = strings.TrimSpace(f)
+	mult := int64(1)
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if strings.HasSuffix(f, u.suf) {
+			f, mult = strings.TrimSuffix(f, u.suf), u.m
+			break
+		}
+	}
+	v, err := strconv.ParseInt(f, 10, 64)
+	if err != nil || v < 0 || v*mult > 4<<30 {
+		return 0, fmt.Errorf("%s: %q is not a size between 0 and 4GiB", flag, f)
+	}
+	return v * mult, nil
 }

@@ -31,6 +31,7 @@ func benchRingCommand() *cli.Command {
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "prewarm"},
+			betweenFlag,
 			&cli.StringFlag{Name: "out", Usage: "where ring rank 0 writes one JSON result per size (default stdout)"},
 		}, paceFlags...),
 		Action: runBenchRing,
@@ -91,8 +92,17 @@ func runBenchRing(c *cli.Context) error {
 	enc := json.NewEncoder(out)
 	d1 := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: 1}
 	prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return r.AllReduce(d1, one) })
+	nb, err := parseBetween(c)
+	if err != nil {
+		return err
+	}
+	between, free, err := ringBetween(r, nb, dt, op)
+	if err != nil {
+		return err
+	}
+	defer free()
 	for i, size := range sizes {
-		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm))
+		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm), between)
 		if err != nil {
 			return fmt.Errorf("bench-ring node %d, size %d: %w", rank, size, err)
 		}
@@ -109,7 +119,7 @@ func runBenchRing(c *cli.Context) error {
 
 // benchRingSize is benchOneSize for the ring engine itself: the same
 // fill, verification and timing, so that the two are comparable.
-func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm func() error) (sizeResult, error) {
+func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm, between func() error) (sizeResult, error) {
 	es := int64(dt.Size())
 	count := max(size/es, 1)
 	// The buffer is a memfd mapping, as the daemon's are (shared with
@@ -123,6 +133,6 @@ func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DTyp
 	buf := seg.Bytes()[:count*es]
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
-	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, pace, prewarm, func() error { return r.AllReduce(d, buf) })
+	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, pace, prewarm, between, func() error { return r.AllReduce(d, buf) })
 	return res, err
 }

@@ -35,6 +35,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "prewarm"},
+			betweenFlag,
 			&cli.IntFlag{Name: "local-rank", Value: -1},
 			&cli.DurationFlag{Name: "spin"},
 			&cli.IntFlag{Name: "inline-max"},
@@ -56,10 +57,19 @@ func benchTrainerCommand() *cli.Command {
 				return err
 			}
 			defer cl.Close()
+			nb, err := parseBetween(c)
+			if err != nil {
+				return err
+			}
+			between, free, err := trainerBetween(cl, nb, dt, op)
+			if err != nil {
+				return err
+			}
+			defer free()
 			enc := json.NewEncoder(os.Stdout)
 			prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return cl.AllReduce(one, dt, op) })
 			for i, size := range sizes {
-				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm))
+				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm), between)
 				if err != nil {
 					return fmt.Errorf("world rank %d, size %d: %w", cl.Rank(), size, err)
 				}
@@ -97,7 +107,7 @@ func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op colle
 	return
 }
 
-func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm func() error) (sizeResult, error) {
+func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm, between func() error) (sizeResult, error) {
 	es := int64(dt.Size())
 	count := size / es
 	if count == 0 {
@@ -122,7 +132,7 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 	}
 	var err error
 	res.TimesNS, err = measure(buf, dt, op, cl.Rank(), cl.Size(), iters, warmup,
-		pace, prewarm, func() error { return cl.AllReduce(buf, dt, op) })
+		pace, prewarm, between, func() error { return cl.AllReduce(buf, dt, op) })
 	return res, err
 }
 
@@ -133,8 +143,9 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 // if not nil, runs first (the first size's: see prewarmer). A pacer
 // (bench --sidecar) runs prewarm, the checked call and warmup as one block
 // and the timed calls in blocks, each when the parent says and each after
-// one untimed call; nil runs them at once.
-func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, prewarm, allreduce func() error) ([]int64, error) {
+// one untimed call; nil runs them at once. between, if not nil, runs
+// before every warmup and timed call, untimed (bench --between).
+func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, prewarm, between, allreduce func() error) ([]int64, error) {
 	if err := pace.wait(); err != nil {
 		return nil, err
 	}
@@ -151,6 +162,9 @@ func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, worl
 		return nil, err
 	}
 	for i := 0; i < warmup; i++ {
+		if err := runBetween(between); err != nil {
+			return nil, err
+		}
 		if err := allreduce(); err != nil {
 			return nil, err
 		}
@@ -174,6 +188,9 @@ func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, worl
 		if i == iters-1 {
 			fill(buf, dt, op, rank)
 		}
+		if err := runBetween(between); err != nil {
+			return nil, err
+		}
 		t0 := time.Now()
 		err := allreduce()
 		took := time.Since(t0)
@@ -193,6 +210,18 @@ func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, worl
 		}
 	}
 	return times, nil
+}
+
+// runBetween makes the untimed call of another size that --between puts
+// before each call measured.
+func runBetween(between func() error) error {
+	if between == nil {
+		return nil
+	}
+	if err := between(); err != nil {
+		return fmt.Errorf("the call of --between's size: %w", err)
+	}
+	return nil
 }
 
 // value is what rank w contributes at element i; exact in every dtype for

@@ -81,17 +81,17 @@ func TestVersion(t *testing.T) {
 // element, before any timing is reported; a working one passes.
 func TestMeasureChecksResults(t *testing.T) {
 	buf := make([]byte, 16)
-	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, nil, nil, func() error { return nil })
+	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, nil, nil, nil, func() error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "wrong result at element 0") {
 		t.Fatalf("measure of a call that does nothing: %v, want a wrong result at element 0", err)
 	}
 	// In a world of 1 the buffer itself is the sum.
-	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, func() error { return nil })
+	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, nil, func() error { return nil })
 	if err != nil || len(times) != 3 {
 		t.Fatalf("measure in a world of one: %v, %d times, want 3", err, len(times))
 	}
 	boom := errors.New("boom")
-	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, func() error { return boom }); !errors.Is(err, boom) {
+	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, nil, func() error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("measure of a failing call: %v, want its error", err)
 	}
 }
@@ -111,7 +111,7 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	call := func() error { order = append(order, "call"); return nil }
 	buf := make([]byte, 8)
 	for i := range 2 {
-		if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil, firstOnly(i, prewarm), call); err != nil {
+		if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil, firstOnly(i, prewarm), nil, call); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -125,8 +125,49 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	boom := errors.New("boom")
 	sized := false // the size's own calls: the checked one and the timed ones
 	_, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil,
-		prewarmer(2, collective.Float32, func([]byte) error { return boom }), func() error { sized = true; return nil })
+		prewarmer(2, collective.Float32, func([]byte) error { return boom }), nil, func() error { sized = true; return nil })
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "prewarm: boom") || sized {
 		t.Fatalf("a failing prewarm: %v (the size's calls made: %v), want \"prewarm: boom\" and none", err, sized)
+	}
+}
+
+// --between: its call runs before every warmup and timed call, never
+// before the checked one, and never inside the timing; a failing one is
+// named as --between's.
+func TestMeasureBetween(t *testing.T) {
+	var order []string
+	call := func() error { order = append(order, "call"); return nil }
+	between := func() error { order = append(order, "between"); return nil }
+	buf := make([]byte, 8)
+	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 2, 1, nil, nil, between, call)
+	if err != nil || len(times) != 2 {
+		t.Fatalf("measure: %v, %d times, want 2", err, len(times))
+	}
+	// The checked call, then warmup 1 and timed 2, each after a between.
+	if got, want := strings.Join(order, " "), "call between call between call between call"; got != want {
+		t.Fatalf("calls made: %q, want %q", got, want)
+	}
+	boom := errors.New("boom")
+	_, err = measure(buf, collective.Float32, collective.Sum, 0, 1, 2, 1, nil, nil, func() error { return boom }, call)
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "the call of --between's size: boom") {
+		t.Fatalf("a failing between call: %v, want it named", err)
+	}
+}
+
+// --between takes one size with units; zero, a list or garbage is refused
+// with the flag named, before anything starts.
+func TestBetweenFlag(t *testing.T) {
+	if n, err := parseSize("--between", "16KiB"); err != nil || n != 16<<10 {
+		t.Fatalf("parseSize(16KiB) = %d, %v", n, err)
+	}
+	for _, tc := range []struct{ arg, want string }{
+		{"0", `--between: "0": want at least one byte (or leave it unset)`},
+		{"4,8", `--between: "4,8" is not a size between 0 and 4GiB`},
+		{"lots", `--between: "lots" is not a size between 0 and 4GiB`},
+	} {
+		_, err := runApp(t, "bench", "--sizes", "4", "--between", tc.arg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bench --between %s: %v, want %q", tc.arg, err, tc.want)
+		}
 	}
 }

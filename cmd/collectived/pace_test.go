@@ -53,7 +53,7 @@ func TestPacedMeasureTakesTurns(t *testing.T) {
 			calls <- struct{}{}
 			return nil
 		}
-		_, err := measure(make([]byte, 8), collective.Float32, collective.Sum, 0, 1, 5, 1, pace, prewarmer(3, collective.Float32, func([]byte) error { return call() }), call)
+		_, err := measure(make([]byte, 8), collective.Float32, collective.Sum, 0, 1, 5, 1, pace, prewarmer(3, collective.Float32, func([]byte) error { return call() }), nil, call)
 		done <- err
 	}()
 	deadline := time.Now().Add(time.Minute)

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	cvd "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ring"
+	"github.com/collectived/collectived/shm"
+)
+
+// --between: before every warmup and timed call of the size measured, an
+// untimed allreduce of another size, as a trainer whose buffers come in
+// several sizes makes them. What the call measured then costs includes
+// switching from the other size (docs/TUNING.md, section 25: a ring of
+// two lends different links to 4-byte and 16 KiB calls).
+
+var betweenFlag = &cli.StringFlag{Name: "between", Usage: "before every warmup and timed call, an untimed allreduce of this many bytes (same dtype and op; units allowed), as a trainer with buffers of several sizes makes: the call measured then pays for switching sizes"}
+
+// parseBetween reads --between: 0 when unset.
+func parseBetween(c *cli.Context) (int64, error) {
+	s := c.String("between")
+	if s == "" {
+		return 0, nil
+	}
+	n, err := parseSize("--between", s)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("--between: %q: want at least one byte (or leave it unset)", s)
+	}
+	return n, err
+}
+
+// betweenElems is the element count of --between's call: at least one.
+func betweenElems(n int64, dt collective.DType) int64 { return max(n/int64(dt.Size()), 1) }
+
+// trainerBetween is a bench trainer's --between call: on a segment of
+// shared memory above the inline limit, as benchOneSize's own buffers.
+// free releases what it holds.
+func trainerBetween(cl *cvd.Client, n int64, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+	if n == 0 {
+		return nil, func() {}, nil
+	}
+	nb := int(betweenElems(n, dt)) * dt.Size()
+	buf, free := make([]byte, nb), func() {}
+	if nb > cl.InlineLimit() {
+		seg, err := cl.Alloc(nb)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--between buffer: %w", err)
+		}
+		buf, free = seg.Bytes()[:nb], func() { seg.Free() }
+	}
+	return func() error { return cl.AllReduce(buf, dt, op) }, free, nil
+}
+
+// ringBetween is bench-ring's --between call, on a memfd buffer like its
+// own.
+func ringBetween(r *ring.Ring, n int64, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+	if n == 0 {
+		return nil, func() {}, nil
+	}
+	count := betweenElems(n, dt)
+	seg, err := shm.Create(count * int64(dt.Size()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--between buffer: %w", err)
+	}
+	buf := seg.Bytes()[:count*int64(dt.Size())]
+	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
+	return func() error { return r.AllReduce(d, buf) }, func() { seg.Close() }, nil
+}
