@@ -48,11 +48,11 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 	}
 	s.lastWrite.Store(time.Now().UnixNano())
 	if s.directErr != nil {
-		if s.r.lent && s == s.r.rx[0] {
+		if s.r.lent && s.lend.Load() != lendNone {
 			// This goroutine also holds the link's read side (a ring of
-			// two's duplex stream, lent): its reader is parked, so
-			// writeFailed would wait for it in vain. It reads on, to
-			// find the peer's abort or close.
+			// two's duplex stream, lent to its lent op): its reader is
+			// parked, so writeFailed would wait for it in vain. It reads
+			// on, to find the peer's abort or close.
 			s.r.giveBackStream(s)
 		}
 		s.writeFailed(s.directErr)

@@ -185,6 +185,9 @@
 // busy meanwhile. A borrower parks in its read for at most lentPark
 // (5 ms) at a time, then looks at its op timeout, its stop check and the
 // other readers' notes, so a quiet peer cannot keep it past any of them.
-// A write failing on the lent link (the duplex stream) gives the link
-// back to its reader, which finds what the peer sent before it went.
+// A lent op keeps rank 0's other lent link in a ring of two; a lent link
+// nobody is reading goes back to its reader once something waits on it
+// (checked every heartbeat tick and every lentPark). A write failing on
+// a lent link (the duplex stream) gives it back to its reader, which
+// finds what the peer sent before it went.
 package ring

@@ -301,7 +301,8 @@ func TestDuplexMismatchFoundAtOnce(t *testing.T) {
 // Rank 0 keeps the duplex stream lent, unread, through lent calls that
 // receive on the one-way stream; a peer slow to make such a call (longer
 // than the heartbeat timeout) is not taken for hung on the duplex
-// stream, whose heartbeats nobody reads meanwhile.
+// stream, whose heartbeats wait unread until the heartbeat loop gives
+// the link back to its reader.
 func TestDuplexKeptLentIsNotHung(t *testing.T) {
 	rings := lentWorld(t, 2, 1, func(c *Config) {
 		c.HeartbeatInterval = 20 * time.Millisecond
@@ -323,7 +324,125 @@ func TestDuplexKeptLentIsNotHung(t *testing.T) {
 		return r.AllReduceLent(longer, [][]byte{bufs[i]}, nil)
 	}))
 	checkFloat32(t, "a longer small allreduce", bufs, want)
-	if rings[0].pair[0].lend.Load() != lendOut {
-		t.Error("rank 0 gave the duplex stream back during a lent call that does not read it")
+}
+
+// keepBothLent makes rank 0 of a ring of two keep both its links lent:
+// lent calls alternating between a 16 KiB and a short allreduce.
+func keepBothLent(t *testing.T, rings []*Ring) {
+	t.Helper()
+	short := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
+	d16 := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: duplexBytes/4 + 1}
+	waitFor(t, "both of rank 0's links lent", func() bool {
+		for k := 0; k < 2; k++ {
+			d := d16
+			if k == 1 {
+				d = short
+			}
+			bufs, want := float32Bufs(2, int(d.Count), k)
+			noErrors(t, "lent allreduce", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
+			checkFloat32(t, "lent allreduce", bufs, want)
+		}
+		return rings[0].prev[0].lend.Load() == lendOut && rings[0].pair[0].lend.Load() == lendOut
+	})
+}
+
+// Rank 0 idle with both links kept lent still hears rank 1: its abort is
+// read (the heartbeat loop gives back a lent link nobody reads once
+// something waits on it) and names rank 1's reason, not a broken pipe.
+func TestDuplexKeptLentHearsThePeer(t *testing.T) {
+	rings := lentWorld(t, 2, 1, func(c *Config) {
+		c.HeartbeatInterval = 200 * time.Millisecond
+		c.HeartbeatTimeout = 20 * time.Second
+		c.AbortWait = 3 * time.Second
+	})
+	keepBothLent(t, rings)
+	t0 := time.Now()
+	rings[1].Abort(errors.New("rank 1's owner gave up"))
+	select {
+	case <-rings[0].Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 0, idle with both links lent, has not learnt of rank 1's abort after 5s")
+	}
+	t.Logf("rank 0 failed after %v: %v", time.Since(t0), rings[0].Err())
+	if err := rings[0].Err(); !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 1's owner gave up") {
+		t.Errorf("rank 0: %v, want rank 1's abort and its reason", err)
+	}
+}
+
+// A short lent call on the duplex stream while rank 1 broadcasts on the
+// kept (lent, unread) one-way stream finds the mismatch in that frame
+// within a few lentParks, not at the op timeout.
+func TestDuplexKeptLentMismatch(t *testing.T) {
+	rings, _ := faultWorld(t, 2, nil, func(c *Config) {
+		c.Spin = 200 * time.Microsecond
+		c.StripeBytes = 64 << 10
+		c.OpTimeout = 30 * time.Second
+		c.HeartbeatInterval = time.Hour
+		c.HeartbeatTimeout = 2 * time.Hour
+	})
+	startAll(t, rings)
+	keepBothLent(t, rings)
+	bcast := collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 1, Root: 1}
+	ar := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1}
+	errs := opOnReal(t, rings, 10*time.Second, func(i int, r *Ring) error {
+		if i == 1 {
+			return r.Broadcast(bcast, make([]byte, 4))
+		}
+		return r.AllReduceLent(ar, [][]byte{make([]byte, 4)}, nil)
+	})
+	if !errors.Is(errs[0], ErrMismatch) || !strings.Contains(errs[0].Error(), "broadcast(float32, count=1, root=1) (seen in its data frame)") {
+		t.Fatalf("rank 0: got %v, want the mismatch seen in rank 1's broadcast frame", errs[0])
+	}
+}
+
+// A 16 KiB lent call whose frame goes out on the kept duplex stream, which
+// the peer has reset, fails at once: the link goes back to its reader,
+// which finds the reset, instead of writeFailed waiting AbortWait.
+func TestDuplexKeptLentWriteFails(t *testing.T) {
+	const abortWait = 30 * time.Second
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) {
+		c.Spin = 200 * time.Microsecond
+		c.AbortWait = abortWait
+		c.OpTimeout = 2 * abortWait
+		c.HeartbeatInterval = time.Hour
+		c.HeartbeatTimeout = 2 * time.Hour
+	})
+	fake := newFakeRank(links[1], 1, 2)
+	go fake.start(11)
+	defer fake.closeAll()
+	startAll(t, rings)
+	r := rings[0]
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
+	h := header{Kind: kindData, Sender: 1, Generation: 11, Length: uint32(d.Bytes())}
+	h.setDesc(&d, d.Fingerprint())
+	b := make([]byte, headerLen+int(d.Bytes()))
+	h.encode(b)
+	time.AfterFunc(20*time.Millisecond, func() { fake.writeData(true, b) })
+	if err := r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the duplex stream lent", func() bool { return r.pair[0].lend.Load() == lendOut })
+	dup := links[1].Prev[0].(*net.TCPConn)
+	if err := dup.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	dup.Close()
+	waitFor(t, "rank 0's end of the duplex connection reset", func() bool {
+		var info *unix.TCPInfo
+		_ = rawConn(r.pair[0].conn).Control(func(fd uintptr) {
+			info, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		})
+		return info != nil && info.State == unix.BPF_TCP_CLOSE
+	})
+	d16 := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: duplexBytes/4 + 1}
+	errc := make(chan error, 1)
+	go func() { errc <- r.AllReduceLent(d16, [][]byte{make([]byte, d16.Bytes())}, nil) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrPeerClosed) || !strings.Contains(err.Error(), "rank 1") {
+			t.Fatalf("got %v, want the peer closed, naming rank 1", err)
+		}
+	case <-time.After(abortWait / 3):
+		t.Fatalf("the 16 KiB call's write failed on the kept duplex stream and the call has not returned after %v (AbortWait %v)", abortWait/3, abortWait)
 	}
 }

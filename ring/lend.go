@@ -25,7 +25,11 @@ import (
 // not lent gives it back first. Rank 0 of a ring of two lends two links
 // (the duplex stream for short ops, stream 0 from rank 1 for the longer
 // small ones): a lent op keeps the one it does not read, so that calls
-// alternating between the two hand nothing back and forth.
+// alternating between the two hand nothing back and forth. A lent link
+// that nobody is reading (kept, or between calls) goes back to its
+// reader as soon as something waits on it (reclaimIdle: the heartbeat
+// loop looks every tick, a waiting borrower every lentPark), so a peer's
+// abort, a diverged op's frame or a reset is read within a tick.
 //
 // While the link is lent, the process runs on one P (narrow): its work is
 // the borrower's alone. An idle second P would have its thread sleep in
@@ -41,9 +45,10 @@ import (
 // microseconds, once per stretch of small calls.
 
 const (
-	lendNone  int32 = iota // the reader reads
-	lendAsked              // a borrower asked; the reader lends at its next frame boundary
-	lendOut                // the reader is parked; the borrower reads
+	lendNone    int32 = iota // the reader reads
+	lendAsked                // a borrower asked; the reader lends at its next frame boundary
+	lendOut                  // the reader is parked; the borrower may read
+	lendReading              // the borrower is reading a frame: not to be taken back
 )
 
 // errLend ends a reader's poll at a frame boundary when a borrower asked.
@@ -103,7 +108,7 @@ func (r *Ring) giveBackStream(s *stream) {
 			if s.lend.CompareAndSwap(lendAsked, lendNone) {
 				return
 			}
-		case lendOut:
+		case lendOut, lendReading: // reading: never, from the borrower itself
 			s.lend.Store(lendNone)
 			r.widen()
 			select {
@@ -115,6 +120,42 @@ func (r *Ring) giveBackStream(s *stream) {
 	}
 }
 
+// reclaimIdle gives back every lent link that no borrower is reading and
+// on which something waits: a frame, the peer's close or an error. Rank 0
+// of a ring of two keeps both its links lent through calls that read only
+// one, and between calls; without this, a peer's abort, its diverged
+// op's frame or a reset connection would lie there unread. The heartbeat
+// loop calls it every tick, and a borrower every lentPark it waits.
+func (r *Ring) reclaimIdle() {
+	for _, s := range r.lenders {
+		if s.lend.Load() == lendOut && s.pending() && s.lend.CompareAndSwap(lendOut, lendNone) {
+			// The peer was not silent: it sent what waits. Its reader
+			// reads it next; until then the hung check must not count
+			// the time the link was lent.
+			s.lastRead.Store(time.Now().UnixNano())
+			select {
+			case s.resume <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// pending reports whether a read of the stream would not block: a frame
+// waits, or the connection has ended.
+func (s *stream) pending() bool {
+	if s.sr == nil {
+		return false
+	}
+	ready := false
+	_ = s.sr.rc.Control(func(fd uintptr) {
+		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds[:], 0)
+		ready = err == nil && n > 0
+	})
+	return ready
+}
+
 // stopEvery is how often a waiting lent call asks its stop check: often
 // enough that a lost trainer is found at once, rarely enough that a small
 // call, which ends sooner, never pays for the question (a system call).
@@ -124,7 +165,9 @@ const stopEvery = time.Millisecond
 // before it looks again at its deadline, its stop check and what the
 // other links' readers noted (a peer's diverged op seen on another
 // stream: without the look it would wait for the next frame here, a
-// heartbeat at the latest).
+// heartbeat at the latest). Each such wake-up allocates the OpError that
+// net's RawConn wraps the deadline in: one per 5 ms of waiting, never on
+// a call that is answered sooner.
 const lentPark = 5 * time.Millisecond
 
 // recvLent is recv for an op run by AllReduceLent: it reads the link it
@@ -171,11 +214,12 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 				return nil, r.opError()
 			}
 		}
-		if s.lend.Load() == lendOut {
+		if s.lend.CompareAndSwap(lendOut, lendReading) {
 			// The reader hands over every frame it read before it lets go:
 			// one may have landed since the look above.
 			select {
 			case b := <-s.full:
+				s.lend.Store(lendOut)
 				return r.accept(s, kind, b)
 			default:
 			}
@@ -183,6 +227,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 			s.sr.borrowed, s.sr.boundary = true, true
 			b, st := s.readFrame()
 			s.sr.borrowed = false
+			s.lend.Store(lendOut)
 			switch st {
 			case frameOK:
 				s.sr.quiet = false
@@ -191,9 +236,11 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 				}
 				continue // a heartbeat or a deferred abort: read on
 			case frameLend:
-				// Parked lentPark with nothing read: look around, then
-				// park again without polling first.
+				// Parked lentPark with nothing read: look around (the
+				// other lent link too), then park again without polling
+				// first.
 				s.sr.quiet = true
+				r.reclaimIdle()
 				continue
 			default:
 				if err := r.opError(); err != nil {

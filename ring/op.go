@@ -39,16 +39,14 @@ func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 	if r.size > 1 {
 		// Only AllReduceLent's ops read a lent link themselves, and only
 		// the one they receive on. They keep the other lent link (rank 0
-		// of a ring of two lends two, duplex.go) unread, as between calls:
-		// handing it back and asking for it again, when calls alternate
-		// between short and longer small ops, woke its reader to poll
-		// and switched GOMAXPROCS twice a call (docs/TUNING.md, section
-		// 25). Any other op gives every lent link back.
+		// of a ring of two lends two, duplex.go) unread, as between calls,
+		// until something waits on it (reclaimIdle): handing it back and
+		// asking for it again, when calls alternate between short and
+		// longer small ops, woke its reader to poll and switched
+		// GOMAXPROCS twice a call (docs/TUNING.md, section 25). Any other
+		// op gives every lent link back.
 		if !r.lent {
 			r.giveBack()
-		}
-		for _, s := range r.lenders {
-			s.opReads.Store(r.lent && s == r.rx[0])
 		}
 	}
 	r.sendCount, r.recvCount = 0, 0

@@ -93,9 +93,6 @@ type stream struct {
 	lend   atomic.Int32  // lendNone, lendAsked, lendOut
 	resume chan struct{} // the borrower hands the link back
 	sr     *spinReader   // rd, when it polls
-	// opReads: the op under way reads this stream itself (it is lent to
-	// it). A lent stream it does not read is read by nobody.
-	opReads atomic.Bool
 
 	rhdr       [headerLen]byte // the header being read, owned by the reader (or the borrower)
 	readerDone chan struct{}   // closed when readLoop returns
@@ -474,11 +471,12 @@ func (s *stream) hung(now time.Time) bool {
 	if s.waitLocal.Load() {
 		return false
 	}
-	if s.lend.Load() == lendOut && (collective.Op(s.r.curOp.Load()) == collective.OpInvalid || !s.opReads.Load()) {
-		// Lent, and between ops or kept through a lent op that reads the
-		// other lent link: nobody reads, and the borrower gives the link
-		// back as soon as its calls pause (AllReduceLent) or before any op
-		// not lent.
+	if s.lend.Load() == lendOut && collective.Op(s.r.curOp.Load()) == collective.OpInvalid {
+		// Lent and between ops: nobody reads, and the borrower gives the
+		// link back as soon as its calls pause (AllReduceLent). (A link
+		// kept lent through an op that reads the other one goes back to
+		// its reader once anything waits on it, reclaimIdle: silence
+		// there is the peer's.)
 		return false
 	}
 	return now.UnixNano()-s.lastRead.Load() > int64(s.r.cfg.HeartbeatTimeout)
