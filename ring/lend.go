@@ -92,11 +92,13 @@ func (r *Ring) GiveBack() {
 	r.giveBack()
 }
 
-// giveBack returns every lent link.
+// giveBack returns every lent link, and every P: reclaimIdle may have
+// taken the links back already, leaving the process narrowed.
 func (r *Ring) giveBack() {
 	for _, s := range r.lenders {
 		r.giveBackStream(s)
 	}
+	r.widen()
 }
 
 func (r *Ring) giveBackStream(s *stream) {
@@ -109,7 +111,9 @@ func (r *Ring) giveBackStream(s *stream) {
 				return
 			}
 		case lendOut, lendReading: // reading: never, from the borrower itself
-			s.lend.Store(lendNone)
+			if !s.lend.CompareAndSwap(st, lendNone) {
+				continue // reclaimIdle took it back, and woke the reader
+			}
 			r.widen()
 			select {
 			case s.resume <- struct{}{}:
@@ -125,10 +129,11 @@ func (r *Ring) giveBackStream(s *stream) {
 // of a ring of two keeps both its links lent through calls that read only
 // one, and between calls; without this, a peer's abort, its diverged
 // op's frame or a reset connection would lie there unread. The heartbeat
-// loop calls it every tick, and a borrower every lentPark it waits.
-func (r *Ring) reclaimIdle() {
+// loop calls it every tick, and a borrower every lentPark it waits, for
+// every link but its own (own).
+func (r *Ring) reclaimIdle(own *stream) {
 	for _, s := range r.lenders {
-		if s.lend.Load() == lendOut && s.pending() && s.lend.CompareAndSwap(lendOut, lendNone) {
+		if s != own && s.lend.Load() == lendOut && s.pending() && s.lend.CompareAndSwap(lendOut, lendNone) {
 			// The peer was not silent: it sent what waits. Its reader
 			// reads it next; until then the hung check must not count
 			// the time the link was lent.
@@ -219,7 +224,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 			// one may have landed since the look above.
 			select {
 			case b := <-s.full:
-				s.lend.Store(lendOut)
+				s.lend.CompareAndSwap(lendReading, lendOut)
 				return r.accept(s, kind, b)
 			default:
 			}
@@ -227,7 +232,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 			s.sr.borrowed, s.sr.boundary = true, true
 			b, st := s.readFrame()
 			s.sr.borrowed = false
-			s.lend.Store(lendOut)
+			s.lend.CompareAndSwap(lendReading, lendOut)
 			switch st {
 			case frameOK:
 				s.sr.quiet = false
@@ -240,7 +245,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 				// other lent link too), then park again without polling
 				// first.
 				s.sr.quiet = true
-				r.reclaimIdle()
+				r.reclaimIdle(s)
 				continue
 			default:
 				if err := r.opError(); err != nil {

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -365,5 +367,109 @@ func BenchmarkAllReduceLentAlternating(b *testing.B) {
 			}
 			k++
 		}
+	}
+}
+
+// Lent calls narrow the process to one P; when the heartbeat loop then
+// takes every idle lent link back (the peers' heartbeats wait on them),
+// GiveBack still gives every P back, and a large op runs on all of them.
+func TestLentReclaimThenGiveBackWidens(t *testing.T) {
+	wide := runtime.GOMAXPROCS(0)
+	if wide < 2 {
+		t.Skip("needs GOMAXPROCS > 1")
+	}
+	rings := lentWorld(t, 3, 1, func(c *Config) {
+		c.HeartbeatInterval = 20 * time.Millisecond
+		c.HeartbeatTimeout = 400 * time.Millisecond
+	})
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
+	for k := 0; k < 50; k++ {
+		bufs, _ := float32Bufs(3, 3, k)
+		noErrors(t, "lent", onAll(t, rings, func(i int, r *Ring) error { return r.AllReduceLent(d, [][]byte{bufs[i]}, nil) }))
+	}
+	if runtime.GOMAXPROCS(0) != 1 {
+		t.Fatalf("not narrowed after lent calls: %d", runtime.GOMAXPROCS(0))
+	}
+	// Idle: the peers' heartbeats land on the lent links, and the heartbeat
+	// loop takes them back.
+	waitFor(t, "every lent link reclaimed", func() bool {
+		for _, r := range rings {
+			for _, s := range r.lenders {
+				if s.lend.Load() != lendNone {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	t.Logf("all links reclaimed; GOMAXPROCS now %d", runtime.GOMAXPROCS(0))
+	for _, r := range rings {
+		r.GiveBack()
+	}
+	if got := runtime.GOMAXPROCS(0); got != wide {
+		t.Errorf("GOMAXPROCS %d after reclaim + GiveBack, want %d", got, wide)
+	}
+	big := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 100_003}
+	bufs, want := float32Bufs(3, 100_003, 1)
+	procs := 0
+	noErrors(t, "large", onAll(t, rings, func(i int, r *Ring) error {
+		err := r.AllReduce(big, bufs[i])
+		if i == 0 {
+			procs = runtime.GOMAXPROCS(0)
+		}
+		return err
+	}))
+	checkFloat32(t, "large", bufs, want)
+	if procs != wide {
+		t.Errorf("large (not lent) allreduce ran with GOMAXPROCS %d, want %d", procs, wide)
+	}
+}
+
+// GiveBack (or an op that is not lent) and the heartbeat loop's
+// reclaimIdle racing for one lent link wake its reader once: a second
+// resume token would wake it again at its next lend, beside the
+// borrower, two readers on one socket.
+func TestGiveBackRacesReclaim(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := c.Write([]byte{1}); err != nil { // something waits: pending() is true
+		t.Fatal(err)
+	}
+	r := &Ring{}
+	s := &stream{r: r, resume: make(chan struct{}, 1), sr: &spinReader{rc: rawConn(a)}}
+	r.lenders = []*stream{s}
+	waitFor(t, "pending", s.pending)
+	stale := 0
+	const N = 100000
+	for i := 0; i < N; i++ {
+		s.lend.Store(lendOut) // the reader has lent and parked
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; r.reclaimIdle(nil) }()
+		go func() { defer wg.Done(); <-start; r.giveBackStream(s) }()
+		close(start)
+		<-s.resume // the parked reader wakes and reads on
+		wg.Wait()
+		if len(s.resume) != 0 {
+			stale++
+			<-s.resume
+		}
+	}
+	if stale > 0 {
+		t.Errorf("%d of %d races left a second resume token after the reader had woken", stale, N)
 	}
 }

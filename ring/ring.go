@@ -493,7 +493,7 @@ func (r *Ring) heartbeatLoop() {
 			for _, s := range r.all {
 				s.heartbeat(now)
 			}
-			r.reclaimIdle()
+			r.reclaimIdle(nil)
 			for _, s := range r.all {
 				if s.hung(now) {
 					r.failFrom(s, fmt.Errorf("%w (silent for more than %v)", ErrPeerHung, r.cfg.HeartbeatTimeout))
