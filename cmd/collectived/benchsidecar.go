@@ -22,6 +22,10 @@ import (
 // given to exit, so that the failure report has its reason.
 const endGrace = 5 * time.Second
 
+// othersGrace is how long a failure report waits for the daemons' exits
+// to be known, all daemons together.
+const othersGrace = time.Second
+
 // runBenchSidecar is `collectived bench --sidecar`: the daemons' world
 // (one trainer per node) and the ring engines' world (what --ring-only
 // runs) up at the same time, paced (pace.go) so that they take turns a
@@ -96,8 +100,11 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 	}
 	daemonSide.state = func(i int, grace time.Duration) (bool, string) { return trainers[i].ended(grace) }
 	daemonSide.others = func() (out []string) {
+		// A daemon that died is seen by its trainer (its socket closes)
+		// a moment before the daemon is reaped: let the exits land.
+		until := time.Now().Add(othersGrace)
 		for r := range nodes {
-			if exited, err := dw.Exit(r, 0); exited {
+			if exited, err := dw.Exit(r, time.Until(until)); exited {
 				out = append(out, fmt.Sprintf("daemon %d (pid %d) exited: %s; its log ends:\n%s", r, dw.PID(r), exitStatus(err), localworld.Tail(dw.Logs[r])))
 			}
 		}
