@@ -2,6 +2,7 @@ package ring
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -167,62 +168,6 @@ func TestDuplexOnlyFirstStream(t *testing.T) {
 	err := rings[0].Barrier(barrierDesc)
 	if !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), "data frame on the backward direction") {
 		t.Fatalf("got %v, want a data frame on the backward direction refused", err)
-	}
-}
-
-// A write that fails on the lent duplex stream fails the call at once:
-// the op goroutine, which also holds the link's read side, gives it back
-// to its reader, which finds the peer gone, instead of waiting AbortWait
-// for a reader that is parked.
-func TestDuplexLentWriteFails(t *testing.T) {
-	const abortWait = 30 * time.Second
-	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) {
-		c.Spin = 200 * time.Microsecond
-		c.AbortWait = abortWait
-		c.OpTimeout = 2 * abortWait
-		c.HeartbeatInterval = time.Hour // no heartbeat write finds the reset first
-		c.HeartbeatTimeout = 2 * time.Hour
-	})
-	fake := newFakeRank(links[1], 1, 2)
-	go fake.start(11)
-	defer fake.closeAll()
-	startAll(t, rings)
-	r := rings[0]
-	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
-	h := header{Kind: kindData, Sender: 1, Generation: 11, Length: uint32(d.Bytes())}
-	h.setDesc(&d, d.Fingerprint())
-	b := make([]byte, headerLen+int(d.Bytes()))
-	h.encode(b)
-	time.AfterFunc(20*time.Millisecond, func() { fake.writeData(true, b) })
-	if err := r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the duplex stream lent", func() bool { return r.pair[0].lend.Load() == lendOut })
-
-	// The peer resets the duplex connection alone; the other stays up.
-	dup := links[1].Prev[0].(*net.TCPConn)
-	if err := dup.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	dup.Close()
-	waitFor(t, "rank 0's end of the duplex connection reset", func() bool {
-		var info *unix.TCPInfo
-		_ = rawConn(r.pair[0].conn).Control(func(fd uintptr) {
-			info, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		})
-		return info != nil && info.State == unix.BPF_TCP_CLOSE
-	})
-
-	errc := make(chan error, 1)
-	go func() { errc <- r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil) }()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, ErrPeerClosed) || !strings.Contains(err.Error(), "rank 1") {
-			t.Fatalf("got %v, want the peer closed, naming rank 1", err)
-		}
-		t.Logf("rank 0: %v", err)
-	case <-time.After(abortWait / 3):
-		t.Fatalf("the call's write failed on the reset duplex stream and the call has not returned after %v (AbortWait %v)", abortWait/3, abortWait)
 	}
 }
 
@@ -395,54 +340,65 @@ func TestDuplexKeptLentMismatch(t *testing.T) {
 	}
 }
 
-// A 16 KiB lent call whose frame goes out on the kept duplex stream, which
-// the peer has reset, fails at once: the link goes back to its reader,
-// which finds the reset, instead of writeFailed waiting AbortWait.
-func TestDuplexKeptLentWriteFails(t *testing.T) {
-	const abortWait = 30 * time.Second
-	rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) {
-		c.Spin = 200 * time.Microsecond
-		c.AbortWait = abortWait
-		c.OpTimeout = 2 * abortWait
-		c.HeartbeatInterval = time.Hour
-		c.HeartbeatTimeout = 2 * time.Hour
-	})
-	fake := newFakeRank(links[1], 1, 2)
-	go fake.start(11)
-	defer fake.closeAll()
-	startAll(t, rings)
-	r := rings[0]
-	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
-	h := header{Kind: kindData, Sender: 1, Generation: 11, Length: uint32(d.Bytes())}
-	h.setDesc(&d, d.Fingerprint())
-	b := make([]byte, headerLen+int(d.Bytes()))
-	h.encode(b)
-	time.AfterFunc(20*time.Millisecond, func() { fake.writeData(true, b) })
-	if err := r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the duplex stream lent", func() bool { return r.pair[0].lend.Load() == lendOut })
-	dup := links[1].Prev[0].(*net.TCPConn)
-	if err := dup.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	dup.Close()
-	waitFor(t, "rank 0's end of the duplex connection reset", func() bool {
-		var info *unix.TCPInfo
-		_ = rawConn(r.pair[0].conn).Control(func(fd uintptr) {
-			info, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		})
-		return info != nil && info.State == unix.BPF_TCP_CLOSE
-	})
+// A write that fails on the duplex stream lent to rank 0 fails the call
+// at once: the op goroutine gives the link back to its reader, which
+// finds the peer gone, instead of writeFailed waiting AbortWait for a
+// reader that is parked. So it goes for a short call, which reads the
+// duplex stream itself, and for a 16 KiB one, which reads the one-way
+// stream and only writes on the duplex stream, kept lent.
+func TestDuplexLentWriteFails(t *testing.T) {
+	short := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 3}
 	d16 := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: duplexBytes/4 + 1}
-	errc := make(chan error, 1)
-	go func() { errc <- r.AllReduceLent(d16, [][]byte{make([]byte, d16.Bytes())}, nil) }()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, ErrPeerClosed) || !strings.Contains(err.Error(), "rank 1") {
-			t.Fatalf("got %v, want the peer closed, naming rank 1", err)
-		}
-	case <-time.After(abortWait / 3):
-		t.Fatalf("the 16 KiB call's write failed on the kept duplex stream and the call has not returned after %v (AbortWait %v)", abortWait/3, abortWait)
+	for _, d := range []collective.Desc{short, d16} {
+		t.Run(fmt.Sprintf("%d bytes", d.Bytes()), func(t *testing.T) {
+			const abortWait = 30 * time.Second
+			rings, links := faultWorld(t, 2, map[int]bool{1: true}, func(c *Config) {
+				c.Spin = 200 * time.Microsecond
+				c.AbortWait = abortWait
+				c.OpTimeout = 2 * abortWait
+				c.HeartbeatInterval = time.Hour // no heartbeat write finds the reset first
+				c.HeartbeatTimeout = 2 * time.Hour
+			})
+			fake := newFakeRank(links[1], 1, 2)
+			go fake.start(11)
+			defer fake.closeAll()
+			startAll(t, rings)
+			r := rings[0]
+			h := header{Kind: kindData, Sender: 1, Generation: 11, Length: uint32(short.Bytes())}
+			h.setDesc(&short, short.Fingerprint())
+			b := make([]byte, headerLen+int(short.Bytes()))
+			h.encode(b)
+			time.AfterFunc(20*time.Millisecond, func() { fake.writeData(true, b) })
+			if err := r.AllReduceLent(short, [][]byte{make([]byte, short.Bytes())}, nil); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the duplex stream lent", func() bool { return r.pair[0].lend.Load() == lendOut })
+
+			// The peer resets the duplex connection alone; the other stays up.
+			dup := links[1].Prev[0].(*net.TCPConn)
+			if err := dup.SetLinger(0); err != nil {
+				t.Fatal(err)
+			}
+			dup.Close()
+			waitFor(t, "rank 0's end of the duplex connection reset", func() bool {
+				var info *unix.TCPInfo
+				_ = rawConn(r.pair[0].conn).Control(func(fd uintptr) {
+					info, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+				})
+				return info != nil && info.State == unix.BPF_TCP_CLOSE
+			})
+
+			errc := make(chan error, 1)
+			go func() { errc <- r.AllReduceLent(d, [][]byte{make([]byte, d.Bytes())}, nil) }()
+			select {
+			case err := <-errc:
+				if !errors.Is(err, ErrPeerClosed) || !strings.Contains(err.Error(), "rank 1") {
+					t.Fatalf("got %v, want the peer closed, naming rank 1", err)
+				}
+				t.Logf("rank 0: %v", err)
+			case <-time.After(abortWait / 3):
+				t.Fatalf("the call's write failed on the reset duplex stream and the call has not returned after %v (AbortWait %v)", abortWait/3, abortWait)
+			}
+		})
 	}
 }
