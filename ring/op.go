@@ -36,7 +36,7 @@ func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 	if r.nstreams != 1 || r.size == 1 || !r.rx[0].lendable() {
 		r.lent = false // the lent link is one an op receives all its frames on
 	}
-	if r.size > 1 {
+	if r.size > 1 && !r.lent {
 		// Only AllReduceLent's ops read a lent link themselves, and only
 		// the one they receive on. They keep the other lent link (rank 0
 		// of a ring of two lends two, duplex.go) unread, as between calls,
@@ -45,9 +45,7 @@ func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 		// longer small ops, woke its reader to poll and switched
 		// GOMAXPROCS twice a call (docs/TUNING.md, section 25). Any other
 		// op gives every lent link back.
-		if !r.lent {
-			r.giveBack()
-		}
+		r.giveBack()
 	}
 	r.sendCount, r.recvCount = 0, 0
 	for i := range r.completed {

@@ -259,7 +259,9 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 		s.abortSeen.Store(true)
 		s.r.failFromAbort(s, h, string(reason[:h.Length]))
 	case kindData, kindStart:
-		if h.Kind == kindData && h.Generation == s.r.gen.Load() {
+		// A borrower checks its own frame against its op at once
+		// (accept); the reader tells the op, which may wait elsewhere.
+		if h.Kind == kindData && (s.sr == nil || !s.sr.borrowed) && h.Generation == s.r.gen.Load() {
 			s.r.heard(s, &h, viaData)
 		}
 		b := s.receive(h)

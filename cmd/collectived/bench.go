@@ -78,9 +78,6 @@ func runBench(c *cli.Context) error {
 		return exitf("bench: --nodes %d x --local %d: want at least 1 x 1 and at most 64 trainers", nodes, local)
 	}
 	sizes, _, _, err := parseWorkload(c)
-	if err == nil {
-		_, err = parseBetween(c)
-	}
 	if err != nil {
 		return err
 	}
@@ -194,28 +191,30 @@ func runBench(c *cli.Context) error {
 type benchPrinter struct {
 	c            *cli.Context
 	nodes, local int
+	between      int64 // --between, checked by runBench
 	enc          *json.Encoder
 }
 
 func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter {
 	out := c.App.Writer
+	nb, _ := parseBetween(c)
 	if !c.Bool("json") {
 		between := ""
-		if n, _ := parseBetween(c); n > 0 {
-			between = fmt.Sprintf(", each after an untimed call of %d bytes", n)
+		if nb > 0 {
+			between = fmt.Sprintf(", each after an untimed call of %d bytes", nb)
 		}
 		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size%s\n",
 			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"), between)
 		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
 	}
-	return &benchPrinter{c: c, nodes: nodes, local: local, enc: json.NewEncoder(out)}
+	return &benchPrinter{c: c, nodes: nodes, local: local, between: nb, enc: json.NewEncoder(out)}
 }
 
 func (p *benchPrinter) row(r sizeResult) { p.print(p.summarize(r)) }
 
 func (p *benchPrinter) summarize(r sizeResult) benchRow {
 	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
-	row.BetweenBytes, _ = parseBetween(p.c) // checked by runBench
+	row.BetweenBytes = p.between
 	return row
 }
 

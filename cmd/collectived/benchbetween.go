@@ -19,7 +19,8 @@ import (
 
 var betweenFlag = &cli.StringFlag{Name: "between", Usage: "before every warmup and timed call, an untimed allreduce of this many bytes (same dtype and op; units allowed), as a trainer with buffers of several sizes makes: the call measured then pays for switching sizes"}
 
-// parseBetween reads --between: 0 when unset.
+// parseBetween reads --between: 0 when unset. parseWorkload checks it
+// with the other workload flags, so later reads need not.
 func parseBetween(c *cli.Context) (int64, error) {
 	s := c.String("between")
 	if s == "" {
@@ -35,10 +36,11 @@ func parseBetween(c *cli.Context) (int64, error) {
 // betweenElems is the element count of --between's call: at least one.
 func betweenElems(n int64, dt collective.DType) int64 { return max(n/int64(dt.Size()), 1) }
 
-// trainerBetween is a bench trainer's --between call: on a segment of
-// shared memory above the inline limit, as benchOneSize's own buffers.
-// free releases what it holds.
-func trainerBetween(cl *cvd.Client, n int64, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+// trainerBetween is a bench trainer's --between call (nil when unset):
+// on a segment of shared memory above the inline limit, as benchOneSize's
+// own buffers. free releases what it holds.
+func trainerBetween(c *cli.Context, cl *cvd.Client, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+	n, _ := parseBetween(c)
 	if n == 0 {
 		return nil, func() {}, nil
 	}
@@ -54,9 +56,10 @@ func trainerBetween(cl *cvd.Client, n int64, dt collective.DType, op collective.
 	return func() error { return cl.AllReduce(buf, dt, op) }, free, nil
 }
 
-// ringBetween is bench-ring's --between call, on a memfd buffer like its
-// own.
-func ringBetween(r *ring.Ring, n int64, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+// ringBetween is bench-ring's --between call (nil when unset), on a memfd
+// buffer like its own.
+func ringBetween(c *cli.Context, r *ring.Ring, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+	n, _ := parseBetween(c)
 	if n == 0 {
 		return nil, func() {}, nil
 	}

@@ -92,11 +92,7 @@ func runBenchRing(c *cli.Context) error {
 	enc := json.NewEncoder(out)
 	d1 := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: 1}
 	prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return r.AllReduce(d1, one) })
-	nb, err := parseBetween(c)
-	if err != nil {
-		return err
-	}
-	between, free, err := ringBetween(r, nb, dt, op)
+	between, free, err := ringBetween(c, r, dt, op)
 	if err != nil {
 		return err
 	}

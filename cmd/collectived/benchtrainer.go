@@ -57,11 +57,7 @@ func benchTrainerCommand() *cli.Command {
 				return err
 			}
 			defer cl.Close()
-			nb, err := parseBetween(c)
-			if err != nil {
-				return err
-			}
-			between, free, err := trainerBetween(cl, nb, dt, op)
+			between, free, err := trainerBetween(c, cl, dt, op)
 			if err != nil {
 				return err
 			}
@@ -99,6 +95,9 @@ func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op colle
 			err = fmt.Errorf("--%s %d: want 0 or more", name, n)
 			return
 		}
+	}
+	if _, err = parseBetween(c); err != nil {
+		return
 	}
 	if dt, err = collective.ParseDType(c.String("dtype")); err != nil {
 		return
