@@ -191,9 +191,12 @@ func TestDuplexMismatchFoundAtOnce(t *testing.T) {
 	ar := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1}
 	for _, c := range []struct {
 		name  string
-		ahead bool // rank 1's broadcast ends before rank 0 calls
+		ahead int // rank 1's broadcasts that end before rank 0 calls
 		lent  bool
-	}{{"together", false, false}, {"together lent", false, true}, {"peer ahead", true, false}, {"peer ahead lent", true, true}} {
+	}{{"together", 0, false}, {"together lent", 0, true}, {"peer ahead", 1, false}, {"peer ahead lent", 1, true},
+		// Heard of at seq 1 too before rank 0 begins seq 0: what it
+		// sent at seq 0 must not have been forgotten.
+		{"peer two ahead", 2, false}, {"peer two ahead lent", 2, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			rings, _ := faultWorld(t, 2, nil, func(cfg *Config) {
 				cfg.Spin = 200 * time.Microsecond
@@ -209,13 +212,15 @@ func TestDuplexMismatchFoundAtOnce(t *testing.T) {
 				return rings[0].AllReduce(ar, make([]byte, 4))
 			}
 			var errs []error
-			if c.ahead {
-				if err := rings[1].Broadcast(bcast, make([]byte, 4)); err != nil {
-					t.Fatalf("rank 1's broadcast, which waits for no one: %v", err)
+			if c.ahead > 0 {
+				for k := range c.ahead {
+					if err := rings[1].Broadcast(bcast, make([]byte, 4)); err != nil {
+						t.Fatalf("rank 1's broadcast %d, which waits for no one: %v", k, err)
+					}
 				}
-				waitFor(t, "rank 0 sees rank 1's broadcast", func() bool {
+				waitFor(t, "rank 0 sees rank 1's broadcasts", func() bool {
 					p, ok := rings[0].PeerInOp()
-					return ok && p.Seq == 0 && p.Desc.Op == collective.OpBroadcast
+					return ok && p.Seq == uint64(c.ahead-1) && p.Desc.Op == collective.OpBroadcast
 				})
 				errs = opOnReal(t, rings[:1], 10*time.Second, func(int, *Ring) error { return allReduce() })
 			} else {

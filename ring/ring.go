@@ -91,8 +91,11 @@ type Ring struct {
 	peerSeenRank int
 	peerSeenAt   time.Time
 	peerSeenOK   bool
-	peerSeenOn   *stream
-	peerSeenVia  string
+	// The first op heard of at each of the last peerHistory seqs (slot
+	// seq mod peerHistory), for an op beginning to check against: a peer
+	// running ahead (a broadcast's root does not wait) may be heard of at
+	// several seqs before this rank reaches the first of them.
+	peerAt [peerHistory]peerNote
 
 	gen atomic.Uint32
 	// What is under way, for errors raised outside the op goroutine.
@@ -546,19 +549,22 @@ func (r *Ring) setCurrent(active bool) {
 		case <-r.peerOp:
 		default:
 		}
-		if p := &r.peerSeen; r.peerSeenOK && p.Seq == r.seq && p.Op != collective.OpInvalid && !p.sameDesc(&r.desc, r.fp) {
-			n := peerNote{s: r.peerSeenOn, h: *p, via: r.peerSeenVia}
-			for sent := false; !sent; {
-				select {
-				case r.peerOp <- n:
-					sent = true
-				case <-r.peerOp: // a stale one sent since the drain
-				}
+		// heard sends only under curMu, and only about the op under way:
+		// after the drain the slot is free for this op's note.
+		if n := &r.peerAt[r.seq%peerHistory]; n.s != nil && n.h.Seq == r.seq && !n.h.sameDesc(&r.desc, r.fp) {
+			select {
+			case r.peerOp <- *n: // free: drained above, and heard sends under curMu
+			default:
 			}
 		}
 	}
 	r.curMu.Unlock()
 }
+
+// peerHistory is how many seqs' first peer ops setCurrent can look back
+// on: a peer is at most a few ops ahead, as many as its frames fit in
+// this rank's receive buffers and socket.
+const peerHistory = 8
 
 // heard compares a peer's op, announced in a heartbeat or carried by a
 // data frame, with ours; a different call at the same seq goes to the op
@@ -569,18 +575,22 @@ func (r *Ring) heard(s *stream, h *header, via string) {
 		return
 	}
 	r.curMu.Lock()
-	c, active := r.curHdr, r.curActive
+	defer r.curMu.Unlock()
 	if !r.peerSeenOK || r.peerSeen.Seq != h.Seq {
 		r.peerSeen, r.peerSeenRank, r.peerSeenAt, r.peerSeenOK = *h, s.peerRank, time.Now(), true
-		r.peerSeenOn, r.peerSeenVia = s, via
 	}
-	r.curMu.Unlock()
-	if !active || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
+	if n := &r.peerAt[h.Seq%peerHistory]; n.s == nil || n.h.Seq != h.Seq {
+		*n = peerNote{s: s, h: *h, via: via}
+	}
+	c := &r.curHdr
+	if !r.curActive || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
 		c.Root == h.Root && c.Count == h.Count && c.NameFP == h.NameFP) {
 		return
 	}
+	// Sent under curMu, so never after the next op's setCurrent has
+	// drained the slot: a stale note there would crowd out that op's own.
 	select {
 	case r.peerOp <- peerNote{s: s, h: *h, via: via}:
-	default:
+	default: // one note about this op is enough
 	}
 }
