@@ -84,18 +84,17 @@ type Ring struct {
 	curHdr    header
 	curActive bool
 	peerOp    chan peerNote
-	// The latest op a neighbour announced, kept (under curMu) for
-	// PeerInOp: a rank whose own caller has not called yet learns that
-	// the collective has begun elsewhere.
-	peerSeen     header
-	peerSeenRank int
-	peerSeenAt   time.Time
-	peerSeenOK   bool
-	// The first op heard of at each of the last peerHistory seqs (slot
-	// seq mod peerHistory), for an op beginning to check against: a peer
-	// running ahead (a broadcast's root does not wait) may be heard of at
-	// several seqs before this rank reaches the first of them.
-	peerAt [peerHistory]peerNote
+	// The first op a neighbour was heard of at each of the last
+	// peerHistory seqs (slot seq mod peerHistory), under curMu: an op
+	// beginning checks its own seq's (a peer running ahead, a
+	// broadcast's root, which does not wait, may be heard of at several
+	// seqs before this rank reaches the first of them), and PeerInOp
+	// reports the seq heard of last (peerLast), so that a rank whose own
+	// caller has not called yet learns that the collective has begun
+	// elsewhere.
+	peerAt    [peerHistory]peerNote
+	peerLast  uint64
+	peerHeard bool
 
 	gen atomic.Uint32
 	// What is under way, for errors raised outside the op goroutine.
@@ -514,6 +513,7 @@ type peerNote struct {
 	s   *stream
 	h   header
 	via string
+	at  time.Time // when this rank first heard of it
 }
 
 const (
@@ -576,12 +576,10 @@ func (r *Ring) heard(s *stream, h *header, via string) {
 	}
 	r.curMu.Lock()
 	defer r.curMu.Unlock()
-	if !r.peerSeenOK || r.peerSeen.Seq != h.Seq {
-		r.peerSeen, r.peerSeenRank, r.peerSeenAt, r.peerSeenOK = *h, s.peerRank, time.Now(), true
-	}
 	if n := &r.peerAt[h.Seq%peerHistory]; n.s == nil || n.h.Seq != h.Seq {
-		*n = peerNote{s: s, h: *h, via: via}
+		*n = peerNote{s: s, h: *h, via: via, at: time.Now()}
 	}
+	r.peerLast, r.peerHeard = h.Seq, true
 	c := &r.curHdr
 	if !r.curActive || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
 		c.Root == h.Root && c.Count == h.Count && c.NameFP == h.NameFP) {

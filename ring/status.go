@@ -74,17 +74,11 @@ type PeerOp struct {
 func (r *Ring) PeerInOp() (PeerOp, bool) {
 	r.curMu.Lock()
 	defer r.curMu.Unlock()
-	if !r.peerSeenOK {
+	if !r.peerHeard {
 		return PeerOp{}, false
 	}
-	h := &r.peerSeen
-	p := PeerOp{Seq: h.Seq, Rank: r.peerSeenRank, Since: r.peerSeenAt,
-		Desc: collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Root: h.Root, Count: h.Count}}
-	for _, s := range r.all {
-		if s.peerRank == p.Rank {
-			p.Addr = s.peerAddr
-			break
-		}
-	}
-	return p, true
+	n := &r.peerAt[r.peerLast%peerHistory]
+	h := &n.h
+	return PeerOp{Seq: h.Seq, Rank: n.s.peerRank, Addr: n.s.peerAddr, Since: n.at,
+		Desc: collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Root: h.Root, Count: h.Count}}, true
 }
