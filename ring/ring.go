@@ -562,8 +562,9 @@ func (r *Ring) setCurrent(active bool) {
 }
 
 // peerHistory is how many seqs' first peer ops setCurrent can look back
-// on: a peer is at most a few ops ahead, as many as its frames fit in
-// this rank's receive buffers and socket.
+// on. Only ops that wait for no one (a broadcast's root) take a peer
+// ahead; one more than peerHistory such calls ahead of a diverged op
+// leave its mismatch to the op timeout.
 const peerHistory = 8
 
 // heard compares a peer's op, announced in a heartbeat or carried by a
