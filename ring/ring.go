@@ -563,8 +563,8 @@ func (r *Ring) setCurrent(active bool) {
 
 // peerHistory is how many seqs' first peer ops setCurrent can look back
 // on. Only ops that wait for no one (a broadcast's root) take a peer
-// ahead; one more than peerHistory such calls ahead of a diverged op
-// leave its mismatch to the op timeout.
+// ahead; a diverged op at seq k whose peer was heard of at seq
+// k+peerHistory or later before it began is left to the op timeout.
 const peerHistory = 8
 
 // heard compares a peer's op, announced in a heartbeat or carried by a
