@@ -145,6 +145,12 @@ func (h *header) sameDesc(d *collective.Desc, fp uint64) bool {
 		h.Root == d.Root && h.Count == d.Count && h.NameFP == fp
 }
 
+// sameCall reports whether two headers describe the same call.
+func (h *header) sameCall(o *header) bool {
+	return h.Op == o.Op && h.DType == o.DType && h.Reduce == o.Reduce &&
+		h.Root == o.Root && h.Count == o.Count && h.NameFP == o.NameFP
+}
+
 // remoteDesc renders the description a header carries. Names do not
 // travel, only the fingerprint over all fields and the name: if the
 // remote fields with the local name give the remote fingerprint, the names

@@ -63,3 +63,28 @@ func TestPeerNoteNeverStale(t *testing.T) {
 		t.Fatalf("%d of %d ops found a note about an earlier op first", stale, n)
 	}
 }
+
+// PeerInOp reports nothing before any peer op is heard of, then the one
+// heard of last, with who sent it and when it was first heard.
+func TestPeerInOp(t *testing.T) {
+	r := &Ring{peerOp: make(chan peerNote, 1)}
+	if p, ok := r.PeerInOp(); ok {
+		t.Fatalf("nothing heard yet: got %+v", p)
+	}
+	s := &stream{r: r, peerRank: 1, peerAddr: "127.0.0.1:7001"}
+	theirs := collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 3, Root: 1}
+	var h header
+	h.setDesc(&theirs, theirs.Fingerprint())
+	before := time.Now()
+	for _, seq := range []uint64{peerHistory, peerHistory + 1, peerHistory} { // slot 0 first, then back to it
+		h.Seq = seq
+		r.heard(s, &h, viaHeartbeat)
+	}
+	p, ok := r.PeerInOp()
+	if !ok || p.Seq != peerHistory || p.Rank != 1 || p.Addr != "127.0.0.1:7001" || !p.Desc.Equal(collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: 3, Root: 1}) {
+		t.Fatalf("PeerInOp = %+v, %v; want seq %d's broadcast from rank 1 at 127.0.0.1:7001", p, ok, peerHistory)
+	}
+	if p.Since.Before(before) {
+		t.Fatalf("Since %v is before the op was first heard of (%v)", p.Since, before)
+	}
+}

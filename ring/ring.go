@@ -89,12 +89,11 @@ type Ring struct {
 	// beginning checks its own seq's (a peer running ahead, a
 	// broadcast's root, which does not wait, may be heard of at several
 	// seqs before this rank reaches the first of them), and PeerInOp
-	// reports the seq heard of last (peerLast), so that a rank whose own
-	// caller has not called yet learns that the collective has begun
-	// elsewhere.
-	peerAt    [peerHistory]peerNote
-	peerLast  uint64
-	peerHeard bool
+	// reports the seq heard of last (peerLast; none while its slot is
+	// empty), so that a rank whose own caller has not called yet learns
+	// that the collective has begun elsewhere.
+	peerAt   [peerHistory]peerNote
+	peerLast uint64
 
 	gen atomic.Uint32
 	// What is under way, for errors raised outside the op goroutine.
@@ -551,7 +550,7 @@ func (r *Ring) setCurrent(active bool) {
 		}
 		// heard sends only under curMu, and only about the op under way:
 		// after the drain the slot is free for this op's note.
-		if n := &r.peerAt[r.seq%peerHistory]; n.s != nil && n.h.Seq == r.seq && !n.h.sameDesc(&r.desc, r.fp) {
+		if n := &r.peerAt[r.seq%peerHistory]; n.s != nil && n.h.Seq == r.seq && !n.h.sameCall(&r.curHdr) {
 			select {
 			case r.peerOp <- *n: // free: drained above, and heard sends under curMu
 			default:
@@ -580,10 +579,8 @@ func (r *Ring) heard(s *stream, h *header, via string) {
 	if n := &r.peerAt[h.Seq%peerHistory]; n.s == nil || n.h.Seq != h.Seq {
 		*n = peerNote{s: s, h: *h, via: via, at: time.Now()}
 	}
-	r.peerLast, r.peerHeard = h.Seq, true
-	c := &r.curHdr
-	if !r.curActive || c.Seq != h.Seq || (c.Op == h.Op && c.DType == h.DType && c.Reduce == h.Reduce &&
-		c.Root == h.Root && c.Count == h.Count && c.NameFP == h.NameFP) {
+	r.peerLast = h.Seq
+	if !r.curActive || r.curHdr.Seq != h.Seq || r.curHdr.sameCall(h) {
 		return
 	}
 	// Sent under curMu, so never after the next op's setCurrent has

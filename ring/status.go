@@ -74,10 +74,10 @@ type PeerOp struct {
 func (r *Ring) PeerInOp() (PeerOp, bool) {
 	r.curMu.Lock()
 	defer r.curMu.Unlock()
-	if !r.peerHeard {
-		return PeerOp{}, false
-	}
 	n := &r.peerAt[r.peerLast%peerHistory]
+	if n.s == nil {
+		return PeerOp{}, false // nothing heard yet
+	}
 	h := &n.h
 	return PeerOp{Seq: h.Seq, Rank: n.s.peerRank, Addr: n.s.peerAddr, Since: n.at,
 		Desc: collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Root: h.Root, Count: h.Count}}, true
