@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/internal/parked"
 )
 
 // Side says which end of the protocol a Conn is: it decides which frame
@@ -81,17 +83,19 @@ type Conn struct {
 	rearm             bool        // Rearm asked the parked reader to poll again
 	closed            atomic.Bool // CloseSocket has run
 	recvFn            func(uintptr) bool
-	pollUntil         int64        // unix nanoseconds; 0: do not poll
-	yieldP            bool         // Gosched between polls (ReadFrame; not ReadFrameBy)
-	parkDeadline      time.Time    // ReadFrameBy: set as the read deadline when polling ends
-	deadlineSet       bool         // the read deadline must be cleared after the read
-	spin              atomic.Int64 // nanoseconds to poll a quiet socket (SetSpin)
-	readSpin          int64        // this read's polling budget
-	onPark            func()       // SetOnPark
-	lane              *Lane        // SetLane: polled beside the socket
-	laneParked        bool         // the lane says this reader sleeps on the socket
-	socketAt          int64        // unix nanoseconds: when a lane's poller next reads the socket
-	goschedAt         int64        // unix nanoseconds: when a poll last yielded its P
+	pollUntil         int64         // unix nanoseconds; 0: do not poll
+	yieldP            bool          // Gosched between polls (ReadFrame; not ReadFrameBy)
+	parkDeadline      time.Time     // ReadFrameBy: set as the read deadline when polling ends
+	deadlineSet       bool          // the read deadline must be cleared after the read
+	spin              atomic.Int64  // nanoseconds to poll a quiet socket (SetSpin)
+	readSpin          int64         // this read's polling budget
+	onPark            func()        // SetOnPark
+	lane              *Lane         // SetLane: polled beside the socket
+	park              parked.Reader // Rearm, as a parked reader other polls wake
+	asleep            bool          // park is on the set of parked readers
+	laneParked        bool          // the lane says this reader sleeps on the socket
+	socketAt          int64         // unix nanoseconds: when a lane's poller next reads the socket
+	goschedAt         int64         // unix nanoseconds: when a poll last yielded its P
 	hupFn             func(fd uintptr)
 	hup               bool
 	msg               unix.Msghdr

@@ -3,11 +3,9 @@ package ipc
 import (
 	"fmt"
 	"net"
-	"os"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/collectived/collectived/internal/parked"
 )
 
 // EnableRearm makes the Conn read its socket through a second fd, a
@@ -25,44 +23,17 @@ func (c *Conn) EnableRearm() error {
 	if c.rawErr != nil {
 		return c.rawErr
 	}
-	f, raw, err := openReadFile(c.uc)
+	f, raw, fd, err := parked.OpenReadFile(c.uc, "socket")
 	if err != nil {
-		return err
+		return fmt.Errorf("ipc: %w", err)
 	}
 	c.rf, c.raw = f, raw
+	c.park.Init(fd, c.Rearm)
 	return nil
 }
 
 // rearmSignal is the past deadline Rearm wakes a parked read with.
 var rearmSignal = time.Unix(1, 0)
-
-// openReadFile duplicates uc's fd (close-on-exec) as a pollable file. The
-// duplicate shares the socket's open file description, so it is already
-// non-blocking, which is what makes os.NewFile register it with the
-// netpoller.
-func openReadFile(uc *net.UnixConn) (*os.File, syscall.RawConn, error) {
-	rc, err := uc.SyscallConn()
-	if err != nil {
-		return nil, nil, err
-	}
-	nfd := -1
-	var dupErr error
-	if err := rc.Control(func(fd uintptr) {
-		nfd, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
-	}); err != nil {
-		return nil, nil, err
-	}
-	if dupErr != nil {
-		return nil, nil, fmt.Errorf("ipc: duplicate the socket's fd for reading: %w", dupErr)
-	}
-	f := os.NewFile(uintptr(nfd), "ipc-socket")
-	raw, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return f, raw, nil
-}
 
 // readError names a failed read through the duplicate fd as net's would
 // (op, addresses, cause), and reports a read ended by Close as

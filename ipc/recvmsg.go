@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/internal/parked"
 )
 
 // recvmsg reads once from the socket into p and c.oob. It calls recvmsg(2)
@@ -32,6 +34,10 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 	}
 	for {
 		err := c.raw.Read(c.recvFn)
+		if c.asleep {
+			c.asleep = false
+			c.park.Awake()
+		}
 		if c.laneParked {
 			c.laneParked = false
 			c.lane.unpark()
@@ -104,6 +110,12 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 				c.deadlineSet = true
 				_ = c.SetReadDeadline(c.parkDeadline)
 			}
+			if c.rf != nil && c.spin.Load() > 0 {
+				// Other goroutines' polls wake this read (Rearm) as soon
+				// as its socket is readable (internal/parked).
+				c.asleep = true
+				c.park.Sleep()
+			}
 			return false
 		default:
 			c.rn, c.roobn, c.rflags, c.rerr = 0, 0, 0, os.NewSyscallError("recvmsg", errno)
@@ -132,8 +144,10 @@ const (
 
 // yield ends one empty turn of a poll: other processes get the CPU
 // (sched_yield), and now and then, for ReadFrame, this process's other
-// goroutines the P.
+// goroutines the P; readers parked beside it whose data has come are
+// woken (internal/parked).
 func (c *Conn) yield(now int64) {
+	parked.Poll()
 	if c.yieldP && now-c.goschedAt > goschedEvery {
 		c.goschedAt = now
 		runtime.Gosched()

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/internal/parked"
 )
 
 // Lending the link small ops receive on to the op goroutine.
@@ -170,9 +172,7 @@ const stopEvery = time.Millisecond
 // before it looks again at its deadline, its stop check and what the
 // other links' readers noted (a peer's diverged op seen on another
 // stream: without the look it would wait for the next frame here, a
-// heartbeat at the latest). Each such wake-up allocates the OpError that
-// net's RawConn wraps the deadline in: one per 5 ms of waiting, never on
-// a call that is answered sooner.
+// heartbeat at the latest). On a pollConn the wake-up allocates nothing.
 const lentPark = 5 * time.Millisecond
 
 // recvLent is recv for an op run by AllReduceLent: it reads the link it
@@ -255,7 +255,9 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 			}
 		}
 		// The reader has not let go yet: it is handing over a frame, or
-		// asleep in the netpoller until the next one comes.
+		// asleep in the netpoller until the next one comes (and woken
+		// here, if it has come).
+		parked.Poll()
 		if now-lastYield > int64(20*time.Microsecond) {
 			runtime.Gosched()
 			lastYield = now

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/internal/parked"
 )
 
 // spinReader reads a TCP link, polling the socket without blocking for up
@@ -41,16 +43,41 @@ type spinReader struct {
 	err      error
 	deadline int64
 	fn       func(fd uintptr) bool
+
+	// A reader that parks in the netpoller (not a borrower's) is on the
+	// set of parked readers, which other goroutines' polls look at
+	// (internal/parked): they end its parked read with kickSignal, and it
+	// polls again. Only on a pollConn, whose reads that deadline ends
+	// without allocating.
+	park   parked.Reader
+	asleep bool        // on the set now
+	kicked atomic.Bool // a poller ended its parked read
+	pc     *pollConn   // the link, when it is one
+}
+
+// kickSignal is the past read deadline a poller wakes a parked reader
+// with.
+var kickSignal = time.Unix(1, 0)
+
+// kick ends the reader's parked read; parked.Poll calls it.
+func (s *spinReader) kick() {
+	s.kicked.Store(true)
+	_ = s.pc.SetReadDeadline(kickSignal)
 }
 
 // newSpinReader wraps c if it is a socket and spin > 0; otherwise c itself
-// is the reader.
+// is the reader. On a pollConn it reads the duplicate fd and goes on the
+// set of parked readers when it parks.
 func newSpinReader(c net.Conn, spin time.Duration) io.Reader {
 	rc := rawConn(c)
 	if rc == nil || spin <= 0 {
 		return c
 	}
 	s := &spinReader{rc: rc, spin: int64(spin), dl: c}
+	if pc, ok := c.(*pollConn); ok {
+		s.rc, s.pc = pc.raw, pc
+		s.park.Init(pc.fd, s.kick)
+	}
 	s.fn = s.try
 	return s
 }
@@ -72,9 +99,22 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	}
 	for {
 		err := s.rc.Read(s.fn)
+		if s.asleep {
+			s.asleep = false
+			s.park.Awake() // from here on no kick comes
+		}
+		if s.kicked.Load() {
+			s.kicked.Store(false)
+			_ = s.pc.SetReadDeadline(time.Time{})
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// Woken because its data has come: poll again.
+				s.deadline = time.Now().UnixNano() + s.spin
+				continue
+			}
+		}
 		if !s.armed {
 			if err != nil {
-				return 0, err
+				return 0, s.linkError(err)
 			}
 			break
 		}
@@ -84,7 +124,7 @@ func (s *spinReader) Read(p []byte) (int, error) {
 			break
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			return 0, err
+			return 0, s.linkError(err)
 		}
 		if s.boundary {
 			return 0, errLend
@@ -99,6 +139,14 @@ func (s *spinReader) Read(p []byte) (int, error) {
 		s.boundary = false
 	}
 	return s.n, s.err
+}
+
+// linkError names a failed read of a pollConn as net names its own.
+func (s *spinReader) linkError(err error) error {
+	if s.pc == nil {
+		return err
+	}
+	return s.pc.readError(err)
 }
 
 // try is the RawConn.Read callback: false means "park until readable".
@@ -120,10 +168,16 @@ func (s *spinReader) try(fd uintptr) bool {
 					s.armed = true
 					_ = s.dl.SetReadDeadline(time.Now().Add(lentPark))
 				}
+				if s.pc != nil && !s.borrowed {
+					s.asleep = true
+					s.park.Sleep()
+				}
 				return false
 			}
-			// Let this process's other goroutines (the op, writers) have the
-			// P, and other processes the CPU, between polls.
+			// Wake readers parked beside this poll whose data has come;
+			// let this process's other goroutines (the op, writers) have
+			// the P, and other processes the CPU, between polls.
+			parked.Poll()
 			if !s.borrowed {
 				runtime.Gosched()
 			}

@@ -153,6 +153,14 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 // receiveData sets the stream up to receive data frames of up to n bytes
 // each: a reader that polls (Config.Spin) and rxBuffers buffers.
 func (s *stream) receiveData(n int) {
+	if tc, ok := s.conn.(*net.TCPConn); ok && s.r.cfg.Spin > 0 {
+		if pc, err := newPollConn(tc); err != nil {
+			// Read as before, without the wake-ups a pollConn allows.
+			s.r.log.Warn("ring link read through its own fd", "peer_rank", s.peerRank, "peer_addr", s.peerAddr, "err", err)
+		} else {
+			s.conn = pc
+		}
+	}
 	if sr, ok := newSpinReader(s.conn, s.r.cfg.Spin).(*spinReader); ok {
 		s.rd, s.sr = sr, sr
 	}
