@@ -41,7 +41,7 @@ func TestPollerWakesParkedSession(t *testing.T) {
 		var err error
 	wait:
 		for end := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
-			parked.Poll()
+			parked.Poll(time.Now().UnixNano())
 			select {
 			case err = <-got:
 				break wait

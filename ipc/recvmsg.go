@@ -147,7 +147,7 @@ const (
 // goroutines the P; readers parked beside it whose data has come are
 // woken (internal/parked).
 func (c *Conn) yield(now int64) {
-	parked.Poll()
+	parked.Poll(now)
 	if c.yieldP && now-c.goschedAt > goschedEvery {
 		c.goschedAt = now
 		runtime.Gosched()

@@ -257,7 +257,7 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 		// The reader has not let go yet: it is handing over a frame, or
 		// asleep in the netpoller until the next one comes (and woken
 		// here, if it has come).
-		parked.Poll()
+		parked.Poll(now)
 		if now-lastYield > int64(20*time.Microsecond) {
 			runtime.Gosched()
 			lastYield = now

@@ -121,7 +121,7 @@ func TestPollerWakesParkedLinkReader(t *testing.T) {
 			return
 		}
 		for end := time.Now().Add(10 * time.Second); ; {
-			parked.Poll()
+			parked.Poll(time.Now().UnixNano())
 			select {
 			case r := <-got:
 				if r.err != nil || r.b != msg {

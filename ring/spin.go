@@ -163,7 +163,8 @@ func (s *spinReader) try(fd uintptr) bool {
 				s.err = errLend
 				return true
 			}
-			if time.Now().UnixNano() >= s.deadline {
+			now := time.Now().UnixNano()
+			if now >= s.deadline {
 				if s.borrowed && !s.armed {
 					s.armed = true
 					_ = s.dl.SetReadDeadline(time.Now().Add(lentPark))
@@ -177,7 +178,7 @@ func (s *spinReader) try(fd uintptr) bool {
 			// Wake readers parked beside this poll whose data has come;
 			// let this process's other goroutines (the op, writers) have
 			// the P, and other processes the CPU, between polls.
-			parked.Poll()
+			parked.Poll(now)
 			if !s.borrowed {
 				runtime.Gosched()
 			}

@@ -12,9 +12,10 @@ import (
 // how to wake it. A reader's own goroutine calls Sleep and Awake; Poll
 // calls wake, from another goroutine, while the reader is on the set.
 type Reader struct {
-	fd   int32
-	wake func()
-	on   bool // on the set; guarded by set.mu
+	fd    int32
+	wake  func()
+	on    bool  // on the set; guarded by set.mu
+	since int64 // unix nanoseconds it went on the set; guarded by set.mu
 }
 
 // Init names the fd the reader parks on and the function that ends its
@@ -30,6 +31,17 @@ func (r *Reader) Init(fd int, wake func()) {
 // little against the 100-350 µs it waited before.
 const pollEvery = int64(20 * time.Microsecond)
 
+// A reader asleep longer than longAfter is looked at only every
+// longEvery: it is most likely an idle link (a stripe that small calls do
+// not use), and asking for it every pollEvery would cost every small
+// call a system call. A trainer's next request after a long call comes
+// to a session reader asleep for the call's length, and is rearmed at the
+// answer from 4 MiB on (ipc.ServerConfig.RearmMinBytes).
+const (
+	longAfter = int64(10 * time.Millisecond)
+	longEvery = int64(time.Millisecond)
+)
+
 // maxPoll bounds the fds one Poll looks at; with more readers asleep, the
 // next Poll starts where this one stopped.
 const maxPoll = 16
@@ -38,7 +50,8 @@ var set struct {
 	mu      sync.Mutex
 	readers []*Reader
 	n       atomic.Int32 // len(readers), read without the lock
-	polled  atomic.Int64 // unix nanoseconds of the last poll(2)
+	polled  atomic.Int64 // unix nanoseconds of the last Poll that looked
+	longAt  int64        // unix nanoseconds of the last look at every reader
 	next    int          // where the next Poll starts, with more than maxPoll
 	pfds    [maxPoll]unix.PollFd
 	who     [maxPoll]*Reader
@@ -50,7 +63,7 @@ var set struct {
 func (r *Reader) Sleep() {
 	set.mu.Lock()
 	if !r.on {
-		r.on = true
+		r.on, r.since = true, time.Now().UnixNano()
 		set.readers = append(set.readers, r)
 		set.n.Store(int32(len(set.readers)))
 	}
@@ -99,35 +112,45 @@ func Woken() uint64 { return set.woken.Load() }
 
 // Poll wakes the sleeping readers whose fd is readable (data, the peer's
 // close or an error), each taken off the set as it is woken. Pollers call
-// it between polls; it returns at once when nobody sleeps, when it polled
-// less than pollEvery ago, or when another poller is in it. It does not
-// allocate.
-func Poll() {
-	if set.n.Load() == 0 {
-		return
-	}
-	now := time.Now().UnixNano()
-	if now-set.polled.Load() < pollEvery || !set.mu.TryLock() {
+// it between polls, with the time they read last (unix nanoseconds):
+// every poller reads the clock on each turn already, and a second
+// reading would lengthen each turn, which the pollers of the other
+// processes wait for. It returns at once when nobody sleeps, when it
+// looked less than pollEvery ago, or when another poller is in it. It
+// does not allocate.
+func Poll(now int64) {
+	if set.n.Load() == 0 || now-set.polled.Load() < pollEvery || !set.mu.TryLock() {
 		return
 	}
 	defer set.mu.Unlock()
 	set.polled.Store(now)
-	pollLocked()
+	pollLocked(now)
 }
 
 // pollLocked is Poll's work, under set.mu.
-func pollLocked() {
-	n := min(len(set.readers), maxPoll)
+func pollLocked(now int64) {
+	total := len(set.readers)
+	if total == 0 {
+		return
+	}
+	all := now-set.longAt >= longEvery
+	if all {
+		set.longAt = now
+	}
+	start, n, i := set.next%total, 0, 0
+	for ; i < total && n < maxPoll; i++ {
+		r := set.readers[(start+i)%total]
+		if !all && now-r.since >= longAfter {
+			continue
+		}
+		set.pfds[n] = unix.PollFd{Fd: r.fd, Events: unix.POLLIN}
+		set.who[n] = r
+		n++
+	}
+	set.next = start + i
 	if n == 0 {
 		return
 	}
-	start := set.next % len(set.readers)
-	for i := 0; i < n; i++ {
-		r := set.readers[(start+i)%len(set.readers)]
-		set.pfds[i] = unix.PollFd{Fd: r.fd, Events: unix.POLLIN}
-		set.who[i] = r
-	}
-	set.next = start + n
 	ready, err := unix.Poll(set.pfds[:n], 0)
 	if err != nil || ready == 0 {
 		clear(set.who[:n])

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,7 +15,7 @@ import (
 func pollNow() {
 	set.mu.Lock()
 	defer set.mu.Unlock()
-	pollLocked()
+	pollLocked(time.Now().UnixNano())
 }
 
 // socketPair is a connected pair of real Unix stream sockets, closed
@@ -152,22 +153,49 @@ func TestPollReachesEverySleeper(t *testing.T) {
 func TestPollRateLimited(t *testing.T) {
 	a, b := socketPair(t)
 	r := newCounted(a)
-	Poll() // with nobody asleep: returns at once
+	Poll(time.Now().UnixNano()) // with nobody asleep: returns at once
 	r.Sleep()
 	defer r.Awake()
 	set.polled.Store(0)
-	Poll()
+	Poll(time.Now().UnixNano())
 	if _, err := unix.Write(b, []byte{1}); err != nil {
 		t.Fatal(err)
 	}
-	Poll() // within pollEvery of the first: asks nothing
+	Poll(time.Now().UnixNano()) // within pollEvery of the first: asks nothing
 	if n := r.wakes.Load(); n != 0 {
 		t.Fatalf("woken %d times by a poll within pollEvery of the last", n)
 	}
 	set.polled.Store(0)
-	Poll()
+	Poll(time.Now().UnixNano())
 	if n := r.wakes.Load(); n != 1 {
 		t.Fatalf("woken %d times once pollEvery had passed, want 1", n)
+	}
+}
+
+// A reader asleep longer than longAfter is looked at every longEvery, not
+// on every poll.
+func TestLongSleeperLookedAtLess(t *testing.T) {
+	a, b := socketPair(t)
+	r := newCounted(a)
+	r.Sleep()
+	defer r.Awake()
+	set.mu.Lock()
+	r.since -= 2 * longAfter
+	set.longAt = time.Now().UnixNano() + int64(time.Hour) // not due
+	set.mu.Unlock()
+	if _, err := unix.Write(b, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	pollNow()
+	if n := r.wakes.Load(); n != 0 {
+		t.Fatalf("a long sleeper was looked at %d times before longEvery had passed", n)
+	}
+	set.mu.Lock()
+	set.longAt = 0 // due
+	set.mu.Unlock()
+	pollNow()
+	if n := r.wakes.Load(); n != 1 {
+		t.Fatalf("a long sleeper woken %d times once longEvery had passed, want 1", n)
 	}
 }
 
