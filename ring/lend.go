@@ -184,8 +184,13 @@ func (r *Ring) recvLent(kind frameKind) (*rxBuf, error) {
 	if s.lend.Load() != lendOut {
 		// Its reader may be asleep in the netpoller, which a process on
 		// one P (narrowed for the other lent link) does not look at while
-		// this goroutine polls: every P back until the reader lets go.
+		// this goroutine polls: every P back until the reader lets go,
+		// and the reader woken to see the question now rather than when
+		// the peer's frame comes.
 		r.widen()
+		if s.sr != nil && s.sr.pc != nil {
+			s.sr.park.WakeNow()
+		}
 	}
 	if s.sr != nil {
 		s.sr.quiet = false

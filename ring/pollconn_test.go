@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/internal/parked"
 )
 
@@ -176,4 +177,43 @@ func TestPollConnCloseWakesReader(t *testing.T) {
 	if err := pc.Close(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("second Close: %v, want net.ErrClosed", err)
 	}
+}
+
+// A borrower asking for a link whose reader is asleep in the netpoller
+// wakes it (parked.Reader.WakeNow), and the reader lends the link at
+// once: it does not wait for the peer's next frame, which here does not
+// come until rank 1 calls (no heartbeats within the test).
+func TestBorrowerWakesParkedReader(t *testing.T) {
+	rings := lentWorld(t, 2, 1, func(c *Config) {
+		c.HeartbeatInterval = 30 * time.Second
+		c.HeartbeatTimeout = 60 * time.Second
+	})
+	s := rings[0].pair[0] // rank 0 receives a ring of two's short ops here
+	if s.sr == nil || s.sr.pc == nil {
+		t.Fatal("the duplex stream is not read through a pollConn")
+	}
+	waitFor(t, "the duplex stream's reader parked", s.sr.park.Asleep)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1}
+	bufs, want := float32Bufs(2, 1, 5)
+	errs := make(chan error, 2)
+	go func() { errs <- rings[0].AllReduceLent(d, [][]byte{bufs[0]}, nil) }()
+	end := time.Now().Add(2 * time.Second)
+	for s.lend.Load() != lendOut && s.lend.Load() != lendReading {
+		if time.Now().After(end) {
+			t.Fatalf("rank 0's reader had not lent its link 2 s after the borrower asked (state %d): it sleeps until the peer's frame", s.lend.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	go func() { errs <- rings[1].AllReduceLent(d, [][]byte{bufs[1]}, nil) }()
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the allreduce did not end within 10s")
+		}
+	}
+	checkFloat32(t, "after the wake", bufs, want)
 }

@@ -106,6 +106,7 @@ func (s *spinReader) Read(p []byte) (int, error) {
 		if s.kicked.Load() {
 			s.kicked.Store(false)
 			_ = s.pc.SetReadDeadline(time.Time{})
+			s.armed = false // a park deadline of its own went with the signal
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				// Woken because its data has come: poll again.
 				s.deadline = time.Now().UnixNano() + s.spin

@@ -104,6 +104,20 @@ func (r *Reader) Asleep() bool {
 	return r.on
 }
 
+// WakeNow wakes r if it is on the set, whether or not its fd is readable,
+// and reports whether it did: for a goroutine that wants the reader
+// polling again before its data comes (a borrower asking for its link).
+func (r *Reader) WakeNow() bool {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if !r.on {
+		return false
+	}
+	removeLocked(r)
+	r.wake()
+	return true
+}
+
 // Sleeping reports how many readers are on the set.
 func Sleeping() int { return int(set.n.Load()) }
 

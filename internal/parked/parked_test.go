@@ -280,3 +280,22 @@ func TestNoAllocations(t *testing.T) {
 		t.Fatalf("Sleep, a Poll that wakes, Awake: %v allocations, want 0", n)
 	}
 }
+
+func TestWakeNow(t *testing.T) {
+	a, _ := socketPair(t)
+	r := newCounted(a)
+	if r.WakeNow() {
+		t.Fatal("WakeNow woke a reader that was not asleep")
+	}
+	r.Sleep()
+	if !r.WakeNow() {
+		t.Fatal("WakeNow did not wake a reader asleep with nothing to read")
+	}
+	if n := r.wakes.Load(); n != 1 {
+		t.Fatalf("wake ran %d times, want 1", n)
+	}
+	if r.Asleep() || r.WakeNow() {
+		t.Fatal("a reader woken by WakeNow stayed on the set")
+	}
+	r.Awake()
+}
