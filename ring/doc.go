@@ -42,6 +42,13 @@
 // reader writes it any more. Steady-state ops allocate nothing
 // (TestZeroAllocs).
 //
+// A reader of data polls its socket for Config.Spin before it parks in
+// the netpoller (spin.go). A TCP link's reader reads through a duplicate
+// of its fd (pollconn.go), and while it is parked it is on the process's
+// set of parked readers (internal/parked), which every poller looks at:
+// a reader whose data has come is woken without waiting for the
+// scheduler to look at the netpoller, and without allocating.
+//
 // # Frames
 //
 // Every frame is a 64-byte header and a payload of Length bytes. All
