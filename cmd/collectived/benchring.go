@@ -129,6 +129,10 @@ func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DTyp
 	buf := seg.Bytes()[:count*es]
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
-	res.TimesNS, err = measure(buf, dt, op, rank, world, iters, warmup, pace, prewarm, between, func() error { return r.AllReduce(d, buf) })
+	res.TimesNS, err = measurement{
+		buf: buf, dt: dt, op: op, rank: rank, world: world,
+		iters: iters, warmup: warmup, pace: pace, prewarm: prewarm, between: between,
+		allreduce: func() error { return r.AllReduce(d, buf) },
+	}.run()
 	return res, err
 }

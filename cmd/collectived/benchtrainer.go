@@ -130,80 +130,97 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 		}
 	}
 	var err error
-	res.TimesNS, err = measure(buf, dt, op, cl.Rank(), cl.Size(), iters, warmup,
-		pace, prewarm, between, func() error { return cl.AllReduce(buf, dt, op) })
+	res.TimesNS, err = measurement{
+		buf: buf, dt: dt, op: op, rank: cl.Rank(), world: cl.Size(),
+		iters: iters, warmup: warmup, pace: pace, prewarm: prewarm, between: between,
+		allreduce: func() error { return cl.AllReduce(buf, dt, op) },
+	}.run()
 	return res, err
 }
 
-// measure is the protocol of every bench command for one size: a checked
+// measurement is one size of a bench command: allreduce runs one call on
+// buf, which holds elements of dt (reduced with op) on world rank rank
+// of world. prewarm, if not nil, runs first (the first size's: see
+// prewarmer). A pacer (bench --sidecar) runs prewarm, the checked call
+// and warmup as one block and the timed calls in blocks, each when the
+// parent says and each after one untimed call; nil runs them at once.
+// between, if not nil, runs before every warmup and timed call, untimed
+// (bench --between).
+type measurement struct {
+	buf              []byte
+	dt               collective.DType
+	op               collective.ReduceOp
+	rank, world      int
+	iters, warmup    int
+	pace             *pacer
+	prewarm, between func() error
+	allreduce        func() error
+}
+
+// run is the protocol of every bench command for one size: a checked
 // call on known values, warmup calls, then iters timed calls, the last of
-// them on known values again and checked too. allreduce runs one call on
-// buf, which holds elements of dt on world rank rank of world. prewarm,
-// if not nil, runs first (the first size's: see prewarmer). A pacer
-// (bench --sidecar) runs prewarm, the checked call and warmup as one block
-// and the timed calls in blocks, each when the parent says and each after
-// one untimed call; nil runs them at once. between, if not nil, runs
-// before every warmup and timed call, untimed (bench --between).
-func measure(buf []byte, dt collective.DType, op collective.ReduceOp, rank, world, iters, warmup int, pace *pacer, prewarm, between, allreduce func() error) ([]int64, error) {
-	if err := pace.wait(); err != nil {
+// them on known values again and checked too. It returns the timed
+// calls' durations in nanoseconds.
+func (m measurement) run() ([]int64, error) {
+	if err := m.pace.wait(); err != nil {
 		return nil, err
 	}
-	if prewarm != nil {
-		if err := prewarm(); err != nil {
+	if m.prewarm != nil {
+		if err := m.prewarm(); err != nil {
 			return nil, fmt.Errorf("prewarm: %w", err)
 		}
 	}
-	fill(buf, dt, op, rank)
-	if err := allreduce(); err != nil {
+	fill(m.buf, m.dt, m.op, m.rank)
+	if err := m.allreduce(); err != nil {
 		return nil, err
 	}
-	if err := verify(buf, dt, op, world); err != nil {
+	if err := verify(m.buf, m.dt, m.op, m.world); err != nil {
 		return nil, err
 	}
-	for i := 0; i < warmup; i++ {
-		if err := runBetween(between); err != nil {
+	for i := 0; i < m.warmup; i++ {
+		if err := runBetween(m.between); err != nil {
 			return nil, err
 		}
-		if err := allreduce(); err != nil {
+		if err := m.allreduce(); err != nil {
 			return nil, err
 		}
 	}
-	if err := pace.done(); err != nil {
+	if err := m.pace.done(); err != nil {
 		return nil, err
 	}
-	times := make([]int64, 0, iters)
-	for i := 0; i < iters; i++ {
-		if pace.starts(i) {
-			if err := pace.wait(); err != nil {
+	times := make([]int64, 0, m.iters)
+	for i := 0; i < m.iters; i++ {
+		if m.pace.starts(i) {
+			if err := m.pace.wait(); err != nil {
 				return nil, err
 			}
 			// The other world had the machine until now: the first call
 			// after its turn runs cold (TUNING section 21), so it is not
 			// timed.
-			if err := allreduce(); err != nil {
+			if err := m.allreduce(); err != nil {
 				return nil, err
 			}
 		}
-		if i == iters-1 {
-			fill(buf, dt, op, rank)
+		if i == m.iters-1 {
+			fill(m.buf, m.dt, m.op, m.rank)
 		}
-		if err := runBetween(between); err != nil {
+		if err := runBetween(m.between); err != nil {
 			return nil, err
 		}
 		t0 := time.Now()
-		err := allreduce()
+		err := m.allreduce()
 		took := time.Since(t0)
 		if err != nil {
 			return nil, err
 		}
 		times = append(times, took.Nanoseconds())
-		if i == iters-1 {
-			if err := verify(buf, dt, op, world); err != nil {
+		if i == m.iters-1 {
+			if err := verify(m.buf, m.dt, m.op, m.world); err != nil {
 				return nil, err
 			}
 		}
-		if pace.ends(i, iters) {
-			if err := pace.done(); err != nil {
+		if m.pace.ends(i, m.iters) {
+			if err := m.pace.done(); err != nil {
 				return nil, err
 			}
 		}

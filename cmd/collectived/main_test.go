@@ -76,22 +76,33 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// f32sum is a float32 sum measurement as world rank 0, on buf.
+func f32sum(buf []byte, world, iters, warmup int) measurement {
+	return measurement{buf: buf, dt: collective.Float32, op: collective.Sum, world: world, iters: iters, warmup: warmup}
+}
+
 // The bench commands check their results: a call that leaves the buffer
 // as it was (here, no allreduce at all in a world of 2) is caught, by
 // element, before any timing is reported; a working one passes.
 func TestMeasureChecksResults(t *testing.T) {
 	buf := make([]byte, 16)
-	_, err := measure(buf, collective.Float32, collective.Sum, 0, 2, 3, 1, nil, nil, nil, func() error { return nil })
+	nothing := f32sum(buf, 2, 3, 1)
+	nothing.allreduce = func() error { return nil }
+	_, err := nothing.run()
 	if err == nil || !strings.Contains(err.Error(), "wrong result at element 0") {
 		t.Fatalf("measure of a call that does nothing: %v, want a wrong result at element 0", err)
 	}
 	// In a world of 1 the buffer itself is the sum.
-	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, nil, func() error { return nil })
+	one := f32sum(buf, 1, 3, 1)
+	one.allreduce = func() error { return nil }
+	times, err := one.run()
 	if err != nil || len(times) != 3 {
 		t.Fatalf("measure in a world of one: %v, %d times, want 3", err, len(times))
 	}
 	boom := errors.New("boom")
-	if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 3, 1, nil, nil, nil, func() error { return boom }); !errors.Is(err, boom) {
+	failing := f32sum(buf, 1, 3, 1)
+	failing.allreduce = func() error { return boom }
+	if _, err := failing.run(); !errors.Is(err, boom) {
 		t.Fatalf("measure of a failing call: %v, want its error", err)
 	}
 }
@@ -111,7 +122,9 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	call := func() error { order = append(order, "call"); return nil }
 	buf := make([]byte, 8)
 	for i := range 2 {
-		if _, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil, firstOnly(i, prewarm), nil, call); err != nil {
+		m := f32sum(buf, 1, 1, 0)
+		m.prewarm, m.allreduce = firstOnly(i, prewarm), call
+		if _, err := m.run(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -124,8 +137,10 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	}
 	boom := errors.New("boom")
 	sized := false // the size's own calls: the checked one and the timed ones
-	_, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 1, 0, nil,
-		prewarmer(2, collective.Float32, func([]byte) error { return boom }), nil, func() error { sized = true; return nil })
+	m := f32sum(buf, 1, 1, 0)
+	m.prewarm = prewarmer(2, collective.Float32, func([]byte) error { return boom })
+	m.allreduce = func() error { sized = true; return nil }
+	_, err := m.run()
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "prewarm: boom") || sized {
 		t.Fatalf("a failing prewarm: %v (the size's calls made: %v), want \"prewarm: boom\" and none", err, sized)
 	}
@@ -139,7 +154,9 @@ func TestMeasureBetween(t *testing.T) {
 	call := func() error { order = append(order, "call"); return nil }
 	between := func() error { order = append(order, "between"); return nil }
 	buf := make([]byte, 8)
-	times, err := measure(buf, collective.Float32, collective.Sum, 0, 1, 2, 1, nil, nil, between, call)
+	m := f32sum(buf, 1, 2, 1)
+	m.between, m.allreduce = between, call
+	times, err := m.run()
 	if err != nil || len(times) != 2 {
 		t.Fatalf("measure: %v, %d times, want 2", err, len(times))
 	}
@@ -148,7 +165,8 @@ func TestMeasureBetween(t *testing.T) {
 		t.Fatalf("calls made: %q, want %q", got, want)
 	}
 	boom := errors.New("boom")
-	_, err = measure(buf, collective.Float32, collective.Sum, 0, 1, 2, 1, nil, nil, func() error { return boom }, call)
+	m.between = func() error { return boom }
+	_, err = m.run()
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "the call of --between's size: boom") {
 		t.Fatalf("a failing between call: %v, want it named", err)
 	}

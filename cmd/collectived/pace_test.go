@@ -53,7 +53,10 @@ func TestPacedMeasureTakesTurns(t *testing.T) {
 			calls <- struct{}{}
 			return nil
 		}
-		_, err := measure(make([]byte, 8), collective.Float32, collective.Sum, 0, 1, 5, 1, pace, prewarmer(3, collective.Float32, func([]byte) error { return call() }), nil, call)
+		m := f32sum(make([]byte, 8), 1, 5, 1)
+		m.pace, m.allreduce = pace, call
+		m.prewarm = prewarmer(3, collective.Float32, func([]byte) error { return call() })
+		_, err := m.run()
 		done <- err
 	}()
 	deadline := time.Now().Add(time.Minute)
