@@ -108,7 +108,8 @@ func (s *spinReader) Read(p []byte) (int, error) {
 			_ = s.pc.SetReadDeadline(time.Time{})
 			s.armed = false // a park deadline of its own went with the signal
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				// Woken because its data has come: poll again.
+				// Woken by a poller (its data has come) or by a borrower
+				// asking for the link: poll again.
 				s.deadline = time.Now().UnixNano() + s.spin
 				continue
 			}

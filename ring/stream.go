@@ -155,8 +155,9 @@ func newStream(r *Ring, idx int, dir direction, c net.Conn, peerRank int, peerAd
 func (s *stream) receiveData(n int) {
 	if tc, ok := s.conn.(*net.TCPConn); ok && s.r.cfg.Spin > 0 {
 		if pc, err := newPollConn(tc); err != nil {
-			// Read as before, without the wake-ups a pollConn allows.
-			s.r.log.Warn("ring link read through its own fd", "peer_rank", s.peerRank, "peer_addr", s.peerAddr, "err", err)
+			// Read the socket itself: a parked reader is then woken by
+			// the netpoller alone, later on a busy machine.
+			s.r.log.Warn("ring link read without a duplicate fd", "peer_rank", s.peerRank, "peer_addr", s.peerAddr, "err", err)
 		} else {
 			s.conn = pc
 		}
