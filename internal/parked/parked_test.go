@@ -20,7 +20,7 @@ func pollNow() {
 
 // socketPair is a connected pair of real Unix stream sockets, closed
 // when the test ends.
-func socketPair(t *testing.T) (a, b int) {
+func socketPair(t testing.TB) (a, b int) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
