@@ -278,6 +278,9 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 				seq, r.Generation(), d.describeWorldRank(d.worldRank(0)), desc, d.describeWorldRank(d.worldRank(l)), other)
 		}
 	}
+	d.mu.Lock()
+	d.afterLarge = !(desc.Op == collective.OpAllReduce && r.Small(desc))
+	d.mu.Unlock()
 	var err error
 	switch desc.Op {
 	case collective.OpAllReduce:

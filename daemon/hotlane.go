@@ -32,9 +32,14 @@ type inlineFailure struct {
 }
 
 // canInlineLocked reports whether the call can run on its session's
-// goroutine now. d.mu is held.
+// goroutine now. d.mu is held. Not right after a larger collective
+// (afterLarge): the hot lane takes the ring's links from their readers
+// (and stops the world to run the process on one P), which a stretch of
+// small calls repays but a small call between large ones does not: 4 B
+// after 256 KiB took 0.68 of the time through the engine instead
+// (docs/TUNING.md, section 28).
 func (d *Daemon) canInlineLocked(sl *slot, desc collective.Desc) bool {
-	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 &&
+	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 && !d.afterLarge &&
 		d.idle && d.ring != nil && d.ring.Small(desc) && d.idleRing == d.ring && d.lost == nil &&
 		len(sl.queue) == 0 && d.ring.Err() == nil
 }
@@ -66,6 +71,7 @@ func (d *Daemon) runInline(s *ipc.Session, sl *slot, req *ipc.Request, at time.T
 		return
 	}
 	d.inlineDone++
+	d.hotRuns++
 	d.inflight = inflight{}
 	// The engine is still asleep, idle: the next collective is ours to
 	// take too.
