@@ -60,8 +60,8 @@ type Daemon struct {
 	// small allreduce, so the ring's links went back to their readers.
 	// The next small call runs on the engine too (hotlane.go).
 	afterLarge bool
-	hotRuns    uint64 // collectives run on the hot lane since the start
-	lender     *ipc.Session   // the session whose goroutine holds the ring link lent by AllReduceLent
+	hotRuns    uint64       // collectives run on the hot lane since the start
+	lender     *ipc.Session // the session whose goroutine holds the ring link lent by AllReduceLent
 
 	closeOnce sync.Once
 	closeErr  error
