@@ -56,9 +56,10 @@ type Daemon struct {
 	inline     bool           // a session goroutine is running a collective: the engine keeps off the ring
 	inlineDone uint64         // collectives completed inline since the engine last looked
 	inlineFail *inlineFailure // a collective run inline failed; the engine fails it as its own
-	// afterLarge: the engine ran the last collective, and it was not a
-	// small allreduce, so the ring's links went back to their readers.
-	// The next small call runs on the engine too (hotlane.go).
+	// afterLarge: the last collective was the engine's and not a small
+	// allreduce (a larger one, a broadcast, a barrier: an op the ring does
+	// not lend, so its links went back to their readers). The next small
+	// call runs on the engine too (hotlane.go).
 	afterLarge bool
 	hotRuns    uint64       // collectives run on the hot lane since the start
 	lender     *ipc.Session // the session whose goroutine holds the ring link lent by AllReduceLent

@@ -278,9 +278,6 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 				seq, r.Generation(), d.describeWorldRank(d.worldRank(0)), desc, d.describeWorldRank(d.worldRank(l)), other)
 		}
 	}
-	d.mu.Lock()
-	d.afterLarge = !(desc.Op == collective.OpAllReduce && r.Small(desc))
-	d.mu.Unlock()
 	var err error
 	switch desc.Op {
 	case collective.OpAllReduce:
@@ -323,6 +320,8 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 	}
 	d.mu.Lock()
 	d.inflight = inflight{}
+	// Before the engine goes idle again, so before any hot lane call.
+	d.afterLarge = !(desc.Op == collective.OpAllReduce && r.Small(desc))
 	d.mu.Unlock()
 	return nil
 }

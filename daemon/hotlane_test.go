@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -45,7 +46,7 @@ func TestNoHotLaneRightAfterALargeCall(t *testing.T) {
 		cfg.Job = "hot"
 		cfg.Token = []byte("0123456789abcdef0123")
 		cfg.Peers, cfg.Rank, cfg.LocalSize = peers, rank, 1
-		cfg.SocketPath = filepath.Join(dir, "d"+string(rune('0'+rank))+".sock")
+		cfg.SocketPath = filepath.Join(dir, fmt.Sprintf("d%d.sock", rank))
 		cfg.Spin = 200 * time.Microsecond
 		d, err := New(cfg)
 		if err != nil {

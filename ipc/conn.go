@@ -92,7 +92,6 @@ type Conn struct {
 	onPark            func()        // SetOnPark
 	lane              *Lane         // SetLane: polled beside the socket
 	park              parked.Reader // Rearm, as a parked reader other polls wake
-	asleep            bool          // park is on the set of parked readers
 	laneParked        bool          // the lane says this reader sleeps on the socket
 	socketAt          int64         // unix nanoseconds: when a lane's poller next reads the socket
 	goschedAt         int64         // unix nanoseconds: when a poll last yielded its P

@@ -34,10 +34,7 @@ func (c *Conn) recvmsg(p []byte) (n, oobn, flags int, err error) {
 	}
 	for {
 		err := c.raw.Read(c.recvFn)
-		if c.asleep {
-			c.asleep = false
-			c.park.Awake()
-		}
+		c.park.Awake()
 		if c.laneParked {
 			c.laneParked = false
 			c.lane.unpark()
@@ -113,7 +110,6 @@ func (c *Conn) recvOnce(fd uintptr) bool {
 			if c.rf != nil && c.spin.Load() > 0 {
 				// Other goroutines' polls wake this read (Rearm) as soon
 				// as its socket is readable (internal/parked).
-				c.asleep = true
 				c.park.Sleep()
 			}
 			return false

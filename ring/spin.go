@@ -50,7 +50,6 @@ type spinReader struct {
 	// polls again. Only on a pollConn, whose reads that deadline ends
 	// without allocating.
 	park   parked.Reader
-	asleep bool        // on the set now
 	kicked atomic.Bool // a poller ended its parked read
 	pc     *pollConn   // the link, when it is one
 }
@@ -99,10 +98,7 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	}
 	for {
 		err := s.rc.Read(s.fn)
-		if s.asleep {
-			s.asleep = false
-			s.park.Awake() // from here on no kick comes
-		}
+		s.park.Awake() // from here on no kick comes
 		if s.kicked.Load() {
 			s.kicked.Store(false)
 			_ = s.pc.SetReadDeadline(time.Time{})
@@ -172,7 +168,6 @@ func (s *spinReader) try(fd uintptr) bool {
 					_ = s.dl.SetReadDeadline(time.Now().Add(lentPark))
 				}
 				if s.pc != nil && !s.borrowed {
-					s.asleep = true
 					s.park.Sleep()
 				}
 				return false

@@ -12,10 +12,11 @@ import (
 // how to wake it. A reader's own goroutine calls Sleep and Awake; Poll
 // calls wake, from another goroutine, while the reader is on the set.
 type Reader struct {
-	fd    int32
-	wake  func()
-	on    bool  // on the set; guarded by set.mu
-	since int64 // unix nanoseconds it went on the set; guarded by set.mu
+	fd     int32
+	wake   func()
+	asleep bool  // between Sleep and Awake; the reader's own goroutine's
+	on     bool  // on the set; guarded by set.mu
+	since  int64 // unix nanoseconds it went on the set; guarded by set.mu
 }
 
 // Init names the fd the reader parks on and the function that ends its
@@ -61,6 +62,7 @@ var set struct {
 // Sleep puts r on the set: call it as the read parks (its RawConn
 // callback returns false).
 func (r *Reader) Sleep() {
+	r.asleep = true
 	set.mu.Lock()
 	if !r.on {
 		r.on, r.since = true, time.Now().UnixNano()
@@ -71,10 +73,15 @@ func (r *Reader) Sleep() {
 }
 
 // Awake takes r off the set: call it when the read returns, however it
-// ended. Once it has returned, r's wake function is not running and will
-// not run until the next Sleep, so the reader can tell its wake signal
-// from a deadline of its own.
+// ended (after a read that did not Sleep it costs nothing). Once it has
+// returned, r's wake function is not running and will not run until the
+// next Sleep, so the reader can tell its wake signal from a deadline of
+// its own.
 func (r *Reader) Awake() {
+	if !r.asleep {
+		return
+	}
+	r.asleep = false
 	set.mu.Lock()
 	if r.on {
 		removeLocked(r)
@@ -117,9 +124,6 @@ func (r *Reader) WakeNow() bool {
 	r.wake()
 	return true
 }
-
-// Sleeping reports how many readers are on the set.
-func Sleeping() int { return int(set.n.Load()) }
 
 // Woken reports how many readers Poll has woken since the process began.
 func Woken() uint64 { return set.woken.Load() }

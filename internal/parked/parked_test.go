@@ -10,6 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// sleeping is how many readers are on the set.
+func sleeping() int { return int(set.n.Load()) }
+
 // pollNow is Poll without its rate limit: the tests look when they mean
 // to.
 func pollNow() {
@@ -50,15 +53,15 @@ func TestPollWakesOnlyReadableSleepers(t *testing.T) {
 	r := newCounted(a)
 	r.Sleep()
 	defer r.Awake()
-	if Sleeping() != 1 {
-		t.Fatalf("Sleeping() = %d after Sleep, want 1", Sleeping())
+	if sleeping() != 1 {
+		t.Fatalf("sleeping() = %d after Sleep, want 1", sleeping())
 	}
 	pollNow()
 	if n := r.wakes.Load(); n != 0 {
 		t.Fatalf("woken %d times with nothing to read", n)
 	}
-	if Sleeping() != 1 {
-		t.Fatalf("Sleeping() = %d after a poll that found nothing, want 1", Sleeping())
+	if sleeping() != 1 {
+		t.Fatalf("sleeping() = %d after a poll that found nothing, want 1", sleeping())
 	}
 	before := Woken()
 	if _, err := unix.Write(b, []byte{1}); err != nil {
@@ -68,8 +71,8 @@ func TestPollWakesOnlyReadableSleepers(t *testing.T) {
 	if n := r.wakes.Load(); n != 1 {
 		t.Fatalf("woken %d times once readable, want 1", n)
 	}
-	if Sleeping() != 0 {
-		t.Fatalf("Sleeping() = %d after the wake, want 0: a woken reader leaves the set", Sleeping())
+	if sleeping() != 0 {
+		t.Fatalf("sleeping() = %d after the wake, want 0: a woken reader leaves the set", sleeping())
 	}
 	if got := Woken() - before; got != 1 {
 		t.Fatalf("Woken() grew by %d, want 1", got)
@@ -92,13 +95,13 @@ func TestAwakeLeavesTheSet(t *testing.T) {
 	r := newCounted(a)
 	r.Sleep()
 	r.Sleep() // twice is once
-	if Sleeping() != 1 {
-		t.Fatalf("Sleeping() = %d after two Sleeps, want 1", Sleeping())
+	if sleeping() != 1 {
+		t.Fatalf("sleeping() = %d after two Sleeps, want 1", sleeping())
 	}
 	r.Awake()
 	r.Awake()
-	if Sleeping() != 0 {
-		t.Fatalf("Sleeping() = %d after Awake, want 0", Sleeping())
+	if sleeping() != 0 {
+		t.Fatalf("sleeping() = %d after Awake, want 0", sleeping())
 	}
 	if _, err := unix.Write(b, []byte{1}); err != nil {
 		t.Fatal(err)
@@ -137,8 +140,8 @@ func TestPollReachesEverySleeper(t *testing.T) {
 		rs[i].Sleep()
 	}
 	pollNow()
-	if Sleeping() != n-maxPoll {
-		t.Fatalf("Sleeping() = %d after one poll, want %d", Sleeping(), n-maxPoll)
+	if sleeping() != n-maxPoll {
+		t.Fatalf("sleeping() = %d after one poll, want %d", sleeping(), n-maxPoll)
 	}
 	pollNow()
 	for i, r := range rs {
@@ -252,8 +255,8 @@ func TestWakeOnlyWhileOnTheSet(t *testing.T) {
 	if n := bad.Load(); n != 0 {
 		t.Fatalf("%d wakes ran for a reader awake", n)
 	}
-	if Sleeping() != 0 {
-		t.Fatalf("Sleeping() = %d at the end, want 0", Sleeping())
+	if sleeping() != 0 {
+		t.Fatalf("sleeping() = %d at the end, want 0", sleeping())
 	}
 }
 
