@@ -20,7 +20,7 @@ GOTEST_FLAGS ?= -race -timeout 20m
 
 all: build cclient
 
-$(SETUP): scripts/setup.sh clients/python/pyproject.toml
+$(SETUP): scripts/setup.sh clients/python/pyproject.toml clients/python/setup.py clients/python/src/collectived/_lanewords.c
 	bash scripts/setup.sh
 	touch $@
 

@@ -13,6 +13,16 @@ Call names steer it:
 - ``"fatal"``: connection-level ERROR BAD_FRAME FATAL (id 0), then close;
 - ``"garbage"``: send a frame with an unknown type;
 - ``"wake"``: send a WAKE_CLIENT, a frame of protocol version 2 only.
+
+With ``version=2`` it also serves the lane (LANE, WAKE; it always sleeps on
+the socket, so clients ring it) and answers calls that came on the lane
+there, steered by more names:
+
+- ``"lane-socket"``: answer on the socket instead (allowed);
+- ``"lane-slow"``: answer after 50 ms, when the caller has stopped watching;
+- ``"lane-skip"``: move d2c_seq by two;
+- ``"lane-type"``: put a STATUS_OK on the lane;
+- ``"lane-long"``: put a header claiming more than the slot holds.
 """
 
 from __future__ import annotations
@@ -23,8 +33,10 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Optional
 
+from collectived import _lane as L
 from collectived import _protocol as P
 
 _FMT = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q"}
@@ -32,8 +44,11 @@ _FMT = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q"}
 
 class ScriptedDaemon:
     def __init__(self, path: str, *, world: int = 2, inline_limit: int = 64,
-                 max_in_flight: int = 8, timeout_ms: int = 1000, job: str = "demo") -> None:
+                 max_in_flight: int = 8, timeout_ms: int = 1000, job: str = "demo",
+                 version: int = 1) -> None:
         self.path = path
+        self.version = version  # the newest protocol version it speaks
+        self.lane_calls = 0  # calls taken from a lane
         self.world = world
         self.inline_limit = inline_limit
         self.max_in_flight = max_in_flight
@@ -46,6 +61,7 @@ class ScriptedDaemon:
         self.rank_taken_times = 0  # answer this many HELLOs with RANK_TAKEN
         self.refuse = False  # answer PERMISSION before reading anything, as for bad credentials
         self._segs: dict[int, mmap.mmap] = {}
+        self._lanes: dict[int, _DaemonLane] = {}
         self._next_seg = 1
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._srv.bind(path)
@@ -102,6 +118,11 @@ class ScriptedDaemon:
             msg, _ = self._recv_frame(conn, P.PRE_HELLO_MAX_FRAME)
             if not isinstance(msg, P.Hello):
                 return
+            if msg.version > self.version:
+                conn.sendall(P.encode(P.Error(msg.id, 2, f"HELLO speaks protocol version "
+                                              f"{msg.version}, daemon speaks {self.version}",
+                                              P.FLAG_FATAL)))
+                return
             if msg.job != self.job:
                 conn.sendall(P.encode(P.Error(msg.id, 3, f'HELLO names job "{msg.job}", '
                                               f'daemon serves job "{self.job}"', P.FLAG_FATAL)))
@@ -113,7 +134,7 @@ class ScriptedDaemon:
                 return
             lr = 0 if msg.local_rank < 0 else msg.local_rank
             conn.sendall(P.encode(P.HelloOk(
-                msg.id, 1, lr, self.world, 0, 1, lr, self.world, self.inline_limit,
+                msg.id, msg.version, lr, self.world, 0, 1, lr, self.world, self.inline_limit,
                 max(4096, self.inline_limit + 512), self.max_in_flight, 7, 1 << 30,
                 self.timeout_ms)))
             while True:
@@ -138,8 +159,34 @@ class ScriptedDaemon:
             for mm in self._segs.values():
                 mm.close()
             self._segs.clear()
+            lane = self._lanes.pop(id(conn), None)
+            if lane is not None:
+                lane.close()
 
     def _handle(self, conn: socket.socket, msg: P.Message, fds: list[int]) -> Optional[bytes | str]:
+        if isinstance(msg, P.Lane):
+            fd = os.memfd_create("scripted-lane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, L.SIZE)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self._lanes[id(conn)] = _DaemonLane(mmap.mmap(fd, L.SIZE))
+            socket.send_fds(conn, [P.encode(P.LaneOk(msg.id, L.SIZE))], [fd])
+            os.close(fd)
+            return None
+        if isinstance(msg, P.Wake):
+            lane = self._lanes[id(conn)]
+            call = lane.take()
+            if call is None:
+                return None  # the ring crossed a look: nothing there
+            self.lane_calls += 1
+            out = self._handle(conn, call, [])
+            if not isinstance(out, bytes) or call.name == "lane-socket":
+                return out
+            if call.name == "lane-slow":
+                time.sleep(0.05)
+            if lane.put(out, call.name) and call.name != "lane-skip":
+                conn.sendall(P.encode(P.WakeClient(0)))
+            return None
         if isinstance(msg, P.Alloc):
             size = (msg.size + 4095) // 4096 * 4096
             fd = os.memfd_create("scripted", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -203,3 +250,46 @@ class ScriptedDaemon:
         elif c.reduce == P.RED_PROD:
             vals = tuple(v ** self.world for v in vals)
         return struct.pack(f"<{c.count}{f}", *vals)
+
+
+class _DaemonLane:
+    """The daemon's side of a lane, in Python through the client's own
+    atomics (collectived._lanewords)."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        from collectived import _lanewords
+
+        self.mm = mm
+        self.words = _lanewords.Words(mm)
+        self.taken = 0
+        self.put_seq = 0
+        self.words.store(L.D_PARKED, 1)  # always asleep on the socket: clients ring
+
+    def take(self) -> Optional[P.Call]:
+        n = self.words.load(L.C2D_SEQ)
+        if n == self.taken:
+            return None
+        hdr = bytes(self.mm[L.C2D:L.C2D + P.HEADER_SIZE])
+        length, ftype, flags, fid = P.parse_header(hdr, L.FRAME_MAX)
+        msg = P.decode_payload(ftype, flags, fid, bytes(self.mm[L.C2D + P.HEADER_SIZE:
+                                                                 L.C2D + P.HEADER_SIZE + length]))
+        assert isinstance(msg, P.Call), msg
+        self.taken = n
+        self.words.store(L.C2D_TAKEN, n)
+        return msg
+
+    def put(self, frame: bytes, script: str) -> bool:
+        """Put an answer (as the script says); returns whether the client
+        sleeps on the socket."""
+        if script == "lane-type":
+            frame = P.encode(P.StatusOk(0, "{}"))
+        elif script == "lane-long":
+            frame = struct.pack("<IBBHQ", 5000, P.CALL_OK, 0, 0, 2) + frame[P.HEADER_SIZE:]
+        self.mm[L.D2C:L.D2C + len(frame)] = frame
+        self.put_seq += 2 if script == "lane-skip" else 1
+        self.words.store(L.D2C_SEQ, self.put_seq)
+        return self.words.load(L.C_PARKED) != 0
+
+    def close(self) -> None:
+        self.words.close()
+        self.mm.close()

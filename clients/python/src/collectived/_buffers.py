@@ -5,6 +5,7 @@ NumPy or PyTorch unless the caller already uses them."""
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +28,18 @@ class Buffer:
     view: memoryview      # format "B", the whole buffer
     dtype: int            # wire dtype code
     count: int            # elements
-    address: int          # address of the first byte (0 when empty)
     owner: Any            # keeps the original object (and any torch->numpy view) alive
 
     @property
     def nbytes(self) -> int:
         return len(self.view)
+
+    @functools.cached_property
+    def address(self) -> int:
+        """Address of the first byte (0 when empty). Worked out only when
+        asked (ctypes costs microseconds): a client with no shared segments
+        never asks."""
+        return address_of(self.view)
 
 
 def address_of(view: memoryview) -> int:
@@ -54,8 +61,24 @@ def _from_torch(x: Any) -> tuple[Any, Any]:
     return x.detach().numpy(), x
 
 
+# (format, itemsize) -> dtype for the formats NumPy gives its common
+# arrays: the first look, before the general one below.
+_COMMON = {(f, n): d for (f, n), d in _FORMATS.items() for f in (f, "<" + f, "=" + f, "@" + f)}
+
+
 def as_buffer(x: Any, *, what: str = "buffer") -> Buffer:
     """Describe ``x`` (NumPy array, PyTorch CPU tensor, or writable buffer)."""
+    # The common case first, in few steps: a small call's time in Python is
+    # mostly steps like these.
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        pass
+    else:
+        dtype = _COMMON.get((mv.format, mv.itemsize))
+        if dtype is not None and not mv.readonly and mv.c_contiguous and mv.nbytes:
+            return Buffer(mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B"), dtype,
+                          mv.nbytes // mv.itemsize, x)
     owner = x
     mod = type(x).__module__ or ""
     if mod.startswith("torch") and hasattr(x, "is_contiguous"):
@@ -82,4 +105,4 @@ def as_buffer(x: Any, *, what: str = "buffer") -> Buffer:
         raw = memoryview(bytearray(0))  # casting a view with a zero in its shape fails
     else:
         raw = mv if (mv.ndim == 1 and mv.format == "B") else mv.cast("B")
-    return Buffer(raw, dtype, count, address_of(raw), owner)
+    return Buffer(raw, dtype, count, owner)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import array
 import collections
 import itertools
@@ -17,6 +18,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from . import _lane
 from . import _protocol as P
 from ._buffers import Buffer, address_of, as_buffer
 from .errors import (
@@ -26,6 +28,7 @@ from .errors import (
     ProtocolError,
     QuotaError,
     RankTakenError,
+    VersionError,
     WaitTimeoutError,
     error_for,
 )
@@ -38,12 +41,29 @@ DEFAULT_JOB = "default"
 #: Used when the daemon's HELLO_OK reports timeout_ms = 0 (no timeout stated).
 FALLBACK_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+#: How long a small call's caller watches the lane for its answer before it
+#: sleeps until the reader thread hands it over (the C client's spin).
+DEFAULT_SPIN = 200e-6
 _SCRATCH_MIN = 1 << 20
 _MAX_FDS = 32
 
+_EMPTY = Buffer(memoryview(bytearray(0)), 0, 0, None)  # a barrier's buffer
 REDUCE_OPS = {"sum": P.RED_SUM, "prod": P.RED_PROD, "max": P.RED_MAX, "min": P.RED_MIN}
 _OP_NAMES = {P.OP_ALLREDUCE: "allreduce", P.OP_BROADCAST: "broadcast",
              P.OP_BARRIER: "barrier"}
+
+
+# This process's id, kept by a fork hook rather than asked of the kernel on
+# every request (os.getpid is a system call, a microsecond on some VMs).
+_process_id = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _process_id
+    _process_id = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_wait_timeout(timeout_ms: int) -> float:
@@ -62,10 +82,15 @@ class Handle:
 
     def __init__(self, client: "Client", what: str, value: Any = None) -> None:
         self._client = client
-        self._event = threading.Event()
+        # Released once done: a bare lock costs far less to make than an
+        # Event, and a small call makes one per call.
+        self._signal = _thread.allocate_lock()
+        self._signal.acquire()
+        self._done = False
         self._error: Optional[BaseException] = None
         self._value = value
         self._keep: Any = None  # buffers stay alive while the request is in flight
+        self._on_lane = False   # the call went on the lane: wait() watches it first
         self.what = what
         #: ring generation and collective number of a completed collective.
         self.generation: Optional[int] = None
@@ -73,7 +98,7 @@ class Handle:
 
     def done(self) -> bool:
         """True once the reply (or an error) has arrived."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Wait for the reply, at most ``timeout`` seconds (default: the
@@ -81,7 +106,9 @@ class Handle:
         :class:`CollectivedError`, or :class:`WaitTimeoutError` if no reply
         came in time (the request then stays in flight)."""
         t = self._client.timeout if timeout is None else timeout
-        if not self._event.wait(t):
+        if self._on_lane and not self._done:
+            self._client._watch_lane(t)
+        if not self._done and not self._wait_signal(t):
             raise WaitTimeoutError(
                 f"no reply from the daemon within {t:.3g} s; the request is still in flight "
                 "and its buffer must not be touched", request=self.what)
@@ -89,12 +116,59 @@ class Handle:
             raise self._error
         return self._value
 
+    def _wait_signal(self, t: float) -> bool:
+        if not self._signal.acquire(True, min(max(t, 0.0), threading.TIMEOUT_MAX)):
+            return False
+        self._signal.release()  # for other waiters
+        return True
+
     def _finish(self, value: Any = None, error: Optional[BaseException] = None) -> None:
+        if self._done:  # pragma: no cover - settled once, under the client's lock
+            return
         if error is not None:
             self._error = error
         elif value is not None:
             self._value = value
-        self._event.set()
+        self._done = True
+        self._signal.release()
+
+
+class _Slots:
+    """At most ``n`` requests in flight (HELLO_OK's max_in_flight). A
+    BoundedSemaphore does the same, at several microseconds a call: this
+    takes a lock when there is room and waits only when there is none."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._used = 0
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+
+    def acquire(self, timeout: float) -> bool:
+        with self._lock:
+            if self._used < self._n:
+                self._used += 1
+                return True
+            deadline = time.monotonic() + timeout
+            self._waiting += 1
+            try:
+                while self._used >= self._n:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
+            self._used += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._used > 0:
+                self._used -= 1
+            if self._waiting:
+                self._cond.notify()
 
 
 @dataclass
@@ -139,6 +213,14 @@ class Client:
             RANK_TAKEN or FULL (default 0: fail at once). A trainer restarted
             right after its predecessor exited may need this: the daemon frees
             a rank only once it notices the old connection closed.
+        no_lane: keep small calls on the socket instead of the connection's
+            lane of shared memory (protocol version 2), which needs the
+            ``_lanewords`` extension (built with the package when a C
+            compiler is there; :attr:`lane` says whether this connection has
+            one).
+        spin: seconds a small call's caller watches the lane for its answer
+            before it sleeps until the reader thread hands it over (default
+            200 µs; 0 never watches).
 
     Calls are matched across the world by order, so issue collectives on one
     client from one thread (or serialize them); waiting on handles from
@@ -149,7 +231,10 @@ class Client:
     def __init__(self, socket: Optional[str] = None, *, local_rank: int = -1,
                  job: Optional[str] = None, label: str = "", timeout: Optional[float] = None,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, observer: bool = False,
-                 rank_retry: float = 0.0) -> None:
+                 rank_retry: float = 0.0, no_lane: bool = False,
+                 spin: float = DEFAULT_SPIN) -> None:
+        if spin < 0:
+            raise ValueError(f"spin is {spin} s; want 0 (never watch the lane) or more")
         self.path = socket or os.environ.get("COLLECTIVED_SOCKET") or DEFAULT_SOCKET
         self.job = job if job is not None else os.environ.get("COLLECTIVED_JOB", DEFAULT_JOB)
         self._lock = threading.Lock()        # pending, segments, scratch, state
@@ -162,10 +247,17 @@ class Client:
         self._broken: Optional[CollectivedError] = None
         self._closed = False
         self._reader: Optional[threading.Thread] = None
+        self._lane: Optional[_lane.Lane] = None
+        self._spin = spin
         self._pid = os.getpid()
         #: bytes written to the socket so far (frames and inline data).
         self.bytes_sent = 0
-        hello = P.Hello(1, local_rank=-1 if observer else local_rank, pid=os.getpid(),
+        # Version 2 only for its lane; a daemon that does not speak it
+        # answers VERSION, and the client asks again in version 1 (a
+        # version-2 connection without a lane is version 1).
+        want_lane = _lane.AVAILABLE and not no_lane and not observer
+        hello = P.Hello(1, version=2 if want_lane else 1,
+                        local_rank=-1 if observer else local_rank, pid=os.getpid(),
                         job=self.job, label=label, flags=P.HELLO_OBSERVER if observer else 0)
         retry_until = time.monotonic() + rank_retry
         while True:
@@ -176,11 +268,15 @@ class Client:
                 if time.monotonic() >= retry_until:
                     raise
                 time.sleep(0.1)
+            except VersionError:
+                if hello.version == 1:
+                    raise
+                hello.version = 1
         self.info = ok
         self._generation = ok.generation
         self._observer = observer
         self.timeout: float = timeout if timeout is not None else default_wait_timeout(ok.timeout_ms)
-        self._inflight = threading.BoundedSemaphore(ok.max_in_flight) if ok.max_in_flight else None
+        self._inflight = _Slots(ok.max_in_flight) if ok.max_in_flight else None
         # From now on sends give up after `timeout` (SO_SNDTIMEO); the reader
         # blocks until data arrives or close() shuts the socket down.
         self._sock.settimeout(None)
@@ -190,6 +286,18 @@ class Client:
         self._reader = threading.Thread(target=self._read_loop, name="collectived-reader",
                                         daemon=True)
         self._reader.start()
+        if ok.version >= 2 and want_lane:
+            try:
+                self._open_lane(connect_timeout)
+            except BaseException:
+                self.close()
+                raise
+
+    def _open_lane(self, timeout: float) -> None:
+        """Ask for the connection's lane (LANE) and map it."""
+        h = self._request(P.Lane(0), P.LANE_OK, lambda m: None, "LANE")
+        _, mm = h.wait(timeout)
+        self._lane = _lane.Lane(mm)
 
     def _handshake(self, hello: P.Hello, connect_timeout: float) -> P.HelloOk:
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -205,12 +313,12 @@ class Client:
                 # A daemon refusing our credentials answers before reading
                 # anything and closes: its ERROR may be waiting to be read.
                 try:
-                    self._read_hello_reply(min(connect_timeout, 1.0))
+                    self._read_hello_reply(hello.version, min(connect_timeout, 1.0))
                 except CollectivedError as daemon_err:
                     if daemon_err.code is not None:
                         raise daemon_err from e
                 raise ConnectionLostError(f"sending HELLO to {self.path}: {e}") from e
-            return self._read_hello_reply(connect_timeout)
+            return self._read_hello_reply(hello.version, connect_timeout)
         except BaseException:
             self._sock.close()
             raise
@@ -278,7 +386,12 @@ class Client:
         float64, int32 or int64 (or a writable Python buffer of those).
         ``op`` is ``"sum"``, ``"prod"``, ``"max"`` or ``"min"``.
         """
-        return self.allreduce_async(x, op, name=name).wait(timeout)
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r} (want sum, prod, max or min)")
+        buf = as_buffer(x)
+        if buf.dtype == P.DT_BYTES:
+            raise TypeError("allreduce needs float32, float64, int32 or int64 elements")
+        return self._call_now(P.OP_ALLREDUCE, REDUCE_OPS[op], 0, name, buf, x, timeout)
 
     def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "") -> Handle:
         """Start an allreduce; ``x`` must not be touched until the handle is done."""
@@ -292,7 +405,9 @@ class Client:
     def broadcast(self, x: Any, root: int, *, name: str = "",
                   timeout: Optional[float] = None) -> Any:
         """Overwrite ``x`` with world rank ``root``'s ``x``, in place; return it."""
-        return self.broadcast_async(x, root, name=name).wait(timeout)
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root {root} outside world of {self.size}")
+        return self._call_now(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x, timeout)
 
     def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
         """Start a broadcast from world rank ``root``; ``x`` must not be
@@ -303,12 +418,11 @@ class Client:
 
     def barrier(self, *, name: str = "", timeout: Optional[float] = None) -> None:
         """Return once every trainer of the world has entered the barrier."""
-        self.barrier_async(name=name).wait(timeout)
+        self._call_now(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None, timeout)
 
     def barrier_async(self, *, name: str = "") -> Handle:
         """Enter a barrier; the handle is done once every trainer has entered."""
-        empty = Buffer(memoryview(bytearray(0)), 0, 0, 0, None)
-        return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, empty, None)
+        return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None)
 
     def status(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """The daemon's status document (STATUS), as a dict."""
@@ -378,6 +492,9 @@ class Client:
             self._reader.join(timeout=5.0)
         self._fail_all(ConnectionLostError("client closed"))
         self._sock.close()
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
         with self._lock:
             scratch, self._scratch = self._scratch, []
             self._segments.clear()
@@ -412,27 +529,99 @@ class Client:
             def cleanup(sc: _Scratch = sc) -> None:
                 sc.busy = False
 
+        h = Handle(self, what, value)
+        scratch_back = (buf.view, sc) if call.flags and seg is None else None
+        self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back), what,
+                      handle=h, cleanup=cleanup, keep=(buf.owner, value),
+                      lane=buf.nbytes <= _lane.POLL_MAX_BYTES)
+        return h
+
+    def _on_call_ok(self, h: Handle, copy_back: Optional[memoryview],
+                    scratch_back: Optional[tuple[memoryview, _Scratch]]) -> Callable[[Any], Any]:
+        """What CALL_OK does for a call: check its result and put it in
+        place (``copy_back``: the inline buffer; ``scratch_back``: the
+        caller's buffer and the scratch segment it went through)."""
         def on_ok(m: P.CallOk) -> Any:
             self._generation = m.generation
             h.generation, h.seq = m.generation, m.seq
             if copy_back is not None:
                 if len(m.result) != len(copy_back):
                     raise ProtocolError(f"CALL_OK result is {len(m.result)} bytes, the call "
-                                        f"sent {len(copy_back)}", request=what)
+                                        f"sent {len(copy_back)}", request=h.what)
                 copy_back[:] = m.result
             elif len(m.result):
                 raise ProtocolError(f"CALL_OK for a shared-memory call carries "
-                                    f"{len(m.result)} result bytes", request=what)
-            elif call.flags and seg is None:
-                buf.view[:] = sc.view[:buf.nbytes]
-            return value
+                                    f"{len(m.result)} result bytes", request=h.what)
+            elif scratch_back is not None:
+                dst, sc = scratch_back
+                dst[:] = sc.view[:len(dst)]
+            return h._value
+        return on_ok
 
-        h = Handle(self, what, value)
-        self._request(call, P.CALL_OK, on_ok, what, handle=h, cleanup=cleanup,
-                      keep=(buf.owner, value))
+    def _call_now(self, op: int, red: int, root: int, name: str, buf: Buffer, value: Any,
+                  timeout: Optional[float]) -> Any:
+        """A collective waited for at once (allreduce, broadcast, barrier).
+        A small one goes on the lane by a short way of its own when it can
+        (nothing else in flight, its data inline or in a segment): in
+        Python every step of the general path costs microseconds, and a
+        small call is little else."""
+        lane = self._lane
+        n = buf.nbytes
+        if (lane is not None and n <= _lane.POLL_MAX_BYTES and not self._pending
+                and not self._frees and _process_id == self._pid):
+            seg = self._find_segment(buf) if n else None
+            if seg is not None or n <= self.info.inline_limit:
+                h = self._lane_call(lane, op, red, root, name, buf, seg, value)
+                if h is not None:
+                    return h.wait(timeout)
+        return self._collective(op, red, root, name, buf, value).wait(timeout)
+
+    def _lane_call(self, lane: _lane.Lane, op: int, red: int, root: int, name: str, buf: Buffer,
+                   seg: Optional[tuple[int, int]], value: Any) -> Optional[Handle]:
+        """Put a call on the lane and return its handle, or None if it
+        cannot go there after all (the general path then takes it, and
+        says what is wrong with it, if anything)."""
+        nb = name.encode("utf-8") if name else b""
+        data: Any
+        if seg is None:
+            data, tail = buf.view, b""
+        else:
+            data, tail = b"", P.encode_segment_ref(seg[0], seg[1])
+        length = P.CALL_FIXED_SIZE + len(nb) + len(tail) + len(data)
+        if len(nb) > P.MAX_NAME_LEN or P.HEADER_SIZE + length > _lane.FRAME_MAX:
+            return None
+        h = Handle(self, f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})", value)
+        h._keep = (buf.owner, value)
+        h._on_lane = True
+        on_ok = self._on_call_ok(h, buf.view if seg is None else None, None)
+        if self._inflight is not None and not self._inflight.acquire(0.0):
+            return None
+        with self._lock:
+            free = not self._pending and self._broken is None and not self._closed
+            if free:
+                rid = next(self._ids)
+                self._pending[rid] = _Pending(P.CALL_OK, h, on_ok, None)
+        if not free:
+            self._release_slot()
+            return None
+        frame = P.encode_call_head(length, rid, op, buf.dtype if op != P.OP_BARRIER else 0, red,
+                                   P.CALL_SHM if seg is not None else 0, root, buf.count,
+                                   nb) + tail
+        try:
+            with self._send_lock:
+                self._wait_lane_free(lane)
+                if lane.put(frame, data):
+                    self._sock.sendall(_lane.WAKE_FRAME)
+                    self.bytes_sent += len(_lane.WAKE_FRAME)
+        except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
+            lost = ConnectionLostError(f"sending {h.what} to {self.path}: {e}", request=h.what)
+            self._fail_all(lost)
+            raise lost from e
         return h
 
     def _find_segment(self, buf: Buffer) -> Optional[tuple[int, int]]:
+        if not self._segments:
+            return None
         with self._lock:
             segs = list(self._segments.values())
         for s in segs:
@@ -527,8 +716,11 @@ class Client:
 
     def _request(self, msg: Any, reply_type: int, on_ok: Callable[[Any], Any], what: str, *,
                  handle: Optional[Handle] = None, cleanup: Optional[Callable[[], None]] = None,
-                 fd: Optional[int] = None, keep: Any = None, flush: bool = True) -> Handle:
-        if os.getpid() != self._pid:
+                 fd: Optional[int] = None, keep: Any = None, flush: bool = True,
+                 lane: bool = False) -> Handle:
+        """Send a request. ``lane``: a small CALL, which may go on the lane
+        if it fits and nothing else is in flight (docs/PROTOCOL.md, LANE)."""
+        if _process_id != self._pid:
             # A forked child shares the parent's socket but not its reader
             # thread: any use would interleave frames with the parent's.
             raise CollectivedError(f"this Client was made in process {self._pid}; make a new "
@@ -542,11 +734,13 @@ class Client:
                 cleanup()
             raise WaitTimeoutError(f"{self.info.max_in_flight} requests already in flight "
                                    f"for {self.timeout:.3g} s", request=what)
+        on_lane = False
         with self._lock:
             err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
             if err is None:
                 rid = next(self._ids)
                 msg.id = rid
+                on_lane = lane and self._lane is not None and not self._pending
                 self._pending[rid] = _Pending(reply_type, h, on_ok, cleanup)
         if err is not None:
             self._release_slot()
@@ -554,18 +748,80 @@ class Client:
                 cleanup()
             raise ConnectionLostError(f"connection unusable: {err}", request=what) from err
         try:
-            if isinstance(msg, P.Call) and not msg.flags:
-                self._send(P.encode_call_prefix(msg), msg.data)
+            if isinstance(msg, P.Call):
+                prefix = P.encode_call_prefix(msg)
+                data = b"" if msg.flags else msg.data
+                if on_lane and self._put_lane(prefix, data):
+                    h._on_lane = True
+                else:
+                    self._send(prefix, data)
             else:
                 self._send(P.encode(msg), fd=fd)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
             lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
             self._fail_all(lost)
             raise lost from e
         return h
 
+    def _put_lane(self, prefix: bytes, data: Any) -> bool:
+        """Put a call on the lane, ringing the daemon if it sleeps on the
+        socket. False if it does not fit (it then goes on the socket)."""
+        lane = self._lane
+        if lane is None or not lane.fits(len(prefix) + len(data)):
+            return False
+        with self._send_lock:
+            self._wait_lane_free(lane)
+            if lane.put(prefix, data):
+                self._sock.sendall(_lane.WAKE_FRAME)
+                self.bytes_sent += len(_lane.WAKE_FRAME)
+        return True
+
+    def _wait_lane_free(self, lane: _lane.Lane) -> None:
+        # Calls are matched in the order the daemon reads them: nothing may
+        # follow a call on the lane before the daemon has taken it.
+        if not lane.free() and not lane.wait_free(self.timeout):
+            err = WaitTimeoutError(f"the daemon did not take the call on the lane within "
+                                   f"{self.timeout:.3g} s: the connection is broken")
+            self._break(err)
+            raise err
+
+    def _watch_lane(self, timeout: float) -> None:
+        """The caller's side of a call on the lane: watch for the answer
+        (the spin), then take it, or leave it to the reader thread, which
+        the daemon rings once the caller said it sleeps."""
+        lane = self._lane
+        if lane is None:
+            return
+        try:
+            if lane.poll(min(self._spin, timeout)):
+                self._take_lane()
+        except CollectivedError as e:
+            self._break(e)
+        except ValueError:
+            pass  # closed under us: close() failed the request
+
+    def _take_lane(self) -> None:
+        """Take the answer on the lane, if one waits, and hand it over."""
+        lane = self._lane
+        if lane is None:
+            raise ProtocolError("WAKE_CLIENT on a connection without a lane")
+        msg = lane.take(self.info.max_frame)
+        if msg is not None:
+            self._dispatch(msg, None)
+
+    def _break(self, err: CollectivedError) -> None:
+        """A broken connection found outside the reader thread: fail every
+        request and end the reader."""
+        self._fail_all(err)
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def _send(self, frame: bytes, data: Any = None, fd: Optional[int] = None) -> None:
         with self._send_lock:
+            if self._lane is not None:
+                self._wait_lane_free(self._lane)
             if fd is not None:
                 n = _socket.send_fds(self._sock, [frame], [fd])
                 if n < len(frame):
@@ -578,12 +834,9 @@ class Client:
 
     def _release_slot(self) -> None:
         if self._inflight is not None:
-            try:
-                self._inflight.release()
-            except ValueError:  # pragma: no cover - more releases than acquires
-                pass
+            self._inflight.release()
 
-    def _read_hello_reply(self, timeout: float) -> P.HelloOk:
+    def _read_hello_reply(self, version: int, timeout: float) -> P.HelloOk:
         deadline = time.monotonic() + timeout
         buf = bytearray()
         need = P.HEADER_SIZE
@@ -617,9 +870,9 @@ class Client:
             raise error_for(msg.code, msg.message, fatal=msg.fatal, request="HELLO")
         if not isinstance(msg, P.HelloOk):
             raise ProtocolError(f"daemon answered HELLO with {P.TYPE_NAMES[hdr[1]]}")
-        if msg.version != P.PROTOCOL_VERSION:
-            raise ProtocolError(f"daemon speaks protocol version {msg.version}, "
-                                f"this client {P.PROTOCOL_VERSION}")
+        if msg.version != version:
+            raise ProtocolError(f"daemon answered HELLO of protocol version {version} in "
+                                f"version {msg.version}")
         if msg.id != 1:
             raise ProtocolError(f"HELLO_OK carries id {msg.id}, HELLO had 1")
         return msg
@@ -627,7 +880,7 @@ class Client:
     # ------------------------------------------------------------ reader thread
 
     def _read_loop(self) -> None:
-        max_frame = self.info.max_frame
+        max_frame, version = self.info.max_frame, self.info.version
         rbuf = bytearray(max(2 * (P.HEADER_SIZE + max_frame), 1 << 16))
         mv = memoryview(rbuf)
         start = end = 0
@@ -655,19 +908,26 @@ class Client:
                 while end - start >= P.HEADER_SIZE:
                     length, ftype, fflags, fid = P.parse_header(
                         mv[start:start + P.HEADER_SIZE], max_frame)
-                    if P.TYPE_SINCE.get(ftype, 1) > P.PROTOCOL_VERSION:
+                    if P.TYPE_SINCE.get(ftype, 1) > version:
                         raise ProtocolError(
                             f"{P.TYPE_NAMES[ftype]} (type 0x{ftype:02x}, id {fid}) is a protocol "
                             f"version {P.TYPE_SINCE[ftype]} frame; this connection speaks version "
-                            f"{P.PROTOCOL_VERSION}")
+                            f"{version}")
                     if end - start < P.HEADER_SIZE + length:
                         break
                     payload = mv[start + P.HEADER_SIZE:start + P.HEADER_SIZE + length]
                     msg = P.decode_payload(ftype, fflags, fid, payload)
-                    fd = fds.popleft() if ftype == P.ALLOC_OK and fds else None
-                    if ftype == P.ALLOC_OK and fd is None:
-                        raise ProtocolError(f"ALLOC_OK (id {fid}) arrived without an fd")
-                    self._dispatch(msg, fd)
+                    with_fd = ftype in (P.ALLOC_OK, P.LANE_OK)
+                    fd = fds.popleft() if with_fd and fds else None
+                    if with_fd and fd is None:
+                        raise ProtocolError(f"{P.TYPE_NAMES[ftype]} (id {fid}) arrived without an fd")
+                    if ftype == P.WAKE_CLIENT:
+                        if fid != 0 or length != 0:
+                            raise ProtocolError(f"WAKE_CLIENT carries id {fid} and {length} payload "
+                                                "bytes; want id 0 and none")
+                        self._take_lane()
+                    else:
+                        self._dispatch(msg, fd)
                     payload.release()
                     start += P.HEADER_SIZE + length
                 if start == end:
@@ -711,6 +971,12 @@ class Client:
             self._settle(p, error=err)
             raise err
         if fd is not None:
+            if isinstance(msg, P.LaneOk) and msg.size != _lane.SIZE:
+                os.close(fd)
+                err = ProtocolError(f"LANE_OK gives a lane of {msg.size} bytes, want {_lane.SIZE}",
+                                    request=p.handle.what)
+                self._settle(p, error=err)
+                raise err
             try:
                 mm = mmap.mmap(fd, msg.size)
             except (OSError, ValueError) as e:
@@ -720,7 +986,7 @@ class Client:
                 return
             finally:
                 os.close(fd)
-            self._settle(p, value=(msg.segment, mm))
+            self._settle(p, value=(getattr(msg, "segment", 0), mm))
             return
         try:
             value = p.on_ok(msg)

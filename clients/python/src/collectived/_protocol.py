@@ -2,8 +2,8 @@
 
 Pure encoding and decoding: no sockets here. The codec knows every frame
 type up to protocol version 2 (LANE, LANE_OK, WAKE and WAKE_CLIENT are
-version 2), so that it is checked against all the shared vectors; this
-client speaks version 1 (:data:`PROTOCOL_VERSION`) and never sends LANE.
+version 2). The client asks for version 2 (:data:`PROTOCOL_VERSION`) when
+it can use a lane (the ``_lanewords`` extension was built), else 1.
 
 Every decode failure raises :class:`FrameError` whose ``check`` names the
 rule that failed, using the names of ``clients/testdata/README.md``
@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Union
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = b"CLVD"
 HEADER_SIZE = 16
 PRE_HELLO_MAX_FRAME = 4096
@@ -64,6 +64,7 @@ _U64 = struct.Struct("<Q")
 _SEG_SIZE = struct.Struct("<IIQ")
 _SEG = struct.Struct("<II")
 _CALL_FIXED = struct.Struct("<BBBBIQB")
+_CALL_HEAD = struct.Struct("<IBBHQBBBBIQB")  # header and CALL's fixed fields: one pack
 _CALL_OK = struct.Struct("<IIQ")
 _ERROR = struct.Struct("<HH")
 
@@ -194,7 +195,7 @@ class StatusOk:
 
 @dataclass
 class Lane:
-    """Version 2: asks for the connection's lane. This client never sends it."""
+    """Version 2: asks for the connection's lane."""
 
     id: int
     frame_flags: int = 0
@@ -272,17 +273,34 @@ def _short_str(s: str, what: str) -> bytes:
 def encode_call_prefix(msg: Call) -> bytes:
     """Header and CALL payload up to (not including) the inline data; the
     caller may send the data separately to avoid a copy."""
-    nb = _short_str(msg.name, "call name")
+    nb = msg.name.encode("utf-8") if msg.name else b""
+    if len(nb) > 255:
+        raise ValueError(f"call name is {len(nb)} bytes, limit 255")
     if msg.flags & CALL_SHM:
         tail = _SEG_SIZE.pack(msg.segment, 0, msg.offset)
-        length = _CALL_FIXED.size - 1 + len(nb) + len(tail)
+        length = _CALL_FIXED.size + len(nb) + _SEG_SIZE.size
     else:
         tail = b""
-        length = _CALL_FIXED.size - 1 + len(nb) + len(msg.data)
-    return (_header(length, CALL, msg.frame_flags, msg.id)
-            + _CALL_FIXED.pack(msg.op, msg.dtype, msg.reduce, msg.flags, msg.root,
-                               msg.count, len(nb) - 1)
-            + nb[1:] + tail)
+        length = _CALL_FIXED.size + len(nb) + len(msg.data)
+    return _CALL_HEAD.pack(length, CALL, msg.frame_flags, 0, msg.id, msg.op, msg.dtype,
+                           msg.reduce, msg.flags, msg.root, msg.count, len(nb)) + nb + tail
+
+
+CALL_FIXED_SIZE = _CALL_FIXED.size  # CALL's payload before its name
+
+
+def encode_call_head(length: int, fid: int, op: int, dtype: int, reduce: int, flags: int,
+                     root: int, count: int, name: bytes) -> bytes:
+    """A CALL's header, fixed fields and name (at most 255 bytes), for a
+    payload of ``length`` bytes: what :func:`encode_call_prefix` makes,
+    from the fields themselves."""
+    return _CALL_HEAD.pack(length, CALL, 0, 0, fid, op, dtype, reduce, flags, root, count,
+                           len(name)) + name
+
+
+def encode_segment_ref(segment: int, offset: int) -> bytes:
+    """A shared-memory CALL's (segment, reserved, offset) after its name."""
+    return _SEG_SIZE.pack(segment, 0, offset)
 
 
 def encode(msg: Message) -> bytes:
@@ -378,6 +396,12 @@ def decode_payload(ftype: int, flags: int, fid: int,
     slices of ``payload``, not copies.
     """
     p = memoryview(payload).cast("B") if not isinstance(payload, memoryview) else payload
+    if ftype == CALL_OK:  # the hot one first
+        if len(p) < _CALL_OK.size:
+            _need(p, _CALL_OK.size, "CALL_OK", "generation, reserved and seq")
+        gen, res, seq = _CALL_OK.unpack_from(p, 0)
+        _zero(res, "CALL_OK", "reserved field")
+        return CallOk(fid, gen, seq, p[_CALL_OK.size:], frame_flags=flags)
     tname = TYPE_NAMES[ftype]
     if ftype == HELLO:
         _need(p, _HELLO_FIXED.size + 1, tname, "the fixed fields and job length")
@@ -425,11 +449,6 @@ def decode_payload(ftype: int, flags: int, fid: int,
         return LaneOk(fid, size, frame_flags=flags)
     if ftype == CALL:
         return _decode_call(p, flags, fid)
-    if ftype == CALL_OK:
-        _need(p, _CALL_OK.size, tname, "generation, reserved and seq")
-        gen, res, seq = _CALL_OK.unpack_from(p, 0)
-        _zero(res, tname, "reserved field")
-        return CallOk(fid, gen, seq, p[_CALL_OK.size:], frame_flags=flags)
     if ftype == STATUS_OK:
         return StatusOk(fid, _utf8(p, tname, "JSON document"), frame_flags=flags)
     # ERROR

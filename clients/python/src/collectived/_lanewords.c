@@ -1,0 +1,199 @@
+/* The lane's shared words, for the Python client (docs/PROTOCOL.md, LANE).
+ *
+ * Python has no atomic loads or stores on shared memory, nor a fence
+ * between a store and a load, and the lane's handshake needs both: "store
+ * my seq, then load the other side's parked word" must not be reordered,
+ * or each side can miss the other and a call waits for its timeout. This
+ * module is only those operations, as sequentially consistent 32-bit
+ * atomics (the C client's lane_load and lane_store), and a poll of one
+ * word with the GIL released. Frames are copied in and out by the client
+ * in Python; what the protocol means lives there too.
+ *
+ * It is optional: built when a C compiler and Python's headers are there,
+ * and without it the client speaks protocol version 1 and has no lane.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <sched.h>
+#include <stdint.h>
+#include <time.h>
+
+typedef struct {
+	PyObject_HEAD
+	Py_buffer view; /* the mapping, held while open */
+	int open;
+	int polling; /* polls under way: close waits for them to end */
+	int closing;
+} Words;
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The word at off, checked: an aligned u32 inside the mapping. */
+static uint32_t *word(Words *self, Py_ssize_t off)
+{
+	if (!self->open) {
+		PyErr_SetString(PyExc_ValueError, "lane is closed");
+		return NULL;
+	}
+	if (off < 0 || off % 4 != 0 || off + 4 > self->view.len) {
+		PyErr_Format(PyExc_ValueError, "lane word offset %zd is not an aligned u32 inside %zd bytes",
+			     off, self->view.len);
+		return NULL;
+	}
+	return (uint32_t *)((char *)self->view.buf + off);
+}
+
+static void release(Words *self)
+{
+	if (self->open) {
+		self->open = 0;
+		PyBuffer_Release(&self->view);
+	}
+}
+
+static int Words_init(Words *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"buffer", NULL};
+	PyObject *obj;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &obj))
+		return -1;
+	if (self->open) {
+		PyErr_SetString(PyExc_ValueError, "lane already open");
+		return -1;
+	}
+	if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+		return -1;
+	self->open = 1;
+	if ((uintptr_t)self->view.buf % 64 != 0) {
+		release(self);
+		PyErr_SetString(PyExc_ValueError, "lane mapping is not 64-byte aligned");
+		return -1;
+	}
+	return 0;
+}
+
+static void Words_dealloc(Words *self)
+{
+	release(self);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Words_load(Words *self, PyObject *arg)
+{
+	Py_ssize_t off = PyLong_AsSsize_t(arg);
+	uint32_t *w;
+	if (off == -1 && PyErr_Occurred())
+		return NULL;
+	if (!(w = word(self, off)))
+		return NULL;
+	return PyLong_FromUnsignedLong(__atomic_load_n(w, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *Words_store(Words *self, PyObject *args)
+{
+	Py_ssize_t off;
+	unsigned long v;
+	uint32_t *w;
+	if (!PyArg_ParseTuple(args, "nk", &off, &v))
+		return NULL;
+	if (v > UINT32_MAX) {
+		PyErr_Format(PyExc_OverflowError, "lane word value %lu does not fit in 32 bits", v);
+		return NULL;
+	}
+	if (!(w = word(self, off)))
+		return NULL;
+	__atomic_store_n(w, (uint32_t)v, __ATOMIC_SEQ_CST);
+	Py_RETURN_NONE;
+}
+
+/* poll(off, old, spin_ns): load the word until it differs from old or
+ * spin_ns have passed, yielding the CPU between loads (on a machine with
+ * fewer CPUs than pollers, the process being waited for may need this
+ * one), with the GIL released so that the client's reader thread runs.
+ * Returns the last value loaded. */
+static PyObject *Words_poll(Words *self, PyObject *args)
+{
+	Py_ssize_t off;
+	unsigned long old;
+	long long spin;
+	uint32_t *w, v;
+	int64_t end;
+	if (!PyArg_ParseTuple(args, "nkL", &off, &old, &spin))
+		return NULL;
+	if (!(w = word(self, off)))
+		return NULL;
+	self->polling++;
+	Py_BEGIN_ALLOW_THREADS
+	end = now_ns() + (spin > 0 ? spin : 0);
+	for (;;) {
+		v = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+		if (v != (uint32_t)old || now_ns() >= end)
+			break;
+		sched_yield();
+	}
+	Py_END_ALLOW_THREADS
+	self->polling--;
+	if (self->closing && self->polling == 0)
+		release(self);
+	return PyLong_FromUnsignedLong(v);
+}
+
+/* close(): give the mapping back (the mmap can be closed then). A poll
+ * under way in another thread still reads it: the last one gives it back. */
+static PyObject *Words_close(Words *self, PyObject *Py_UNUSED(ignored))
+{
+	if (self->polling > 0)
+		self->closing = 1;
+	else
+		release(self);
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef Words_methods[] = {
+	{"load", (PyCFunction)Words_load, METH_O, "load(off) -> int: the u32 at off (sequentially consistent)"},
+	{"store", (PyCFunction)Words_store, METH_VARARGS, "store(off, v): store the u32 v at off (sequentially consistent)"},
+	{"poll", (PyCFunction)Words_poll, METH_VARARGS,
+	 "poll(off, old, spin_ns) -> int: load the u32 at off until it is not old or spin_ns passed; the GIL is released"},
+	{"close", (PyCFunction)Words_close, METH_NOARGS, "close(): release the mapping (idempotent)"},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WordsType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "collectived._lanewords.Words",
+	.tp_doc = "Words(buffer): the lane's u32 words in a writable mapping, as atomics",
+	.tp_basicsize = sizeof(Words),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Words_init,
+	.tp_dealloc = (destructor)Words_dealloc,
+	.tp_methods = Words_methods,
+};
+
+static struct PyModuleDef wordsmodule = {
+	PyModuleDef_HEAD_INIT, "collectived._lanewords",
+	"Sequentially consistent u32 loads and stores on the lane (docs/PROTOCOL.md, LANE).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lanewords(void)
+{
+	PyObject *m;
+	if (PyType_Ready(&WordsType) < 0)
+		return NULL;
+	m = PyModule_Create(&wordsmodule);
+	if (!m)
+		return NULL;
+	Py_INCREF(&WordsType);
+	if (PyModule_AddObject(m, "Words", (PyObject *)&WordsType) < 0) {
+		Py_DECREF(&WordsType);
+		Py_DECREF(m);
+		return NULL;
+	}
+	return m;
+}
