@@ -14,6 +14,10 @@ have systemd-analyze || need_pkgs+=(systemd)
 # bench/test_bench.py runs the OpenMPI side of bench/compare once.
 have mpicc         || need_pkgs+=(openmpi-bin libopenmpi-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+# Python's headers: the client's lane extension (clients/python/setup.py)
+# is built with them; without them the client would have no lane.
+python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	|| need_pkgs+=(python3-dev)
 # The Python client's PyTorch tests and train_torch.py run on Debian's own
 # Python with Debian's torch (the PyPI wheel pulls gigabytes of CUDA).
 [ -x /usr/bin/python3 ] || need_pkgs+=(python3)
@@ -43,6 +47,12 @@ fi
 # the packaging test runs offline from this venv.
 .venv/bin/python -m pip install -q numpy pytest mypy 'setuptools>=77'
 .venv/bin/python -m pip install -q -e ./clients/python
+# The lane extension is optional for users (no compiler: no lane), not
+# here: the tests expect it.
+.venv/bin/python -c 'from collectived import _lanewords' || {
+	echo "setup: the Python client's lane extension (clients/python/src/collectived/_lanewords.c) did not build" >&2
+	exit 1
+}
 
 echo "setup: Python venv .venv-torch (Debian's python3 and torch, for the PyTorch tests)"
 if [ ! -x .venv-torch/bin/python ]; then
