@@ -18,6 +18,7 @@ With ``version=2`` it also serves the lane (LANE, WAKE; it always sleeps on
 the socket, so clients ring it) and answers calls that came on the lane
 there, steered by more names:
 
+- ``"hold"``: answer after the next call, which must come on the socket;
 - ``"lane-socket"``: answer on the socket instead (allowed);
 - ``"lane-slow"``: answer after 50 ms, when the caller has stopped watching;
 - ``"lane-skip"``: move d2c_seq by two;
@@ -49,6 +50,7 @@ class ScriptedDaemon:
         self.path = path
         self.version = version  # the newest protocol version it speaks
         self.lane_calls = 0  # calls taken from a lane
+        self.ignore_wakes = False  # never take a call from the lane
         self.world = world
         self.inline_limit = inline_limit
         self.max_in_flight = max_in_flight
@@ -152,6 +154,11 @@ class ScriptedDaemon:
                     for h in held:
                         conn.sendall(h)
                     held.clear()
+                    lane = self._lanes.get(id(conn))
+                    if lane is not None and lane.held is not None:
+                        if lane.put(lane.held, ""):
+                            conn.sendall(P.encode(P.WakeClient(0)))
+                        lane.held = None
         except OSError:
             return
         finally:
@@ -174,6 +181,8 @@ class ScriptedDaemon:
             os.close(fd)
             return None
         if isinstance(msg, P.Wake):
+            if self.ignore_wakes:
+                return None
             lane = self._lanes[id(conn)]
             call = lane.take()
             if call is None:
@@ -182,6 +191,9 @@ class ScriptedDaemon:
             out = self._handle(conn, call, [])
             if not isinstance(out, bytes) or call.name == "lane-socket":
                 return out
+            if call.name == "hold":  # answered after the next call, which comes on the socket
+                lane.held = out
+                return None
             if call.name == "lane-slow":
                 time.sleep(0.05)
             if lane.put(out, call.name) and call.name != "lane-skip":
@@ -263,6 +275,7 @@ class _DaemonLane:
         self.words = _lanewords.Words(mm)
         self.taken = 0
         self.put_seq = 0
+        self.held: Optional[bytes] = None  # a lane answer put after the next call's
         self.words.store(L.D_PARKED, 1)  # always asleep on the socket: clients ring
 
     def take(self) -> Optional[P.Call]:
@@ -284,7 +297,8 @@ class _DaemonLane:
         if script == "lane-type":
             frame = P.encode(P.StatusOk(0, "{}"))
         elif script == "lane-long":
-            frame = struct.pack("<IBBHQ", 5000, P.CALL_OK, 0, 0, 2) + frame[P.HEADER_SIZE:]
+            # Within max_frame (4096 here) but, with its header, over the slot.
+            frame = struct.pack("<IBBHQ", 4090, P.CALL_OK, 0, 0, 2) + frame[P.HEADER_SIZE:]
         self.mm[L.D2C:L.D2C + len(frame)] = frame
         self.put_seq += 2 if script == "lane-skip" else 1
         self.words.store(L.D2C_SEQ, self.put_seq)

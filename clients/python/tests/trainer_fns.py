@@ -167,3 +167,37 @@ def one_allreduce(c: collectived.Client) -> float:
     x = np.full(8, float(c.rank + 1), np.float32)
     c.allreduce(x)
     return float(x[0])
+
+
+def lane_use(c: collectived.Client) -> dict:
+    """Which calls the lane answered (docs/PROTOCOL.md, LANE), and their
+    results: a small inline call, one too big for the lane's 4 KiB slot,
+    a shared-memory call, a broadcast, a barrier, and two calls in flight
+    at once (only the first may go on the lane)."""
+    out: dict = {"lane": c.lane, "version": c.info.version, "answered": {}, "sent": {}}
+
+    def step(key: str, f: Any) -> None:
+        a, s = c.lane_answers, c.bytes_sent
+        out[key] = f()
+        out["answered"][key] = c.lane_answers - a
+        out["sent"][key] = c.bytes_sent - s
+
+    step("4B", lambda: c.allreduce(np.full(1, c.rank + 1, np.float32)).tolist())
+    step("8KiB", lambda: c.allreduce(np.full(2048, c.rank + 1, np.float32))[:2].tolist())
+    seg = c.zeros(16384, "float32")
+
+    def in_segment() -> list:
+        seg[:] = c.rank + 1
+        return c.allreduce(seg)[[0, -1]].tolist()
+
+    step("segment64KiB", in_segment)
+    step("broadcast", lambda: c.broadcast(np.full(3, c.rank, np.int64), root=c.size - 1).tolist())
+    step("barrier", lambda: c.barrier())
+
+    def two_in_flight() -> list:
+        a, b = np.full(2, c.rank, np.float64), np.full(2, 10 * c.rank, np.float64)
+        ha, hb = c.allreduce_async(a), c.allreduce_async(b, "max")
+        return [ha.wait().tolist(), hb.wait().tolist()]
+
+    step("two_in_flight", two_in_flight)
+    return out

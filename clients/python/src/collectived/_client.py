@@ -366,6 +366,18 @@ class Client:
         """Largest buffer, in bytes, sent inside the CALL frame."""
         return self.info.inline_limit
 
+    @property
+    def lane(self) -> bool:
+        """Whether small calls go through the connection's lane of shared
+        memory (protocol version 2) rather than the socket."""
+        return self._lane is not None
+
+    @property
+    def lane_answers(self) -> int:
+        """Answers taken from the lane so far."""
+        lane = self._lane
+        return lane.answers if lane is not None else 0
+
     def __enter__(self) -> "Client":
         return self
 
@@ -613,6 +625,8 @@ class Client:
                 if lane.put(frame, data):
                     self._sock.sendall(_lane.WAKE_FRAME)
                     self.bytes_sent += len(_lane.WAKE_FRAME)
+        except CollectivedError:  # the lane's wait: it broke the connection, and says why
+            raise
         except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
             lost = ConnectionLostError(f"sending {h.what} to {self.path}: {e}", request=h.what)
             self._fail_all(lost)
@@ -757,6 +771,8 @@ class Client:
                     self._send(prefix, data)
             else:
                 self._send(P.encode(msg), fd=fd)
+        except CollectivedError:  # the lane's wait: it broke the connection, and says why
+            raise
         except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
             lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
             self._fail_all(lost)

@@ -1,0 +1,178 @@
+"""The connection's lane (docs/PROTOCOL.md, LANE) in the Python client:
+real daemons for what travels where, a scripted daemon for what a real one
+cannot be made to do (answers that break the lane's rules, a call it never
+takes)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+import collectived
+from collectived import _lane
+
+import trainer_fns as T
+from scripted_daemon import ScriptedDaemon
+from worlds import JOB, World
+
+pytestmark = pytest.mark.skipif(
+    not _lane.AVAILABLE, reason="the lane extension (collectived._lanewords) is not built: "
+    "run scripts/setup.sh")
+
+
+def _check_lane_use(results: list[dict], size: int) -> None:
+    total = size * (size + 1) // 2  # sum of rank + 1
+    for r in results:
+        assert r["lane"] and r["version"] == 2, r
+        assert r["4B"] == [total]
+        assert r["8KiB"] == [total, total]
+        assert r["segment64KiB"] == [total, total]
+        assert r["broadcast"] == [size - 1] * 3
+        assert r["two_in_flight"] == [[size * (size - 1) / 2] * 2, [10.0 * (size - 1)] * 2]
+        # What the lane answered: the small calls, not the 8 KiB one (its
+        # frame is over the slot's 4 KiB). Of two async calls the second
+        # goes on the lane only if the first was answered before it was
+        # made (test_second_call_in_flight_goes_on_the_socket pins that).
+        two = r["answered"].pop("two_in_flight")
+        assert r["answered"] == {"4B": 1, "8KiB": 0, "segment64KiB": 1, "broadcast": 1,
+                                 "barrier": 1}, r["answered"]
+        assert two in (1, 2), two
+        # On the lane, at most a WAKE (16 bytes) crosses the socket.
+        for key in ("4B", "segment64KiB", "broadcast", "barrier"):
+            assert r["sent"][key] <= 16, (key, r["sent"])
+        assert r["sent"]["8KiB"] > 8192
+
+
+def test_lane_use_2x2(world_2x2: World) -> None:
+    _check_lane_use(world_2x2.run(T.lane_use), 4)
+
+
+def test_lane_use_2x1(fresh_world_2x1: World) -> None:
+    # One trainer a node: the daemon runs small calls on its hot lane.
+    _check_lane_use(fresh_world_2x1.run(T.lane_use), 2)
+
+
+def test_no_lane_option_keeps_to_the_socket(world_1x1: World) -> None:
+    sock, lr = world_1x1.trainer_args(0)
+    with collectived.Client(sock, job=JOB, local_rank=lr, no_lane=True, rank_retry=5.0) as c:
+        assert not c.lane and c.info.version == 1
+        before = c.bytes_sent
+        assert c.allreduce(np.ones(1, np.float32)).tolist() == [1.0]
+        assert c.bytes_sent - before > 16 and c.lane_answers == 0
+
+
+def test_spin_must_not_be_negative(world_1x1: World) -> None:
+    sock, lr = world_1x1.trainer_args(0)
+    with pytest.raises(ValueError, match=r"spin is -1 s"):
+        collectived.Client(sock, job=JOB, local_rank=lr, spin=-1)
+
+
+# ---------------------------------------------------------------- scripted
+
+
+@pytest.fixture
+def fake2(tmp_path) -> Iterator[ScriptedDaemon]:
+    d = ScriptedDaemon(str(tmp_path / "d.sock"), version=2)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def laned(fake2: ScriptedDaemon) -> Iterator[collectived.Client]:
+    with collectived.Client(fake2.path, job="demo", timeout=5.0) as c:
+        assert c.lane
+        yield c
+
+
+def test_old_daemon_gets_version_1(tmp_path) -> None:
+    # A daemon of protocol version 1 answers VERSION; the client asks
+    # again in version 1, without a lane.
+    d = ScriptedDaemon(str(tmp_path / "d.sock"))
+    try:
+        with collectived.Client(d.path, job="demo") as c:
+            assert c.info.version == 1 and not c.lane
+            assert c.allreduce(np.ones(2, np.float32)).tolist() == [2.0, 2.0]
+    finally:
+        d.close()
+
+
+def test_call_and_answer_on_the_lane(laned: collectived.Client, fake2: ScriptedDaemon) -> None:
+    x = np.array([1.5, -2.0], np.float32)
+    before = laned.bytes_sent
+    assert laned.allreduce(x) is x
+    assert x.tolist() == [3.0, -4.0]
+    assert fake2.lane_calls == 1 and laned.lane_answers == 1
+    # The scripted daemon sleeps on the socket: the client rang it, and
+    # sent nothing else there.
+    assert laned.bytes_sent - before == len(_lane.WAKE_FRAME)
+
+
+def test_answer_on_the_socket_is_taken_too(laned: collectived.Client,
+                                           fake2: ScriptedDaemon) -> None:
+    x = np.ones(3, np.int32)
+    laned.allreduce(x, name="lane-socket")
+    assert x.tolist() == [2, 2, 2]
+    assert fake2.lane_calls == 1 and laned.lane_answers == 0
+
+
+def test_slow_answer_reaches_a_caller_that_stopped_watching(fake2: ScriptedDaemon) -> None:
+    # The answer comes 50 ms after the call, long after the caller's 1 ms
+    # watch: the daemon rings the socket and the reader thread takes it.
+    with collectived.Client(fake2.path, job="demo", spin=0.001) as c:
+        x = np.ones(2, np.float64)
+        t0 = time.monotonic()
+        c.allreduce(x, name="lane-slow")
+        assert time.monotonic() - t0 >= 0.04
+        assert x.tolist() == [2.0, 2.0] and c.lane_answers == 1
+        c.allreduce(x)  # and the lane goes on
+        assert x.tolist() == [4.0, 4.0] and c.lane_answers == 2
+
+
+def test_error_on_the_lane_fails_only_its_call(laned: collectived.Client) -> None:
+    with pytest.raises(collectived.MismatchError, match="count=3"):
+        laned.allreduce(np.ones(4, np.float32), name="mismatch")
+    assert laned.allreduce(np.ones(1, np.float32)).tolist() == [2.0]
+
+
+@pytest.mark.parametrize("script,message", [
+    ("lane-skip", "lane: 2 answers put since the last taken, want 1"),
+    ("lane-type", "lane: STATUS_OK (id 0): only CALL_OK and ERROR may travel the lane"),
+    ("lane-long", "lane: CALL_OK of 4106 bytes does not fit the lane's 4096"),
+])
+def test_answer_breaking_the_lane_rules_breaks_the_connection(
+        laned: collectived.Client, script: str, message: str) -> None:
+    with pytest.raises(collectived.ProtocolError, match=re.escape(message)):
+        laned.allreduce(np.ones(1, np.float32), name=script)
+    with pytest.raises(collectived.ConnectionLostError, match=re.escape(message)):
+        laned.allreduce(np.ones(1, np.float32))
+
+
+def test_second_call_in_flight_goes_on_the_socket(laned: collectived.Client,
+                                                  fake2: ScriptedDaemon) -> None:
+    # The first call waits on the lane for the second ("hold"): while it is
+    # in flight, the second must take the socket, and both are answered.
+    a, b = np.ones(2, np.float32), np.full(2, 3, np.int64)
+    received = fake2.bytes_received
+    ha = laned.allreduce_async(a, name="hold")
+    hb = laned.allreduce_async(b)
+    assert hb.wait().tolist() == [6, 6] and ha.wait().tolist() == [2.0, 2.0]
+    assert fake2.lane_calls == 1 and laned.lane_answers == 1
+    assert fake2.bytes_received - received > 16 + 16  # a WAKE and the second call's frame
+
+
+def test_call_the_daemon_never_takes_times_out(fake2: ScriptedDaemon) -> None:
+    # Nothing may follow a call on the lane on the socket before the daemon
+    # has taken it; a daemon that never does is waited for `timeout`, not
+    # forever.
+    fake2.ignore_wakes = True
+    with collectived.Client(fake2.path, job="demo", timeout=0.5) as c:
+        h = c.allreduce_async(np.ones(1, np.float32))
+        with pytest.raises(collectived.WaitTimeoutError,
+                           match=r"did not take the call on the lane within 0\.5 s"):
+            c.status()
+        with pytest.raises(collectived.CollectivedError):
+            h.wait()
