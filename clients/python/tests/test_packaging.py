@@ -55,10 +55,13 @@ def test_installed_package_reduces_against_a_daemon(installed: str, world_1x1: W
         with collectived.Client({world_1x1.sockets[0]!r}, job={JOB!r}, local_rank=0, label="installed") as c:
             buf = array.array("f", [1.5, 2.5, -3.0])
             c.allreduce(buf)
-            print(list(buf), c.rank, c.size)
+            # The lane's extension was built and shipped, and is the installed one.
+            from collectived import _lanewords
+            assert _lanewords.__file__.startswith({installed!r}), _lanewords.__file__
+            print(list(buf), c.rank, c.size, c.lane, c.lane_answers)
     """)
     env = dict(os.environ, PYTHONPATH=installed)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=os.path.dirname(installed), env=env)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["[1.5,", "2.5,", "-3.0]", "0", "1"], p.stdout
+    assert p.stdout.split() == ["[1.5,", "2.5,", "-3.0]", "0", "1", "True", "1"], p.stdout
