@@ -253,3 +253,21 @@ def test_back_to_back_phases_2x2(world_2x2: World) -> None:
     want = float(sum(range(1, world_2x2.size + 1)))
     for phase in range(8):
         assert world_2x2.run(T.one_allreduce) == [want] * world_2x2.size, f"phase {phase}"
+
+
+def test_without_the_lane_extension(world_1x1: World) -> None:
+    # Installed without a C compiler, the package has no _lanewords: the
+    # client speaks protocol version 1, keeps to the socket, and works.
+    code = (
+        "import sys\n"
+        "sys.modules['collectived._lanewords'] = None  # as if it was never built\n"
+        "import numpy as np, collectived\n"
+        "from collectived import _lane\n"
+        f"with collectived.Client({world_1x1.sockets[0]!r}, job={JOB!r}, local_rank=0,"
+        " rank_retry=5.0) as c:\n"
+        "    x = np.ones(2, np.float32)\n"
+        "    c.allreduce(x)\n"
+        "    print(_lane.AVAILABLE, c.info.version, c.lane, x.tolist())\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "1", "False", "[1.0,", "1.0]"], p.stdout
