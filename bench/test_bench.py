@@ -744,3 +744,38 @@ def _alive(pid):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PyTrainerArgsTest(unittest.TestCase):
+    """bench/py_trainer.py reads the flags `collectived bench` gives its trainers."""
+
+    def setUp(self):
+        sys.path.insert(0, HERE)
+        import py_trainer
+        self.t = py_trainer
+        sys.path.remove(HERE)
+
+    def test_go_durations(self):
+        for s, want in [("0s", 0.0), ("200µs", 200e-6), ("200us", 200e-6), ("-1ns", -1e-9),
+                        ("1m30s", 90.0), ("1.5ms", 1.5e-3)]:
+            self.assertAlmostEqual(self.t.parse_duration(s), want, msg=s)
+        with self.assertRaisesRegex(ValueError, r"duration '2 hours': want a Go duration"):
+            self.t.parse_duration("2 hours")
+
+    def test_sizes(self):
+        self.assertEqual([self.t.parse_size(s) for s in ("4", "64KiB", "1MiB")], [4, 65536, 1 << 20])
+        with self.assertRaisesRegex(ValueError, r"size 'lots': want bytes"):
+            self.t.parse_size("lots")
+
+
+@unittest.skipUnless(_collectived_bin("--trainer-cmd"), "bin/collectived with bench --trainer-cmd not built (make build)")
+class PyTrainerRealTest(unittest.TestCase):
+    def test_python_trainers_in_bench(self):
+        cmd = f"{sys.executable} {os.path.join(HERE, 'py_trainer.py')}"
+        p = subprocess.run([_collectived_bin(), "bench", "--trainer-cmd", cmd, "--sizes", "4,1MiB", "--iters", "5",
+                            "--warmup", "1", "--prewarm", "10", "--json"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        self.assertEqual([(r["bytes"], r["path"], r["lane"], r["iters"], r["verified"], r["trainer_cmd"]) for r in rows],
+                         [(4, "inline", True, 5, True, cmd), (1 << 20, "shm", True, 5, True, cmd)])
+        self.assertTrue(all(r["median_us"] > 0 for r in rows))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -40,6 +41,7 @@ func benchCommand() *cli.Command {
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
 			&cli.BoolFlag{Name: "client-no-lane", Usage: "trainers' Options.NoLane: small calls keep to the socket instead of the connection's lane of shared memory"},
 			&cli.IntFlag{Name: "client-inline-max", Usage: "trainers' Options.InlineMax: the largest buffer sent inline, larger ones up to the daemon's inline limit are copied through shared memory (0: the client's default; negative: none inline)"},
+			&cli.StringFlag{Name: "trainer-cmd", Usage: "run each trainer as this command (split on spaces; bench-trainer's flags are appended, and world rank 0 prints its rows) instead of the Go bench-trainer: e.g. \".venv/bin/python bench/py_trainer.py\" for trainers written with the Python client"},
 			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
 			&cli.BoolFlag{Name: "sidecar", Usage: "the daemons' world and the ring engines alone (--ring-only) up together, taking turns a block of calls at a time, each size reported for both: the sidecar's own cost, both sides seeing the same machine"},
 			&cli.IntFlag{Name: "sidecar-block", Value: 1, Usage: "with --sidecar: timed calls per block; each block starts with one untimed call, as the first after the other side's turn runs cold"},
@@ -66,6 +68,8 @@ type benchRow struct {
 	Verified bool    `json:"verified"`
 	// With --between: the size of the untimed call before each one timed.
 	BetweenBytes int64 `json:"between_bytes,omitempty"`
+	// With --trainer-cmd: the command each trainer ran.
+	TrainerCmd string `json:"trainer_cmd,omitempty"`
 	// With --sidecar: the timed calls per block the two sides took turns
 	// in, and each block's median, in the order run.
 	SidecarBlock   int       `json:"sidecar_block,omitempty"`
@@ -98,6 +102,9 @@ func runBench(c *cli.Context) error {
 		if c.Bool("sidecar") {
 			mode = "--sidecar"
 		}
+		if c.String("trainer-cmd") != "" {
+			return exitf("bench: --trainer-cmd and %s: %s runs no trainers of the daemons' world alone; give one", mode, mode)
+		}
 		if c.Bool("ring-only") && c.Bool("sidecar") {
 			return exitf("bench: --ring-only and --sidecar: --sidecar runs the ring engines alone itself, next to the daemons; give one")
 		}
@@ -111,6 +118,13 @@ func runBench(c *cli.Context) error {
 			return runBenchSidecar(c, self, dir, nodes, sizes)
 		}
 		return runBenchRingOnly(c, self, dir, nodes, len(sizes))
+	}
+	if cmd := strings.Fields(c.String("trainer-cmd")); len(cmd) > 0 {
+		if _, err := exec.LookPath(cmd[0]); err != nil {
+			return exitf("bench: --trainer-cmd %q: %v", c.String("trainer-cmd"), err)
+		}
+	} else if c.IsSet("trainer-cmd") {
+		return exitf("bench: --trainer-cmd is empty: want a command, such as \".venv/bin/python bench/py_trainer.py\"")
 	}
 	w, err := localworld.Start(daemonWorld(c, self, dir, nodes, local))
 	if err != nil {
@@ -203,6 +217,9 @@ func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter
 		if nb > 0 {
 			between = fmt.Sprintf(", each after an untimed call of %d bytes", nb)
 		}
+		if tc := c.String("trainer-cmd"); tc != "" {
+			who += fmt.Sprintf(" (%q)", tc)
+		}
 		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size%s\n",
 			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"), between)
 		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
@@ -215,6 +232,7 @@ func (p *benchPrinter) row(r sizeResult) { p.print(p.summarize(r)) }
 func (p *benchPrinter) summarize(r sizeResult) benchRow {
 	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
 	row.BetweenBytes = p.between
+	row.TrainerCmd = p.c.String("trainer-cmd")
 	return row
 }
 

@@ -30,14 +30,19 @@ type benchTrainer struct {
 	bad    string        // a line of its stdout that was no result (rows)
 }
 
-// startBenchTrainer starts the trainer of local rank l on node n of w;
-// files become its fd 3 on, extra is appended to its arguments.
+// startBenchTrainer starts the trainer of local rank l on node n of w (the
+// Go bench-trainer, or --trainer-cmd with the same flags); files become
+// its fd 3 on, extra is appended to its arguments.
 func startBenchTrainer(c *cli.Context, self string, w *localworld.World, n, l int, files []*os.File, extra []string) (*benchTrainer, error) {
 	args := append([]string{"bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l)},
 		workloadArgs(c)...)
 	args = append(args, "--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
 		"--no-lane="+strconv.FormatBool(c.Bool("client-no-lane")))
-	cmd := exec.Command(self, append(args, extra...)...)
+	argv := append([]string{self}, args...)
+	if tc := strings.Fields(c.String("trainer-cmd")); len(tc) > 0 {
+		argv = append(tc, args[1:]...) // its flags, without the subcommand's name
+	}
+	cmd := exec.Command(argv[0], append(argv[1:], extra...)...)
 	r, wr, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("trainer %d of node %d: stdout pipe: %w", l, n, err)

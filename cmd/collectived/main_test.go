@@ -38,6 +38,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		"--sidecar runs one ring rank per node and no trainers beside it: --local is 2, want 1": {"--sidecar", "--local", "2"},
 		"--sidecar-block 0: want at least 1":                                                    {"--sidecar", "--sidecar-block", "0"},
 		"--ring-only and --sidecar":                                                             {"--sidecar", "--ring-only"},
+		"--trainer-cmd and --ring-only: --ring-only runs no trainers":                           {"--ring-only", "--trainer-cmd", "python3"},
+		`--trainer-cmd "/nonexistent/py x": exec: "/nonexistent/py"`:                            {"--sizes", "4", "--trainer-cmd", "/nonexistent/py x"},
+		"--trainer-cmd is empty: want a command":                                                {"--sizes", "4", "--trainer-cmd", " "},
 	} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // report, do not os.Exit
