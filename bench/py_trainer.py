@@ -105,7 +105,8 @@ def one_size(c: collectived.Client, size: int, dtype: str, op: str, iters: int, 
         c.allreduce(x, op)
         times.append(time.perf_counter_ns() - t0)
     check()
-    return {"bytes": count * item, "times_ns": times, "path": path, "lane": c.lane}
+    return {"bytes": count * item, "times_ns": times, "path": path,
+            "lane": getattr(c, "lane", False)}  # clients before the lane have no such property
 
 
 def main(argv: list[str]) -> int:
@@ -130,8 +131,10 @@ def main(argv: list[str]) -> int:
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     spin = parse_duration(a.spin)
     kw: dict[str, Any] = {} if spin == 0 else {"spin": max(spin, 0.0)}
+    if a.no_lane == "true":
+        kw["no_lane"] = True
     with collectived.Client(a.socket, job=a.job, local_rank=a.local_rank, label="py_trainer",
-                            no_lane=a.no_lane == "true", **kw) as c:
+                            **kw) as c:
         between = None
         if a.between:
             bn = max(parse_size(a.between) // np.dtype(a.dtype).itemsize, 1)

@@ -592,33 +592,51 @@ class Client:
                    seg: Optional[tuple[int, int]], value: Any) -> Optional[Handle]:
         """Put a call on the lane and return its handle, or None if it
         cannot go there after all (the general path then takes it, and
-        says what is wrong with it, if anything)."""
+        says what is wrong with it, if anything). Data that does not fit
+        the lane's slot inline goes through a scratch segment, as the Go
+        client's above 2 KiB (docs/TUNING.md, section 18): a copy each way
+        instead of the socket both ways."""
         nb = name.encode("utf-8") if name else b""
-        data: Any
+        if len(nb) > P.MAX_NAME_LEN:
+            return None
+        head = P.HEADER_SIZE + P.CALL_FIXED_SIZE + len(nb)
+        data: Any = b""
+        sc: Optional[_Scratch] = None
+        if seg is None and head + buf.nbytes > _lane.FRAME_MAX:
+            sc = self._take_scratch(buf.nbytes)
+            sc.view[:buf.nbytes] = buf.view
+            seg = (sc.id, 0)
         if seg is None:
             data, tail = buf.view, b""
         else:
-            data, tail = b"", P.encode_segment_ref(seg[0], seg[1])
-        length = P.CALL_FIXED_SIZE + len(nb) + len(tail) + len(data)
-        if len(nb) > P.MAX_NAME_LEN or P.HEADER_SIZE + length > _lane.FRAME_MAX:
-            return None
+            tail = P.encode_segment_ref(seg[0], seg[1])
+        length = head - P.HEADER_SIZE + len(tail) + len(data)  # fits: checked above
         h = Handle(self, f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})", value)
         h._keep = (buf.owner, value)
         h._on_lane = True
-        on_ok = self._on_call_ok(h, buf.view if seg is None else None, None)
-        if self._inflight is not None and not self._inflight.acquire(0.0):
-            return None
-        with self._lock:
-            free = not self._pending and self._broken is None and not self._closed
-            if free:
-                rid = next(self._ids)
-                self._pending[rid] = _Pending(P.CALL_OK, h, on_ok, None)
+        cleanup: Optional[Callable[[], None]] = None
+        if sc is not None:
+            on_ok = self._on_call_ok(h, None, (buf.view, sc))
+
+            def cleanup(sc: _Scratch = sc) -> None:
+                sc.busy = False
+        else:
+            on_ok = self._on_call_ok(h, buf.view if seg is None else None, None)
+        free = self._inflight is None or self._inflight.acquire(0.0)
+        if free:
+            with self._lock:
+                free = not self._pending and self._broken is None and not self._closed
+                if free:
+                    rid = next(self._ids)
+                    self._pending[rid] = _Pending(P.CALL_OK, h, on_ok, cleanup)
+            if not free:
+                self._release_slot()
         if not free:
-            self._release_slot()
+            if cleanup is not None:
+                cleanup()
             return None
         frame = P.encode_call_head(length, rid, op, buf.dtype if op != P.OP_BARRIER else 0, red,
-                                   P.CALL_SHM if seg is not None else 0, root, buf.count,
-                                   nb) + tail
+                                   P.CALL_SHM if tail else 0, root, buf.count, nb) + tail
         try:
             with self._send_lock:
                 self._wait_lane_free(lane)
