@@ -34,7 +34,12 @@ QUICK_SIZES = "4,64KiB,64MiB"
 SMALL = 1 << 20  # sizes up to this get the "small" iteration count
 # ring-only runs right next to collectived in every round, whatever the
 # rotation (keep_pair), so the sidecar's two sides see the same machine.
-SYSTEMS = ["collectived", "ring-only", "mpi-tcp", "mpi-shm", "gloo"]
+SYSTEMS = ["collectived", "ring-only", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"]
+# collectived with trainers written with the Python client
+# (`collectived bench --trainer-cmd "PY bench/py_trainer.py"`), the other
+# side of a comparison with Gloo for a PyTorch user. The wrapper installs
+# the client into bench/.build/pyvenv.
+PYTHON_TRAINERS = "collectived-py"
 # The sidecar's baseline: `collectived bench --ring-only`, one process per
 # node running its ring engine directly with the daemon's default ring
 # settings. It has the daemons' topology only in world 2 (2 nodes x 1).
@@ -129,6 +134,9 @@ def measure_system(system, world, sizes_groups, bins, timeout):
         if system == "collectived":
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
                                       prewarm=prewarm)
+        elif system == PYTHON_TRAINERS:
+            got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
+                                      prewarm=prewarm, trainer_cmd=f"{bins['python']} {HERE}/py_trainer.py")
         elif system == RING_ONLY:
             if world != 2:
                 raise ValueError(f"{system}: only world 2 (2 nodes x 1) is defined, not {world}")
@@ -174,6 +182,9 @@ def main() -> int:
                     help="measure the committed HEAD (built by the wrapper in bench/.build/src), not the work tree")
     ap.add_argument("--collectived", default=os.path.join(HERE, ".build", "collectived"))
     ap.add_argument("--mpi-binary", default=os.path.join(HERE, ".build", "mpi_allreduce"))
+    ap.add_argument("--python-client", default=os.path.join(HERE, ".build", "pyvenv", "bin", "python"),
+                    help="a Python with the collectived client (and its lane extension) installed, for "
+                         "the collectived-py system")
     a = ap.parse_args()
 
     if a.report_only:
@@ -214,7 +225,11 @@ def main() -> int:
         # nothing to pair: the overhead is not measured in this run
         a.sidecar_pairs = a.sidecar_interleaved = 0
     sg = groups(sizes, it_small, it_large, wu_small, wu_large, prewarm)
-    bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir")}
+    bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir"),
+            "python": a.python_client}
+    if PYTHON_TRAINERS in systems and not os.access(a.python_client, os.X_OK):
+        raise SystemExit(f"compare: --python-client {a.python_client}: not an executable; run through "
+                         f"bench/compare, which installs the client there, or leave {PYTHON_TRAINERS} out of --systems")
 
     started = time.monotonic()
     src = os.path.join(HERE, ".build", "src") if a.from_head else REPO
@@ -296,6 +311,11 @@ def main() -> int:
         build = ["go build -o bench/.build/collectived ./cmd/collectived"]
     build.append("mpicc -O2 -Wall -o bench/.build/mpi_allreduce bench/mpi_allreduce.c")
     build.append("gcc -O2 -Wall -pthread -o bench/.build/tcp_bidir bench/tcp_bidir.c")
+    if PYTHON_TRAINERS in systems:
+        client = "bench/.build/src/clients/python" if a.from_head else "clients/python"
+        build += ["/usr/bin/python3 -m venv --system-site-packages bench/.build/pyvenv",
+                  "bench/.build/pyvenv/bin/python -m pip install 'setuptools>=77' 'packaging>=24.2'",
+                  f"bench/.build/pyvenv/bin/python -m pip install --no-deps --no-build-isolation --force-reinstall {client}"]
     res["commands"] = build + [c.replace(REPO + "/", "") for c in runners.COMMANDS]
     res["command_marks"] = {k: v + len(build) for k, v in marks.items()}
 

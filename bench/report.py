@@ -9,7 +9,8 @@ import srcconfig
 
 PEERS = ["gloo", "mpi-tcp", "mpi-shm"]
 LABEL = {"collectived": "collectived", "gloo": "Gloo", "mpi-tcp": "OpenMPI TCP", "mpi-shm": "OpenMPI shm",
-         "ring-only": "ring-only", "tcp": "TCP bidir"}
+         "ring-only": "ring-only", "tcp": "TCP bidir", "collectived-py": "collectived, Python trainers"}
+PYTHON_TRAINERS = "collectived-py"  # `collectived bench --trainer-cmd "PY bench/py_trainer.py"`
 MIB64 = 64 << 20
 RING_ONLY = "ring-only"  # `collectived bench --ring-only`: the sidecar's baseline, world 2 only
 SIDECAR_TARGET = ("64 MiB, world 2: sidecar overhead (daemon median ÷ ring-only median − 1, the median over "
@@ -262,7 +263,7 @@ def _summary(ts) -> str:
 # --- plots --------------------------------------------------------------------
 
 STYLE = {"collectived": ("tab:red", "o"), "gloo": ("tab:blue", "s"), "mpi-tcp": ("tab:green", "^"),
-         "mpi-shm": ("tab:olive", "v"), "ring-only": ("tab:purple", "D")}
+         "mpi-shm": ("tab:olive", "v"), "ring-only": ("tab:purple", "D"), "collectived-py": ("tab:orange", "P")}
 
 
 def plots(res, d):
@@ -275,7 +276,7 @@ def plots(res, d):
     for kind in ("busbw", "latency"):
         fig, axes = plt.subplots(1, len(worlds), figsize=(6.5 * len(worlds), 4.6), squeeze=False)
         for ax, w in zip(axes[0], worlds):
-            for s in ["collectived"] + PEERS + [RING_ONLY]:
+            for s in ["collectived", PYTHON_TRAINERS] + PEERS + [RING_ONLY]:
                 rs = sorted((r for r in res["rows"] if r["system"] == s and r["world"] == w), key=lambda r: r["bytes"])
                 if not rs:
                     continue
@@ -321,8 +322,49 @@ def _spread(r, key, spec):
     return f"{format(r[key], spec)} ({format(min(vals), spec)}–{format(max(vals), spec)})"
 
 
+def python_rows(res, w):
+    """Per size: Python trainers' median and busbw through collectived,
+    and their ratios to Gloo (Python to Python) and to Go trainers."""
+    out = []
+    for size in res["sizes"]:
+        p = row(res, PYTHON_TRAINERS, w, size)
+        if not p:
+            continue
+        g, c = row(res, "gloo", w, size), row(res, "collectived", w, size)
+        out.append({"size": size, "median_us": p["median_us"], "busbw": p["busbw_GBps"],
+                    "lat_gloo": _ratio(p["median_us"], g and g["median_us"]),
+                    "bus_gloo": _ratio(p["busbw_GBps"], g and g["busbw_GBps"]),
+                    "lat_go": _ratio(p["median_us"], c and c["median_us"])})
+    return out
+
+
+def _python_section(res):
+    """The figures a PyTorch user weighing collectived against Gloo asks
+    for: Python trainers on both sides. Empty if none were measured."""
+    if not any(r["system"] == PYTHON_TRAINERS for r in res["rows"]):
+        return []
+    L = ["## Python trainers", "",
+         "The targets and the tables above are for trainers written with the Go client (`collectived bench`). "
+         "Here the trainers use the Python client (`collectived bench --trainer-cmd \"PY bench/py_trainer.py\"`, "
+         "the same measurement in Python, NumPy arrays; buffers above the inline limit allocated with "
+         "`Client.zeros`, zero copy), against Gloo, which is Python too. Its small calls take the lane "
+         "(docs/PROTOCOL.md, LANE); Python's own steps around each call are most of what separates it from Go "
+         "trainers ([TUNING.md section 29](TUNING.md#29-the-python-clients-lane)). Latency ratio below 1 and busbw "
+         "ratio above 1 mean collectived's Python trainers are faster.", ""]
+    for w in res["worlds"]:
+        rows = python_rows(res, w)
+        if not rows:
+            continue
+        cols = ["size", "Python median µs", "÷ Gloo (latency)", "÷ Go trainers (latency)", "busbw GB/s",
+                "÷ Gloo (busbw)"]
+        lines = [[size_name(r["size"]), _fmt(r["median_us"], ".1f"), _fmt(r["lat_gloo"]), _fmt(r["lat_go"]),
+                  _fmt(r["busbw"], ".3g"), _fmt(r["bus_gloo"])] for r in rows]
+        L += [f"### {world_title(w)}", "", _table(cols, lines, md=True), ""]
+    return L
+
+
 def _abs_tables(res, w):
-    systems = ["collectived"] + [p for p in PEERS + [RING_ONLY]
+    systems = ["collectived"] + [p for p in [PYTHON_TRAINERS] + PEERS + [RING_ONLY]
                                  if any(r["system"] == p and r["world"] == w for r in res["rows"])]
     out = []
     for title, key, spec in (("busbw, GB/s (higher is better)", "busbw_GBps", ".3g"),
@@ -609,6 +651,9 @@ def markdown(res, plot_rel) -> str:
           "Both run `bench/mpi_allreduce.c` (MPI_Allreduce with MPI_IN_PLACE, OpenMPI's default algorithm selection).",
           "- Gloo: `torch.distributed` with the gloo backend, CPU tensors, `dist.all_reduce`, tcp:// store on "
           "127.0.0.1, `GLOO_SOCKET_IFNAME=lo` (`bench/gloo_allreduce.py`).",
+          "- collectived, Python trainers: `collectived bench --trainer-cmd \"PY bench/py_trainer.py\"`, the same "
+          "daemons with trainers written with the Python client (installed with its lane extension into "
+          "`bench/.build/pyvenv`, on Debian's python3 as Gloo); see \"Python trainers\".",
           "- ring-only (world 2 only, the sidecar's baseline): `collectived bench --ring-only`: one process per node "
           "running its ring engine directly, on the ring settings a daemon with the same (default) config uses, "
           "over the same loopback TCP links; no daemon, trainers, Unix socket or shared memory. Timed and reported "
@@ -621,6 +666,8 @@ def markdown(res, plot_rel) -> str:
           ""]
     for w in res["worlds"]:
         L += [f"### {world_title(w)}", "", _ratio_table(res, w, md=True), ""]
+
+    L += _python_section(res)
 
     L += ["## Figures", "", f"![busbw against size]({plot_rel}/busbw.png)", "",
           f"![latency against size]({plot_rel}/latency.png)", ""]

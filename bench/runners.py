@@ -109,18 +109,21 @@ def _expect(rows, sizes, what):
 # --- collectived -----------------------------------------------------------
 
 def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None, ring_only=False,
-                prewarm=0) -> list[dict]:
+                prewarm=0, trainer_cmd=None) -> list[dict]:
     """`collectived bench --json`: daemons and trainers as processes. With
     ring_only, `--ring-only`: one process per node calling its ring engine
     directly, on the ring settings a daemon with the same config uses (the
     sidecar's baseline); it prints the same rows with "path": "ring".
     --prewarm is always given, so the command shown is what ran (bench's
-    own default is not 0)."""
+    own default is not 0). trainer_cmd: `--trainer-cmd`, trainers of
+    another client (bench/py_trainer.py: the Python client)."""
     argv = [binary, "bench"] + (["--ring-only"] if ring_only else []) + [
         "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
         "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
     if extra_config:
         argv += ["--extra-config", extra_config]
+    if trainer_cmd:
+        argv += ["--trainer-cmd", trainer_cmd]
     what = "collectived bench --ring-only" if ring_only else "collectived bench"
     out = run(argv, timeout=timeout)
     rows = parse_collectived(out, nodes * local, what)

@@ -396,8 +396,9 @@ class AggregateTest(unittest.TestCase):
 class RoundsTest(unittest.TestCase):
     def test_ring_only_runs_next_to_collectived_in_world2_only(self):
         self.assertEqual(compare.round_items(compare.SYSTEMS, 2, True),
-                         ["collectived", "ring-only", "tcp", "mpi-tcp", "mpi-shm", "gloo"])
-        self.assertEqual(compare.round_items(compare.SYSTEMS, 4, True), ["collectived", "mpi-tcp", "mpi-shm", "gloo"])
+                         ["collectived", "ring-only", "tcp", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"])
+        self.assertEqual(compare.round_items(compare.SYSTEMS, 4, True),
+                         ["collectived", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"])
         self.assertEqual(compare.round_items(["collectived", "ring-only"], 2, False), ["collectived", "ring-only"])
         self.assertEqual(compare.round_items(["collectived", "gloo"], 2, True), ["collectived", "tcp", "gloo"])
 
@@ -779,3 +780,50 @@ class PyTrainerRealTest(unittest.TestCase):
         self.assertEqual([(r["bytes"], r["path"], r["lane"], r["iters"], r["verified"], r["trainer_cmd"]) for r in rows],
                          [(4, "inline", True, 5, True, cmd), (1 << 20, "shm", True, 5, True, cmd)])
         self.assertTrue(all(r["median_us"] > 0 for r in rows))
+
+
+class PythonTrainersReportTest(unittest.TestCase):
+    """The collectived-py system: Python trainers against Gloo, in a section of their own."""
+
+    def res(self):
+        res = fake_res()
+        for w, us, bus in ((2, 90.0, None), (4, 300.0, None)):
+            res["rows"].append({"system": report.PYTHON_TRAINERS, "world": w, "bytes": 4, "median_us": us,
+                                "p99_us": us * 2, "algbw_GBps": 4 / (us * 1e3), "busbw_GBps": 4 / (us * 1e3),
+                                "iters": 30})
+        return res
+
+    def test_ratios_to_gloo_and_go_trainers(self):
+        got = report.python_rows(self.res(), 2)
+        self.assertEqual(len(got), 1)
+        self.assertAlmostEqual(got[0]["lat_gloo"], 90.0 / 200.0)
+        self.assertAlmostEqual(got[0]["lat_go"], 90.0 / 30.0)
+        self.assertEqual(report.python_rows(self.res(), 4)[0]["lat_gloo"], None)  # no Gloo 4 B row in world 4
+
+    def test_section_in_the_report_and_absent_without_rows(self):
+        md = report.markdown(self.res(), "bench")
+        sec = md[md.index("## Python trainers"):]
+        sec = sec[:sec.index("\n## ", 5)]
+        self.assertIn("| size | Python median µs | ÷ Gloo (latency) | ÷ Go trainers (latency) | busbw GB/s | "
+                      "÷ Gloo (busbw) |", sec)
+        self.assertIn("| 4 B | 90.0 | 0.45 | 3.00 |", sec)
+        self.assertIn("--trainer-cmd", sec)
+        self.assertNotIn("## Python trainers", report.markdown(fake_res(), "bench"))
+        # The targets stay the Go trainers' own.
+        self.assertEqual(verdicts(self.res()), verdicts(fake_res()))
+
+
+class PythonTrainersCompareTest(unittest.TestCase):
+    def test_missing_python_client_is_refused_with_the_way_out(self):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--no-doc", "--systems",
+                            "collectived,collectived-py", "--python-client", "/nonexistent/python"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--python-client /nonexistent/python: not an executable", p.stderr)
+        self.assertIn("leave collectived-py out of --systems", p.stderr)
+
+    def test_runner_passes_the_trainer_command(self):
+        n = len(runners.COMMANDS)
+        with self.assertRaises(runners.RunError):
+            runners.collectived("/bin/false", 2, 1, [4], 1, 0, 5, trainer_cmd="py t.py")
+        self.assertTrue(runners.COMMANDS[n].endswith("--json --trainer-cmd 'py t.py'"), runners.COMMANDS[n])
