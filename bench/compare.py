@@ -454,6 +454,8 @@ def finish(res, a) -> int:
     if res.get("per_round"):
         sidecar_summary(res)  # again, for --report-only on results of older rules
     print(report.ratio_text(res))
+    if report.python_text(res):
+        print(report.python_text(res))
     print(report.targets_text(res))
     if res.get("errors"):
         # The first lines say what failed; the whole text is in results.json

@@ -352,15 +352,31 @@ def _python_section(res):
          "trainers ([TUNING.md section 29](TUNING.md#29-the-python-clients-lane)). Latency ratio below 1 and busbw "
          "ratio above 1 mean collectived's Python trainers are faster.", ""]
     for w in res["worlds"]:
-        rows = python_rows(res, w)
-        if not rows:
-            continue
-        cols = ["size", "Python median µs", "÷ Gloo (latency)", "÷ Go trainers (latency)", "busbw GB/s",
-                "÷ Gloo (busbw)"]
-        lines = [[size_name(r["size"]), _fmt(r["median_us"], ".1f"), _fmt(r["lat_gloo"]), _fmt(r["lat_go"]),
-                  _fmt(r["busbw"], ".3g"), _fmt(r["bus_gloo"])] for r in rows]
-        L += [f"### {world_title(w)}", "", _table(cols, lines, md=True), ""]
+        t = _python_table(res, w, md=True)
+        if t:
+            L += [f"### {world_title(w)}", "", t, ""]
     return L
+
+
+def _python_table(res, w, md):
+    rows = python_rows(res, w)
+    if not rows:
+        return ""
+    cols = ["size", "Python median µs", "÷ Gloo (latency)", "÷ Go trainers (latency)", "busbw GB/s",
+            "÷ Gloo (busbw)"]
+    lines = [[size_name(r["size"]), _fmt(r["median_us"], ".1f"), _fmt(r["lat_gloo"]), _fmt(r["lat_go"]),
+              _fmt(r["busbw"], ".3g"), _fmt(r["bus_gloo"])] for r in rows]
+    return _table(cols, lines, md)
+
+
+def python_text(res) -> str:
+    """The Python trainers' figures for the terminal; empty if none."""
+    parts = []
+    for w in res["worlds"]:
+        t = _python_table(res, w, md=False)
+        if t:
+            parts += ["", f"Python trainers, {world_title(w)}", t]
+    return "\n".join(parts)
 
 
 def _abs_tables(res, w):
