@@ -112,6 +112,11 @@ def torch_allreduce(c: collectived.Client) -> Any:
 
     t = torch.full((10,), float(c.rank))
     assert c.allreduce(t) is t  # in place, the tensor itself returned
+    # A leaf that requires grad (a parameter) is reduced in place too, its
+    # data through a detached view.
+    g = torch.full((2,), float(c.rank), requires_grad=True)
+    c.allreduce(g)
+    assert g.detach().tolist() == [float(sum(range(c.size)))] * 2, g
     h = c.allreduce_async(torch.ones(3, dtype=torch.int64), op="max")
     assert h.wait().tolist() == [1, 1, 1]
     z = ct.zeros(c, 1000, torch.float64)

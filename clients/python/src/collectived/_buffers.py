@@ -54,11 +54,13 @@ def address_of(view: memoryview) -> int:
 
 
 def _from_torch(x: Any) -> tuple[Any, Any]:
-    if x.device.type != "cpu":
+    # is_cpu and requires_grad are plain flags; x.device makes an object
+    # and detach() a tensor, microseconds each on a small call's path.
+    if not x.is_cpu:
         raise TypeError(f"tensor is on {x.device}; collectived needs a CPU tensor")
     if not x.is_contiguous():
         raise ValueError("tensor is not contiguous; call .contiguous() first")
-    return x.detach().numpy(), x
+    return (x.detach() if x.requires_grad else x).numpy(), x
 
 
 # (format, itemsize) -> dtype for the formats NumPy gives its common
@@ -68,8 +70,14 @@ _COMMON = {(f, n): d for (f, n), d in _FORMATS.items() for f in (f, "<" + f, "="
 
 def as_buffer(x: Any, *, what: str = "buffer") -> Buffer:
     """Describe ``x`` (NumPy array, PyTorch CPU tensor, or writable buffer)."""
-    # The common case first, in few steps: a small call's time in Python is
-    # mostly steps like these.
+    # The common cases first, in few steps: a small call's time in Python is
+    # mostly steps like these. A tensor is looked at as the NumPy array
+    # sharing its memory (a tensor has no buffer interface, and asking for
+    # one raises, which costs more than the look at its module).
+    owner = x
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch") and hasattr(x, "is_contiguous"):
+        x, owner = _from_torch(x)
     try:
         mv = memoryview(x)
     except TypeError:
@@ -78,11 +86,7 @@ def as_buffer(x: Any, *, what: str = "buffer") -> Buffer:
         dtype = _COMMON.get((mv.format, mv.itemsize))
         if dtype is not None and not mv.readonly and mv.c_contiguous and mv.nbytes:
             return Buffer(mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B"), dtype,
-                          mv.nbytes // mv.itemsize, x)
-    owner = x
-    mod = type(x).__module__ or ""
-    if mod.startswith("torch") and hasattr(x, "is_contiguous"):
-        x, owner = _from_torch(x)
+                          mv.nbytes // mv.itemsize, owner)
     try:
         mv = memoryview(x)
     except TypeError:
