@@ -23,7 +23,9 @@ there, steered by more names:
 - ``"lane-slow"``: answer after 50 ms, when the caller has stopped watching;
 - ``"lane-skip"``: move d2c_seq by two;
 - ``"lane-type"``: put a STATUS_OK on the lane;
-- ``"lane-long"``: put a header claiming more than the slot holds.
+- ``"lane-long"``: put a header claiming more than the slot holds;
+- ``"lane-short"``: put a result 4 bytes shorter than the call's data;
+- ``"lane-id"``: put the answer with another request's id.
 """
 
 from __future__ import annotations
@@ -296,6 +298,10 @@ class _DaemonLane:
         sleeps on the socket."""
         if script == "lane-type":
             frame = P.encode(P.StatusOk(0, "{}"))
+        elif script == "lane-short":  # a result 4 bytes short of the call's data
+            frame = struct.pack("<I", len(frame) - P.HEADER_SIZE - 4) + frame[4:-4]
+        elif script == "lane-id":  # the answer of another request
+            frame = frame[:8] + struct.pack("<Q", 99) + frame[16:]
         elif script == "lane-long":
             # Within max_frame (4096 here) but, with its header, over the slot.
             frame = struct.pack("<IBBHQ", 4090, P.CALL_OK, 0, 0, 2) + frame[P.HEADER_SIZE:]

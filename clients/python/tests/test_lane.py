@@ -145,6 +145,8 @@ def test_error_on_the_lane_fails_only_its_call(laned: collectived.Client) -> Non
     ("lane-skip", "lane: 2 answers put since the last taken, want 1"),
     ("lane-type", "lane: STATUS_OK (id 0): only CALL_OK and ERROR may travel the lane"),
     ("lane-long", "lane: CALL_OK of 4106 bytes does not fit the lane's 4096"),
+    ("lane-short", "CALL_OK result is 0 bytes, the call sent 4"),
+    ("lane-id", "CALL_OK carries id 99, which matches no request in flight"),
 ])
 def test_answer_breaking_the_lane_rules_breaks_the_connection(
         laned: collectived.Client, script: str, message: str) -> None:

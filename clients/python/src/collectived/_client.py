@@ -48,6 +48,7 @@ _SCRATCH_MIN = 1 << 20
 _MAX_FDS = 32
 
 _EMPTY = Buffer(memoryview(bytearray(0)), 0, 0, None)  # a barrier's buffer
+_NO_RESULT = memoryview(bytearray(0))  # where a shared-memory call's (empty) answer data goes
 REDUCE_OPS = {"sum": P.RED_SUM, "prod": P.RED_PROD, "max": P.RED_MAX, "min": P.RED_MIN}
 _OP_NAMES = {P.OP_ALLREDUCE: "allreduce", P.OP_BROADCAST: "broadcast",
              P.OP_BARRIER: "barrier"}
@@ -583,16 +584,51 @@ class Client:
                 and not self._frees and _process_id == self._pid):
             seg = self._find_segment(buf) if n else None
             if seg is not None or n <= self.info.inline_limit:
-                h = self._lane_call(lane, op, red, root, name, buf, seg, value)
-                if h is not None:
+                got = self._lane_call(lane, op, red, root, name, buf, seg, value)
+                if got is not None:
+                    h, rid, result, scratch = got
+                    self._take_own_answer(lane, h, rid, result, buf.view, scratch,
+                                          self.timeout if timeout is None else timeout)
                     return h.wait(timeout)
         return self._collective(op, red, root, name, buf, value).wait(timeout)
 
+    def _take_own_answer(self, lane: _lane.Lane, h: Handle, rid: int, result: memoryview,
+                         dst: memoryview, scratch: Optional[_Scratch], timeout: float) -> None:
+        """The caller's wait for its call on the lane: watch for the answer
+        and, if it is the plain CALL_OK expected, take it in one step in C
+        (``result``: where its data goes; a call through ``scratch`` is
+        copied back to ``dst``) and settle the call here. Any other answer
+        is taken by the general way, whose checks name what is wrong; none
+        within the spin is left to the reader thread."""
+        h._on_lane = False  # one watch a call
+        try:
+            code, gen, seq = lane.take_call_ok(rid, result, min(self._spin, timeout))
+            if code == 2:
+                self._take_lane()
+        except CollectivedError as e:
+            self._break(e)
+            return
+        except ValueError:
+            return  # closed under us: close() failed the request
+        if code != 1:
+            return
+        with self._lock:
+            p = self._pending.pop(rid, None)
+        if p is None:
+            return  # failed meanwhile (close, a broken connection): h says so
+        self._generation = h.generation = gen
+        h.seq = seq
+        if scratch is not None:
+            dst[:] = scratch.view[:len(dst)]
+        self._settle(p, value=h._value)
+
     def _lane_call(self, lane: _lane.Lane, op: int, red: int, root: int, name: str, buf: Buffer,
-                   seg: Optional[tuple[int, int]], value: Any) -> Optional[Handle]:
-        """Put a call on the lane and return its handle, or None if it
-        cannot go there after all (the general path then takes it, and
-        says what is wrong with it, if anything). Data that does not fit
+                   seg: Optional[tuple[int, int]],
+                   value: Any) -> Optional[tuple[Handle, int, memoryview, Optional[_Scratch]]]:
+        """Put a call on the lane and return its handle, request id, where
+        its answer's data goes and the scratch segment it went through; or
+        None if it cannot go there after all (the general path then takes
+        it, and says what is wrong with it, if anything). Data that does not fit
         the lane's slot inline goes through a scratch segment, as the Go
         client's above 2 KiB (docs/TUNING.md, section 18): a copy each way
         instead of the socket both ways."""
@@ -649,7 +685,7 @@ class Client:
             lost = ConnectionLostError(f"sending {h.what} to {self.path}: {e}", request=h.what)
             self._fail_all(lost)
             raise lost from e
-        return h
+        return h, rid, buf.view if seg is None else _NO_RESULT, sc
 
     def _find_segment(self, buf: Buffer) -> Optional[tuple[int, int]]:
         if not self._segments:

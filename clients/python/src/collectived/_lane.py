@@ -116,6 +116,21 @@ class Lane:
         w.store(C_PARKED, 1)
         return self.rung()
 
+    def take_call_ok(self, rid: int, result: Any, seconds: float) -> tuple[int, int, int]:
+        """A small call's whole wait, in C (``Words.take_call_ok``): watch
+        for up to ``seconds`` as :meth:`poll` does, and if the answer is
+        the plain CALL_OK of request ``rid`` with a result as long as the
+        writable buffer ``result``, copy the result there and take it.
+        Returns (1, generation, seq) if taken, (2, 0, 0) if something else
+        waits (for :meth:`take`, whose checks name what is wrong), (0, 0,
+        0) if nothing came."""
+        with self._take_lock:
+            got = self._words.take_call_ok(self._seen, rid, result, int(seconds * 1e9))
+            if got[0] == 1:
+                self._seen = (self._seen + 1) & _MASK
+                self.answers += 1
+            return got
+
     def take(self, max_frame: int) -> Optional[P.Message]:
         """Copy the answer out of the d2c slot and decode it, or None if
         there is none (another thread took it, or a WAKE_CLIENT crossed

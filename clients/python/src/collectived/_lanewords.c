@@ -17,7 +17,16 @@
 
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
+
+/* The lane's layout (docs/PROTOCOL.md, LANE), for take_call_ok. */
+#define L_D2C_SEQ 128
+#define L_C_PARKED 256
+#define L_D2C 8192
+#define L_SLOT 4096
+#define HDR 16
+#define T_CALL_OK 0x85
 
 typedef struct {
 	PyObject_HEAD
@@ -144,6 +153,74 @@ static PyObject *Words_poll(Words *self, PyObject *args)
 	return PyLong_FromUnsignedLong(v);
 }
 
+static uint32_t le32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+
+/* take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): a
+ * small call's whole wait in one step, the caller's side of the lane.
+ * Says the client does not sleep (c_parked 0), watches d2c_seq for up to
+ * spin_ns, says it sleeps again (c_parked 1) and looks once more, as
+ * Lane.poll does. If the answer is the plain one expected (the next seq, a
+ * CALL_OK for request rid, a result exactly as long as the writable buffer
+ * result), it is copied into result and code is 1. Anything else that
+ * waits is left in the slot, code 2, for the client's own checks (which
+ * name what is wrong); 0 if nothing came. The checks here only decide
+ * what to leave: the client reports. Reads the slot once into a copy. */
+static PyObject *Words_take_call_ok(Words *self, PyObject *args)
+{
+	unsigned long seen;
+	unsigned long long rid;
+	long long spin;
+	Py_buffer res;
+	unsigned char copy[L_SLOT];
+	uint32_t *seqw, *parked, n = 0, len = 0;
+	int code = 0;
+	uint32_t gen = 0;
+	uint64_t cseq = 0;
+	int64_t end;
+	if (!PyArg_ParseTuple(args, "kKw*L", &seen, &rid, &res, &spin))
+		return NULL;
+	if (!(seqw = word(self, L_D2C_SEQ)) || !(parked = word(self, L_C_PARKED)) || self->view.len < L_D2C + L_SLOT) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "lane mapping too short for its d2c slot");
+		PyBuffer_Release(&res);
+		return NULL;
+	}
+	self->polling++;
+	Py_BEGIN_ALLOW_THREADS
+	__atomic_store_n(parked, 0, __ATOMIC_SEQ_CST);
+	end = now_ns() + (spin > 0 ? spin : 0);
+	for (;;) {
+		n = __atomic_load_n(seqw, __ATOMIC_SEQ_CST);
+		if (n != (uint32_t)seen || now_ns() >= end)
+			break;
+		sched_yield();
+	}
+	__atomic_store_n(parked, 1, __ATOMIC_SEQ_CST);
+	n = __atomic_load_n(seqw, __ATOMIC_SEQ_CST);
+	if (n != (uint32_t)seen) {
+		code = 2;
+		memcpy(copy, (const unsigned char *)self->view.buf + L_D2C, HDR);
+		len = le32(copy);
+		if (n == (uint32_t)seen + 1 && copy[4] == T_CALL_OK && copy[5] == 0 && copy[6] == 0 && copy[7] == 0 &&
+		    le64(copy + 8) == rid && len >= 16 && len <= L_SLOT - HDR && (Py_ssize_t)(len - 16) == res.len) {
+			memcpy(copy + HDR, (const unsigned char *)self->view.buf + L_D2C + HDR, len);
+			if (le32(copy + HDR + 4) == 0) {
+				gen = le32(copy + HDR);
+				cseq = le64(copy + HDR + 8);
+				memcpy(res.buf, copy + HDR + 16, len - 16);
+				code = 1;
+			}
+		}
+	}
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&res);
+	self->polling--;
+	if (self->closing && self->polling == 0)
+		release(self);
+	return Py_BuildValue("(ikK)", code, (unsigned long)gen, (unsigned long long)cseq);
+}
+
 /* close(): give the mapping back (the mmap can be closed then). A poll
  * under way in another thread still reads it: the last one gives it back. */
 static PyObject *Words_close(Words *self, PyObject *Py_UNUSED(ignored))
@@ -160,6 +237,9 @@ static PyMethodDef Words_methods[] = {
 	{"store", (PyCFunction)Words_store, METH_VARARGS, "store(off, v): store the u32 v at off (sequentially consistent)"},
 	{"poll", (PyCFunction)Words_poll, METH_VARARGS,
 	 "poll(off, old, spin_ns) -> int: load the u32 at off until it is not old or spin_ns passed; the GIL is released"},
+	{"take_call_ok", (PyCFunction)Words_take_call_ok, METH_VARARGS,
+	 "take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): watch for a call's answer and take it "
+	 "into result if it is the plain CALL_OK expected (1); 2 if something else waits, 0 if nothing came"},
 	{"close", (PyCFunction)Words_close, METH_NOARGS, "close(): release the mapping (idempotent)"},
 	{NULL, NULL, 0, NULL},
 };
@@ -179,6 +259,7 @@ static PyTypeObject WordsType = {
 static struct PyModuleDef wordsmodule = {
 	PyModuleDef_HEAD_INIT, "collectived._lanewords",
 	"Sequentially consistent u32 loads and stores on the lane (docs/PROTOCOL.md, LANE).", -1, NULL,
+	NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__lanewords(void)
