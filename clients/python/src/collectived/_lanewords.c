@@ -4,10 +4,13 @@
  * between a store and a load, and the lane's handshake needs both: "store
  * my seq, then load the other side's parked word" must not be reordered,
  * or each side can miss the other and a call waits for its timeout. This
- * module is only those operations, as sequentially consistent 32-bit
- * atomics (the C client's lane_load and lane_store), and a poll of one
- * word with the GIL released. Frames are copied in and out by the client
- * in Python; what the protocol means lives there too.
+ * module is those operations, as sequentially consistent 32-bit atomics
+ * (the C client's lane_load and lane_store), a poll of one word with the
+ * GIL released, and take_call_ok: a small call's wait and, when the answer
+ * is the plain one expected, its taking, in one step (in Python each of
+ * those steps costs microseconds, and a small call is little else). What
+ * the protocol means, and every check that reports an error, lives in the
+ * client in Python.
  *
  * It is optional: built when a C compiler and Python's headers are there,
  * and without it the client speaks protocol version 1 and has no lane.
