@@ -124,31 +124,37 @@ static PyObject *Words_store(Words *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-/* poll(off, old, spin_ns): load the word until it differs from old or
- * spin_ns have passed, yielding the CPU between loads (on a machine with
- * fewer CPUs than pollers, the process being waited for may need this
- * one), with the GIL released so that the client's reader thread runs.
+/* watch loads *w until it is not old or spin_ns have passed, yielding the
+ * CPU between loads (on a machine with fewer CPUs than pollers, the
+ * process being waited for may need this one); the GIL must be released.
  * Returns the last value loaded. */
+static uint32_t watch(const uint32_t *w, uint32_t old, long long spin)
+{
+	int64_t end = now_ns() + (spin > 0 ? spin : 0);
+	uint32_t v;
+	for (;;) {
+		v = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+		if (v != old || now_ns() >= end)
+			return v;
+		sched_yield();
+	}
+}
+
+/* poll(off, old, spin_ns): watch the word at off, with the GIL released
+ * so that the client's reader thread runs. Returns the last value loaded. */
 static PyObject *Words_poll(Words *self, PyObject *args)
 {
 	Py_ssize_t off;
 	unsigned long old;
 	long long spin;
 	uint32_t *w, v;
-	int64_t end;
 	if (!PyArg_ParseTuple(args, "nkL", &off, &old, &spin))
 		return NULL;
 	if (!(w = word(self, off)))
 		return NULL;
 	self->polling++;
 	Py_BEGIN_ALLOW_THREADS
-	end = now_ns() + (spin > 0 ? spin : 0);
-	for (;;) {
-		v = __atomic_load_n(w, __ATOMIC_SEQ_CST);
-		if (v != (uint32_t)old || now_ns() >= end)
-			break;
-		sched_yield();
-	}
+	v = watch(w, (uint32_t)old, spin);
 	Py_END_ALLOW_THREADS
 	self->polling--;
 	if (self->closing && self->polling == 0)
@@ -180,7 +186,6 @@ static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 	int code = 0;
 	uint32_t gen = 0;
 	uint64_t cseq = 0;
-	int64_t end;
 	if (!PyArg_ParseTuple(args, "kKw*L", &seen, &rid, &res, &spin))
 		return NULL;
 	if (!(seqw = word(self, L_D2C_SEQ)) || !(parked = word(self, L_C_PARKED)) || self->view.len < L_D2C + L_SLOT) {
@@ -192,13 +197,7 @@ static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 	self->polling++;
 	Py_BEGIN_ALLOW_THREADS
 	__atomic_store_n(parked, 0, __ATOMIC_SEQ_CST);
-	end = now_ns() + (spin > 0 ? spin : 0);
-	for (;;) {
-		n = __atomic_load_n(seqw, __ATOMIC_SEQ_CST);
-		if (n != (uint32_t)seen || now_ns() >= end)
-			break;
-		sched_yield();
-	}
+	watch(seqw, (uint32_t)seen, spin);
 	__atomic_store_n(parked, 1, __ATOMIC_SEQ_CST);
 	n = __atomic_load_n(seqw, __ATOMIC_SEQ_CST);
 	if (n != (uint32_t)seen) {
