@@ -12,7 +12,8 @@ Call names steer it:
 - ``"mismatch"``: ERROR MISMATCH;
 - ``"fatal"``: connection-level ERROR BAD_FRAME FATAL (id 0), then close;
 - ``"garbage"``: send a frame with an unknown type;
-- ``"wake"``: send a WAKE_CLIENT, a frame of protocol version 2 only.
+- ``"wake"``: send a WAKE_CLIENT, a frame of protocol version 2 only;
+- ``"wake-id"``: send a WAKE_CLIENT with id 5 (it must carry 0).
 
 With ``version=2`` it also serves the lane (LANE, WAKE; it always sleeps on
 the socket, so clients ring it) and answers calls that came on the lane
@@ -53,6 +54,8 @@ class ScriptedDaemon:
         self.version = version  # the newest protocol version it speaks
         self.lane_calls = 0  # calls taken from a lane
         self.ignore_wakes = False  # never take a call from the lane
+        self.lane_size = L.SIZE  # the size LANE_OK states
+        self.lane_fd = True  # LANE_OK carries the lane's fd
         self.world = world
         self.inline_limit = inline_limit
         self.max_in_flight = max_in_flight
@@ -179,7 +182,11 @@ class ScriptedDaemon:
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._lanes[id(conn)] = _DaemonLane(mmap.mmap(fd, L.SIZE))
-            socket.send_fds(conn, [P.encode(P.LaneOk(msg.id, L.SIZE))], [fd])
+            ok = P.encode(P.LaneOk(msg.id, self.lane_size))
+            if self.lane_fd:
+                socket.send_fds(conn, [ok], [fd])
+            else:
+                conn.sendall(ok)
             os.close(fd)
             return None
         if isinstance(msg, P.Wake):
@@ -191,14 +198,14 @@ class ScriptedDaemon:
                 return None  # the ring crossed a look: nothing there
             self.lane_calls += 1
             out = self._handle(conn, call, [])
-            if not isinstance(out, bytes) or call.name == "lane-socket":
-                return out
+            if not isinstance(out, bytes) or call.name in ("lane-socket", "wake", "wake-id", "garbage"):
+                return out  # on the socket
             if call.name == "hold":  # answered after the next call, which comes on the socket
                 lane.held = out
                 return None
             if call.name == "lane-slow":
                 time.sleep(0.05)
-            if lane.put(out, call.name) and call.name != "lane-skip":
+            if lane.put(out, call.name):
                 conn.sendall(P.encode(P.WakeClient(0)))
             return None
         if isinstance(msg, P.Alloc):
@@ -245,6 +252,8 @@ class ScriptedDaemon:
                 return struct.pack("<IBBHQ", 0, 0x42, 0, 0, msg.id)
             if msg.name == "wake":
                 return struct.pack("<IBBHQ", 0, P.WAKE_CLIENT, 0, 0, 0)
+            if msg.name == "wake-id":  # a WAKE_CLIENT that carries an id
+                return struct.pack("<IBBHQ", 0, P.WAKE_CLIENT, 0, 0, 5)
             seq = len(self.calls) - 1
             if msg.flags & P.CALL_SHM:
                 mm = self._segs[msg.segment]

@@ -103,6 +103,23 @@ def test_old_daemon_gets_version_1(tmp_path) -> None:
         d.close()
 
 
+@pytest.mark.parametrize("setting,value,message", [
+    ("lane_size", 4096, "LANE_OK gives a lane of 4096 bytes, want 12288"),
+    ("lane_fd", False, "LANE_OK (id 2) arrived without an fd"),
+])
+def test_bad_lane_ok_fails_the_connect(fake2: ScriptedDaemon, setting: str, value: object,
+                                       message: str) -> None:
+    setattr(fake2, setting, value)
+    with pytest.raises(collectived.ProtocolError, match=re.escape(message)):
+        collectived.Client(fake2.path, job="demo", timeout=5.0)
+
+
+def test_wake_client_with_an_id_breaks_the_connection(laned: collectived.Client) -> None:
+    with pytest.raises(collectived.CollectivedError,
+                       match=re.escape("WAKE_CLIENT carries id 5 and 0 payload bytes; want id 0 and none")):
+        laned.allreduce(np.ones(1, np.float32), name="wake-id", timeout=5.0)
+
+
 def test_call_and_answer_on_the_lane(laned: collectived.Client, fake2: ScriptedDaemon) -> None:
     x = np.array([1.5, -2.0], np.float32)
     before = laned.bytes_sent
