@@ -763,6 +763,14 @@ class PyTrainerArgsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"duration '2 hours': want a Go duration"):
             self.t.parse_duration("2 hours")
 
+    def test_inline_max_is_refused(self):
+        # The Go client's option: the Python client has none, so a bench
+        # asking for it is refused, not silently measured without it.
+        p = subprocess.run([sys.executable, os.path.join(HERE, "py_trainer.py"), "--socket", "/nonexistent", "--job",
+                            "j", "--sizes", "4", "--inline-max", "2048"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--inline-max: the Python client has no such option; give 0", p.stderr)
+
     def test_sizes(self):
         self.assertEqual([self.t.parse_size(s) for s in ("4", "64KiB", "1MiB")], [4, 65536, 1 << 20])
         with self.assertRaisesRegex(ValueError, r"size 'lots': want bytes"):
