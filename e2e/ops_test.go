@@ -69,6 +69,13 @@ func TestStallReportAndStatus(t *testing.T) {
 	if !strings.Contains(string(out), "process: pid ") || !strings.Contains(string(out), "goroutines") {
 		t.Fatalf("plain status does not show the daemon's process figures:\n%s", out)
 	}
+	// Both trainers are Go clients, which open their lane.
+	if n := strings.Count(string(out), `"e2e-trainer", small calls on its lane,`); n != 2 {
+		t.Fatalf("plain status shows %d trainers on their lane, want 2:\n%s", n, out)
+	}
+	if lane, _ := trs[1].(map[string]any)["lane"].(bool); !lane {
+		t.Fatalf("status JSON: trainer 1 has no lane: %v", trs[1])
+	}
 	idle.cmd.Process.Kill()
 	evs, err := caller.wait(t, 20*time.Second)
 	if err != nil || len(evs) != 1 || evs[0].Code != "TRAINER_LOST" {

@@ -74,8 +74,12 @@ func printStatus(w io.Writer, st *daemon.Status) {
 			fmt.Fprintf(w, "  local %d (world %d): not attached, %d calls made\n", t.LocalRank, t.WorldRank, t.Calls)
 			continue
 		}
-		fmt.Fprintf(w, "  local %d (world %d): pid %d %q, %d calls, %d queued, last %s\n",
-			t.LocalRank, t.WorldRank, t.PID, t.Label, t.Calls, t.Queued, t.LastCall)
+		lane := "socket only" // protocol version 1, or a client told not to (NoLane, no_lane)
+		if t.Lane {
+			lane = "small calls on its lane"
+		}
+		fmt.Fprintf(w, "  local %d (world %d): pid %d %q, %s, %d calls, %d queued, last %s\n",
+			t.LocalRank, t.WorldRank, t.PID, t.Label, lane, t.Calls, t.Queued, t.LastCall)
 	}
 	if f := st.InFlight; f != nil {
 		fmt.Fprintf(w, "in flight: collective %d %s, %s for %.1fs", f.Seq, f.Call, f.Phase, f.WaitedSec)
