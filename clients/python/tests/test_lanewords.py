@@ -63,6 +63,17 @@ def test_store_load_and_poll(lane: mmap.mmap) -> None:
     w.close()
 
 
+def test_watch_answer(lane: mmap.mmap) -> None:
+    w = lanewords.Words(lane)
+    assert w.watch_answer(0, 1_000_000) == 0  # nothing came within 1 ms
+    assert w.load(L.C_PARKED) == 1  # and the client said it sleeps
+    threading.Timer(0.01, lambda: w.store(L.D2C_SEQ, 1)).start()
+    assert w.watch_answer(0, 5_000_000_000) == 1
+    w.close()
+    with pytest.raises(ValueError, match="lane is closed"):
+        w.watch_answer(1, 0)
+
+
 def test_take_call_ok(lane: mmap.mmap) -> None:
     w = lanewords.Words(lane)
     res = bytearray(4)

@@ -81,17 +81,13 @@ def as_buffer(x: Any, *, what: str = "buffer") -> Buffer:
     try:
         mv = memoryview(x)
     except TypeError:
-        pass
-    else:
-        dtype = _COMMON.get((mv.format, mv.itemsize))
-        if dtype is not None and not mv.readonly and mv.c_contiguous and mv.nbytes:
-            return Buffer(mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B"), dtype,
-                          mv.nbytes // mv.itemsize, owner)
-    try:
-        mv = memoryview(x)
-    except TypeError:
         raise TypeError(f"{what} of type {type(owner).__name__} is not a NumPy array, "
                         "a PyTorch CPU tensor or a buffer") from None
+    dtype = _COMMON.get((mv.format, mv.itemsize))
+    if dtype is not None and not mv.readonly and mv.c_contiguous and mv.nbytes:
+        return Buffer(mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B"), dtype,
+                      mv.nbytes // mv.itemsize, owner)
+    # The general look: an empty buffer, or one to say what is wrong with.
     if mv.readonly:
         raise ValueError(f"{what} is read-only; collectives write their result in place")
     if not mv.c_contiguous:

@@ -67,6 +67,20 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _reduce_op(op: str) -> int:
+    if op not in REDUCE_OPS:
+        raise ValueError(f"unknown reduce op {op!r} (want sum, prod, max or min)")
+    return REDUCE_OPS[op]
+
+
+def _numeric(x: Any) -> Buffer:
+    """``x`` as a buffer an allreduce can take: numbers, not bytes."""
+    buf = as_buffer(x)
+    if buf.dtype == P.DT_BYTES:
+        raise TypeError("allreduce needs float32, float64, int32 or int64 elements")
+    return buf
+
+
 def default_wait_timeout(timeout_ms: int) -> float:
     """The client's default wait: the daemon's collective timeout plus a
     margin (10%, at least 5 s) so the daemon's own TIMEOUT error, which
@@ -399,35 +413,27 @@ class Client:
         float64, int32 or int64 (or a writable Python buffer of those).
         ``op`` is ``"sum"``, ``"prod"``, ``"max"`` or ``"min"``.
         """
-        if op not in REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {op!r} (want sum, prod, max or min)")
-        buf = as_buffer(x)
-        if buf.dtype == P.DT_BYTES:
-            raise TypeError("allreduce needs float32, float64, int32 or int64 elements")
-        return self._call_now(P.OP_ALLREDUCE, REDUCE_OPS[op], 0, name, buf, x, timeout)
+        return self._call_now(P.OP_ALLREDUCE, _reduce_op(op), 0, name, _numeric(x), x, timeout)
 
     def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "") -> Handle:
         """Start an allreduce; ``x`` must not be touched until the handle is done."""
-        if op not in REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {op!r} (want sum, prod, max or min)")
-        buf = as_buffer(x)
-        if buf.dtype == P.DT_BYTES:
-            raise TypeError("allreduce needs float32, float64, int32 or int64 elements")
-        return self._collective(P.OP_ALLREDUCE, REDUCE_OPS[op], 0, name, buf, x)
+        return self._collective(P.OP_ALLREDUCE, _reduce_op(op), 0, name, _numeric(x), x)
 
     def broadcast(self, x: Any, root: int, *, name: str = "",
                   timeout: Optional[float] = None) -> Any:
         """Overwrite ``x`` with world rank ``root``'s ``x``, in place; return it."""
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root {root} outside world of {self.size}")
+        self._check_root(root)
         return self._call_now(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x, timeout)
 
     def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
         """Start a broadcast from world rank ``root``; ``x`` must not be
         touched until the handle is done. ``wait()`` returns ``x``."""
+        self._check_root(root)
+        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x)
+
+    def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast root {root} outside world of {self.size}")
-        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x)
 
     def barrier(self, *, name: str = "", timeout: Optional[float] = None) -> None:
         """Return once every trainer of the world has entered the barrier."""
@@ -674,11 +680,7 @@ class Client:
         frame = P.encode_call_head(length, rid, op, buf.dtype if op != P.OP_BARRIER else 0, red,
                                    P.CALL_SHM if tail else 0, root, buf.count, nb) + tail
         try:
-            with self._send_lock:
-                self._wait_lane_free(lane)
-                if lane.put(frame, data):
-                    self._sock.sendall(_lane.WAKE_FRAME)
-                    self.bytes_sent += len(_lane.WAKE_FRAME)
+            self._put_lane(lane, frame, data)  # fits: checked above
         except CollectivedError:  # the lane's wait: it broke the connection, and says why
             raise
         except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
@@ -819,7 +821,8 @@ class Client:
             if isinstance(msg, P.Call):
                 prefix = P.encode_call_prefix(msg)
                 data = b"" if msg.flags else msg.data
-                if on_lane and self._put_lane(prefix, data):
+                the_lane = self._lane  # `lane` is the caller's wish
+                if on_lane and the_lane is not None and self._put_lane(the_lane, prefix, data):
                     h._on_lane = True
                 else:
                     self._send(prefix, data)
@@ -833,11 +836,10 @@ class Client:
             raise lost from e
         return h
 
-    def _put_lane(self, prefix: bytes, data: Any) -> bool:
+    def _put_lane(self, lane: _lane.Lane, prefix: bytes, data: Any) -> bool:
         """Put a call on the lane, ringing the daemon if it sleeps on the
         socket. False if it does not fit (it then goes on the socket)."""
-        lane = self._lane
-        if lane is None or not lane.fits(len(prefix) + len(data)):
+        if not lane.fits(len(prefix) + len(data)):
             return False
         with self._send_lock:
             self._wait_lane_free(lane)
@@ -991,10 +993,9 @@ class Client:
                     fd = fds.popleft() if with_fd and fds else None
                     if with_fd and fd is None:
                         raise ProtocolError(f"{P.TYPE_NAMES[ftype]} (id {fid}) arrived without an fd")
-                    if ftype == P.WAKE_CLIENT:
-                        if fid != 0 or length != 0:
-                            raise ProtocolError(f"WAKE_CLIENT carries id {fid} and {length} payload "
-                                                "bytes; want id 0 and none")
+                    if ftype == P.WAKE_CLIENT:  # decode_payload checked it is empty
+                        if fid != 0:
+                            raise ProtocolError(f"WAKE_CLIENT carries id {fid}, want 0")
                         self._take_lane()
                     else:
                         self._dispatch(msg, fd)

@@ -101,20 +101,12 @@ class Lane:
         self._words.store(C2D_SEQ, self._own)
         return self._words.load(D_PARKED) != 0
 
-    def rung(self) -> bool:
-        """Whether an answer waits in the d2c slot."""
-        return self._words.load(D2C_SEQ) != self._seen
-
     def poll(self, seconds: float) -> bool:
         """Watch for an answer for up to ``seconds``, then say the client
         sleeps on the socket again and look once more (so that the daemon
-        either sees the sleeper and rings, or is seen). Returns whether an
-        answer waits."""
-        w = self._words
-        w.store(C_PARKED, 0)
-        w.poll(D2C_SEQ, self._seen, int(seconds * 1e9))
-        w.store(C_PARKED, 1)
-        return self.rung()
+        either sees the sleeper and rings, or is seen; ``Words.watch_answer``).
+        Returns whether an answer waits."""
+        return self._words.watch_answer(self._seen, int(seconds * 1e9)) != self._seen
 
     def take_call_ok(self, rid: int, result: Any, seconds: float) -> tuple[int, int, int]:
         """A small call's whole wait, in C (``Words.take_call_ok``): watch

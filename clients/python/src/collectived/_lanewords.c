@@ -162,14 +162,46 @@ static PyObject *Words_poll(Words *self, PyObject *args)
 	return PyLong_FromUnsignedLong(v);
 }
 
+/* watch_answer is the client's side of the lane's parking: say it does
+ * not sleep (c_parked 0), watch d2c_seq for up to spin_ns, say it sleeps
+ * again (c_parked 1) and look once more, so that the daemon either sees
+ * the sleeper and rings the socket or is seen. Returns d2c_seq as last
+ * loaded. The GIL must be released. */
+static uint32_t watch_answer(uint32_t *parked, const uint32_t *seqw, uint32_t seen, long long spin)
+{
+	__atomic_store_n(parked, 0, __ATOMIC_SEQ_CST);
+	watch(seqw, seen, spin);
+	__atomic_store_n(parked, 1, __ATOMIC_SEQ_CST);
+	return __atomic_load_n(seqw, __ATOMIC_SEQ_CST);
+}
+
+/* watch_answer(seen, spin_ns) -> int: the parking above, for a call whose
+ * answer the client takes in Python. */
+static PyObject *Words_watch_answer(Words *self, PyObject *args)
+{
+	unsigned long seen;
+	long long spin;
+	uint32_t *seqw, *parked, n;
+	if (!PyArg_ParseTuple(args, "kL", &seen, &spin))
+		return NULL;
+	if (!(seqw = word(self, L_D2C_SEQ)) || !(parked = word(self, L_C_PARKED)))
+		return NULL;
+	self->polling++;
+	Py_BEGIN_ALLOW_THREADS
+	n = watch_answer(parked, seqw, (uint32_t)seen, spin);
+	Py_END_ALLOW_THREADS
+	self->polling--;
+	if (self->closing && self->polling == 0)
+		release(self);
+	return PyLong_FromUnsignedLong(n);
+}
+
 static uint32_t le32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
 
 /* take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): a
- * small call's whole wait in one step, the caller's side of the lane.
- * Says the client does not sleep (c_parked 0), watches d2c_seq for up to
- * spin_ns, says it sleeps again (c_parked 1) and looks once more, as
- * Lane.poll does. If the answer is the plain one expected (the next seq, a
+ * small call's whole wait in one step, the caller's side of the lane:
+ * watch_answer, then, if the answer is the plain one expected (the next seq, a
  * CALL_OK for request rid, a result exactly as long as the writable buffer
  * result), it is copied into result and code is 1. Anything else that
  * waits is left in the slot, code 2, for the client's own checks (which
@@ -196,10 +228,7 @@ static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 	}
 	self->polling++;
 	Py_BEGIN_ALLOW_THREADS
-	__atomic_store_n(parked, 0, __ATOMIC_SEQ_CST);
-	watch(seqw, (uint32_t)seen, spin);
-	__atomic_store_n(parked, 1, __ATOMIC_SEQ_CST);
-	n = __atomic_load_n(seqw, __ATOMIC_SEQ_CST);
+	n = watch_answer(parked, seqw, (uint32_t)seen, spin);
 	if (n != (uint32_t)seen) {
 		code = 2;
 		memcpy(copy, (const unsigned char *)self->view.buf + L_D2C, HDR);
@@ -239,6 +268,9 @@ static PyMethodDef Words_methods[] = {
 	{"store", (PyCFunction)Words_store, METH_VARARGS, "store(off, v): store the u32 v at off (sequentially consistent)"},
 	{"poll", (PyCFunction)Words_poll, METH_VARARGS,
 	 "poll(off, old, spin_ns) -> int: load the u32 at off until it is not old or spin_ns passed; the GIL is released"},
+	{"watch_answer", (PyCFunction)Words_watch_answer, METH_VARARGS,
+	 "watch_answer(seen, spin_ns) -> int: say the client polls, watch d2c_seq until it is not seen or spin_ns "
+	 "passed, say it sleeps and look once more; the GIL is released"},
 	{"take_call_ok", (PyCFunction)Words_take_call_ok, METH_VARARGS,
 	 "take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): watch for a call's answer and take it "
 	 "into result if it is the plain CALL_OK expected (1); 2 if something else waits, 0 if nothing came"},

@@ -276,26 +276,21 @@ def encode_call_prefix(msg: Call) -> bytes:
     nb = msg.name.encode("utf-8") if msg.name else b""
     if len(nb) > 255:
         raise ValueError(f"call name is {len(nb)} bytes, limit 255")
-    if msg.flags & CALL_SHM:
-        tail = _SEG_SIZE.pack(msg.segment, 0, msg.offset)
-        length = _CALL_FIXED.size + len(nb) + _SEG_SIZE.size
-    else:
-        tail = b""
-        length = _CALL_FIXED.size + len(nb) + len(msg.data)
-    return _CALL_HEAD.pack(length, CALL, msg.frame_flags, 0, msg.id, msg.op, msg.dtype,
-                           msg.reduce, msg.flags, msg.root, msg.count, len(nb)) + nb + tail
+    tail = encode_segment_ref(msg.segment, msg.offset) if msg.flags & CALL_SHM else b""
+    length = CALL_FIXED_SIZE + len(nb) + len(tail) + (0 if tail else len(msg.data))
+    return encode_call_head(length, msg.id, msg.op, msg.dtype, msg.reduce, msg.flags, msg.root,
+                            msg.count, nb, msg.frame_flags) + tail
 
 
 CALL_FIXED_SIZE = _CALL_FIXED.size  # CALL's payload before its name
 
 
 def encode_call_head(length: int, fid: int, op: int, dtype: int, reduce: int, flags: int,
-                     root: int, count: int, name: bytes) -> bytes:
-    """A CALL's header, fixed fields and name (at most 255 bytes), for a
-    payload of ``length`` bytes: what :func:`encode_call_prefix` makes,
-    from the fields themselves."""
-    return _CALL_HEAD.pack(length, CALL, 0, 0, fid, op, dtype, reduce, flags, root, count,
-                           len(name)) + name
+                     root: int, count: int, name: bytes, frame_flags: int = 0) -> bytes:
+    """A CALL's header, fixed fields and name (at most 255 bytes, not
+    checked here), for a payload of ``length`` bytes."""
+    return _CALL_HEAD.pack(length, CALL, frame_flags, 0, fid, op, dtype, reduce, flags, root,
+                           count, len(name)) + name
 
 
 def encode_segment_ref(segment: int, offset: int) -> bytes:
@@ -397,8 +392,7 @@ def decode_payload(ftype: int, flags: int, fid: int,
     """
     p = memoryview(payload).cast("B") if not isinstance(payload, memoryview) else payload
     if ftype == CALL_OK:  # the hot one first
-        if len(p) < _CALL_OK.size:
-            _need(p, _CALL_OK.size, "CALL_OK", "generation, reserved and seq")
+        _need(p, _CALL_OK.size, "CALL_OK", "generation, reserved and seq")
         gen, res, seq = _CALL_OK.unpack_from(p, 0)
         _zero(res, "CALL_OK", "reserved field")
         return CallOk(fid, gen, seq, p[_CALL_OK.size:], frame_flags=flags)
