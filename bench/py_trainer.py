@@ -128,8 +128,13 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.inline_max != 0:
         ap.error("--inline-max: the Python client has no such option; give 0")
-    sizes = [parse_size(s) for s in a.sizes.split(",")]
-    spin = parse_duration(a.spin)
+    try:
+        sizes = [parse_size(s) for s in a.sizes.split(",")]
+        spin = parse_duration(a.spin)
+        if a.between:
+            parse_size(a.between)
+    except ValueError as e:
+        ap.error(str(e))
     kw: dict[str, Any] = {} if spin == 0 else {"spin": max(spin, 0.0)}
     if a.no_lane == "true":
         kw["no_lane"] = True

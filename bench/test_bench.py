@@ -771,6 +771,17 @@ class PyTrainerArgsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("--inline-max: the Python client has no such option; give 0", p.stderr)
 
+    def test_bad_flags_are_refused_by_name(self):
+        for flag, value, want in (("--sizes", "4,lots", "size 'lots': want bytes"),
+                                  ("--spin", "2 hours", "duration '2 hours': want a Go duration"),
+                                  ("--between", "1 GB", "size '1 GB': want bytes")):
+            args = ["--socket", "/nonexistent", "--job", "j", "--sizes", "4", flag, value]
+            p = subprocess.run([sys.executable, os.path.join(HERE, "py_trainer.py")] + args, capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, (flag, p.stderr))
+            self.assertIn(want, p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
+
     def test_sizes(self):
         self.assertEqual([self.t.parse_size(s) for s in ("4", "64KiB", "1MiB")], [4, 65536, 1 << 20])
         with self.assertRaisesRegex(ValueError, r"size 'lots': want bytes"):
