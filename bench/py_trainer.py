@@ -66,35 +66,51 @@ def expected(i: np.ndarray, size: int, op: str) -> np.ndarray:
 
 def one_size(c: collectived.Client, size: int, dtype: str, op: str, iters: int, warmup: int,
              prewarm: Optional[Callable[[], None]],
-             between: Optional[Callable[[], None]]) -> dict[str, Any]:
+             between: Optional[Callable[[], None]], in_flight: int = 1) -> dict[str, Any]:
     item = np.dtype(dtype).itemsize
     count = max(size // item, 1)
     path = "inline"
     if count * item > c.inline_limit:
-        x = c.zeros(count, dtype)  # a daemon segment: zero copy, as the Go trainer's Alloc
+        # Daemon segments: zero copy, as the Go trainer's Alloc.
+        xs = [c.zeros(count, dtype) for _ in range(in_flight)]
         path = "shm"
     else:
-        x = np.zeros(count, dtype)
+        xs = [np.zeros(count, dtype) for _ in range(in_flight)]
     idx = np.arange(count)
     if prewarm is not None:
         prewarm()
 
     def fill() -> None:
-        x[:] = value(idx, c.rank, op).astype(dtype)
+        for x in xs:
+            x[:] = value(idx, c.rank, op).astype(dtype)
 
     def check() -> None:
         want = expected(idx, c.size, op).astype(dtype)
-        if not np.array_equal(x, want):
-            bad = int(np.flatnonzero(x != want)[0])
-            raise RuntimeError(f"wrong result at element {bad}: got {x[bad]}, want {want[bad]}")
+        for i, x in enumerate(xs):
+            if not np.array_equal(x, want):
+                bad = int(np.flatnonzero(x != want)[0])
+                which = f"buffer {i + 1} of {in_flight} in flight: " if in_flight > 1 else ""
+                raise RuntimeError(f"{which}wrong result at element {bad}: got {x[bad]}, "
+                                   f"want {want[bad]}")
+
+    if in_flight == 1:
+        x = xs[0]
+
+        def call() -> None:
+            c.allreduce(x, op)
+    else:
+        def call() -> None:
+            # --in-flight: start them all, then wait for each.
+            for h in [c.allreduce_async(x, op) for x in xs]:
+                h.wait()
 
     fill()
-    c.allreduce(x, op)
+    call()
     check()
     for _ in range(warmup):
         if between is not None:
             between()
-        c.allreduce(x, op)
+        call()
     times = []
     for k in range(iters):
         if k == iters - 1:
@@ -102,7 +118,7 @@ def one_size(c: collectived.Client, size: int, dtype: str, op: str, iters: int, 
         if between is not None:
             between()
         t0 = time.perf_counter_ns()
-        c.allreduce(x, op)
+        call()
         times.append(time.perf_counter_ns() - t0)
     check()
     return {"bytes": count * item, "times_ns": times, "path": path,
@@ -121,6 +137,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--prewarm", type=int, default=0)
     ap.add_argument("--between", default="")
+    ap.add_argument("--in-flight", type=int, default=1,
+                    help="calls started at once per timed iteration, then waited for (bench --in-flight)")
     ap.add_argument("--spin", default="0s", help="Client spin as a Go duration (0: the client's "
                     "default; negative: never watch the lane)")
     ap.add_argument("--inline-max", type=int, default=0)
@@ -128,6 +146,8 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.inline_max != 0:
         ap.error("--inline-max: the Python client has no such option; give 0")
+    if not 1 <= a.in_flight <= 64:
+        ap.error(f"--in-flight {a.in_flight}: want 1 to 64")
     try:
         sizes = [parse_size(s) for s in a.sizes.split(",")]
         spin = parse_duration(a.spin)
@@ -156,7 +176,7 @@ def main(argv: list[str]) -> int:
         for i, size in enumerate(sizes):
             try:
                 row = one_size(c, size, a.dtype, a.op, a.iters, a.warmup,
-                               prewarm if i == 0 and a.prewarm else None, between)
+                               prewarm if i == 0 and a.prewarm else None, between, a.in_flight)
             except Exception as e:
                 print(f"py_trainer: world rank {c.rank}, size {size}: {e}", file=sys.stderr)
                 return 1

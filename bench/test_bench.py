@@ -774,7 +774,9 @@ class PyTrainerArgsTest(unittest.TestCase):
     def test_bad_flags_are_refused_by_name(self):
         for flag, value, want in (("--sizes", "4,lots", "size 'lots': want bytes"),
                                   ("--spin", "2 hours", "duration '2 hours': want a Go duration"),
-                                  ("--between", "1 GB", "size '1 GB': want bytes")):
+                                  ("--between", "1 GB", "size '1 GB': want bytes"),
+                                  ("--in-flight", "0", "--in-flight 0: want 1 to 64"),
+                                  ("--in-flight", "65", "--in-flight 65: want 1 to 64")):
             args = ["--socket", "/nonexistent", "--job", "j", "--sizes", "4", flag, value]
             p = subprocess.run([sys.executable, os.path.join(HERE, "py_trainer.py")] + args, capture_output=True,
                                text=True, timeout=60)
@@ -799,6 +801,18 @@ class PyTrainerRealTest(unittest.TestCase):
         self.assertEqual([(r["bytes"], r["path"], r["lane"], r["iters"], r["verified"], r["trainer_cmd"]) for r in rows],
                          [(4, "inline", True, 5, True, cmd), (1 << 20, "shm", True, 5, True, cmd)])
         self.assertTrue(all(r["median_us"] > 0 for r in rows))
+
+    def test_python_trainers_with_calls_in_flight(self):
+        # --in-flight 3: each iteration starts three allreduces (async) and
+        # waits for them; every buffer is checked.
+        cmd = f"{sys.executable} {os.path.join(HERE, 'py_trainer.py')}"
+        p = subprocess.run([_collectived_bin(), "bench", "--trainer-cmd", cmd, "--sizes", "4,64KiB,1MiB",
+                            "--iters", "5", "--warmup", "1", "--prewarm", "10", "--in-flight", "3", "--json"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        self.assertEqual([(r["bytes"], r["in_flight"], r["iters"], r["verified"]) for r in rows],
+                         [(4, 3, 5, True), (65536, 3, 5, True), (1 << 20, 3, 5, True)])
 
 
 class PythonTrainersReportTest(unittest.TestCase):

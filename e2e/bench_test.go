@@ -26,6 +26,7 @@ type benchRow struct {
 	BusBW    float64   `json:"busbw_GBps"`
 	Verified bool      `json:"verified"`
 	Between  int64     `json:"between_bytes"`
+	InFlight int       `json:"in_flight"`
 	Block    int       `json:"sidecar_block"`
 	Blocks   []float64 `json:"block_medians_us"`
 }
@@ -74,12 +75,14 @@ func TestBenchCommand(t *testing.T) {
 		large   string // and a 1 MiB one
 		lane    bool
 		between int64
+		reqs    int // calls in flight (0: the one of the default)
 	}{
-		{nil, "inline", "shm", true, 0},
-		{[]string{"--client-no-lane"}, "inline", "shm", false, 0},
-		{[]string{"--ring-only"}, "ring", "ring", false, 0},
-		{[]string{"--between", "16KiB"}, "inline", "shm", true, 16 << 10},
-		{[]string{"--ring-only", "--between", "256KiB"}, "ring", "ring", false, 256 << 10},
+		{nil, "inline", "shm", true, 0, 0},
+		{[]string{"--client-no-lane"}, "inline", "shm", false, 0, 0},
+		{[]string{"--ring-only"}, "ring", "ring", false, 0, 0},
+		{[]string{"--between", "16KiB"}, "inline", "shm", true, 16 << 10, 0},
+		{[]string{"--ring-only", "--between", "256KiB"}, "ring", "ring", false, 256 << 10, 0},
+		{[]string{"--in-flight", "3"}, "inline", "shm", true, 0, 3},
 	} {
 		args := append([]string{"--nodes", "2", "--local", "1", "--sizes", "4,1MiB", "--iters", "5", "--json"}, mode.flags...)
 		rows := benchRows(t, 2, args...)
@@ -88,8 +91,8 @@ func TestBenchCommand(t *testing.T) {
 			path  string
 		}{{4, mode.small}, {1 << 20, mode.large}} {
 			r := rows[i]
-			if r.Bytes != want.bytes || r.Path != want.path || r.Lane != mode.lane || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.BusBW <= 0 || r.Between != mode.between {
-				t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, lane %v, 5 verified iterations, %d bytes between", args, i, r, want.bytes, want.path, mode.lane, mode.between)
+			if r.Bytes != want.bytes || r.Path != want.path || r.Lane != mode.lane || r.Iters != 5 || !r.Verified || r.MedianUS <= 0 || r.BusBW <= 0 || r.Between != mode.between || r.InFlight != mode.reqs {
+				t.Errorf("bench %v: row %d = %+v, want %d bytes on path %s, lane %v, 5 verified iterations, %d bytes between, %d in flight", args, i, r, want.bytes, want.path, mode.lane, mode.between, mode.reqs)
 			}
 		}
 	}

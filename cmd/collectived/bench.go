@@ -36,6 +36,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
 			&cli.IntFlag{Name: "prewarm", Value: defaultPrewarm, Usage: "untimed allreduces of one element before the first size: the first fraction of a second after the processes start runs slower (docs/TUNING.md, section 22)"},
 			betweenFlag,
+			inFlightFlag,
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
 			&cli.StringFlag{Name: "extra-config", Usage: "YAML appended to the generated config (e.g. ring tuning)"},
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
@@ -68,6 +69,10 @@ type benchRow struct {
 	Verified bool    `json:"verified"`
 	// With --between: the size of the untimed call before each one timed.
 	BetweenBytes int64 `json:"between_bytes,omitempty"`
+	// With --in-flight above 1: the calls each timed iteration started at
+	// once. median_us and p99_us are then the whole group's, and algbw
+	// and busbw count all their bytes.
+	InFlight int `json:"in_flight,omitempty"`
 	// With --trainer-cmd: the command each trainer ran.
 	TrainerCmd string `json:"trainer_cmd,omitempty"`
 	// With --sidecar: the timed calls per block the two sides took turns
@@ -84,6 +89,9 @@ func runBench(c *cli.Context) error {
 	sizes, _, _, err := parseWorkload(c)
 	if err != nil {
 		return err
+	}
+	if err := checkInFlight(c); err != nil {
+		return exitf("bench: %v", err)
 	}
 	if d := c.Duration("timeout"); d <= 0 {
 		return exitf("bench: --timeout %v: want more than 0", d)
@@ -104,6 +112,9 @@ func runBench(c *cli.Context) error {
 		}
 		if c.String("trainer-cmd") != "" {
 			return exitf("bench: --trainer-cmd and %s: %s runs no trainers of the daemons' world alone; give one", mode, mode)
+		}
+		if k := c.Int("in-flight"); k != 1 {
+			return exitf("bench: --in-flight %d and %s: the ring engine alone takes one call at a time; --in-flight is for trainers", k, mode)
 		}
 		if c.Bool("ring-only") && c.Bool("sidecar") {
 			return exitf("bench: --ring-only and --sidecar: --sidecar runs the ring engines alone itself, next to the daemons; give one")
@@ -220,6 +231,9 @@ func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter
 		if tc := c.String("trainer-cmd"); tc != "" {
 			who += fmt.Sprintf(" (%q)", tc)
 		}
+		if k := c.Int("in-flight"); k > 1 {
+			between += fmt.Sprintf(", %d calls in flight at once per iteration (times are the group's)", k)
+		}
 		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size%s\n",
 			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"), between)
 		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
@@ -231,6 +245,11 @@ func (p *benchPrinter) row(r sizeResult) { p.print(p.summarize(r)) }
 
 func (p *benchPrinter) summarize(r sizeResult) benchRow {
 	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+	if k := p.c.Int("in-flight"); k > 1 {
+		row.InFlight = k
+		row.AlgBWGBs *= float64(k)
+		row.BusBWGBs *= float64(k)
+	}
 	row.BetweenBytes = p.between
 	row.TrainerCmd = p.c.String("trainer-cmd")
 	return row

@@ -36,7 +36,8 @@ type benchTrainer struct {
 func startBenchTrainer(c *cli.Context, self string, w *localworld.World, n, l int, files []*os.File, extra []string) (*benchTrainer, error) {
 	args := append([]string{"bench-trainer", "--socket", w.Sockets[n], "--job", w.Job, "--local-rank", strconv.Itoa(l)},
 		workloadArgs(c)...)
-	args = append(args, "--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
+	args = append(args, "--in-flight", strconv.Itoa(c.Int("in-flight")),
+		"--spin", c.Duration("client-spin").String(), "--inline-max", strconv.Itoa(c.Int("client-inline-max")),
 		"--no-lane="+strconv.FormatBool(c.Bool("client-no-lane")))
 	argv := append([]string{self}, args...)
 	if tc := strings.Fields(c.String("trainer-cmd")); len(tc) > 0 {

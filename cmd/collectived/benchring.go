@@ -130,7 +130,7 @@ func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DTyp
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
 	res.TimesNS, err = measurement{
-		buf: buf, dt: dt, op: op, rank: rank, world: world,
+		bufs: [][]byte{buf}, dt: dt, op: op, rank: rank, world: world,
 		iters: iters, warmup: warmup, pace: pace, prewarm: prewarm, between: between,
 		allreduce: func() error { return r.AllReduce(d, buf) },
 	}.run()

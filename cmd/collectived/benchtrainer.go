@@ -36,6 +36,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "prewarm"},
 			betweenFlag,
+			inFlightFlag,
 			&cli.IntFlag{Name: "local-rank", Value: -1},
 			&cli.DurationFlag{Name: "spin"},
 			&cli.IntFlag{Name: "inline-max"},
@@ -44,6 +45,9 @@ func benchTrainerCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			sizes, dt, op, err := parseWorkload(c)
 			if err != nil {
+				return err
+			}
+			if err := checkInFlight(c); err != nil {
 				return err
 			}
 			pace, err := pacerFromFlags(c)
@@ -64,8 +68,10 @@ func benchTrainerCommand() *cli.Command {
 			defer free()
 			enc := json.NewEncoder(os.Stdout)
 			prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return cl.AllReduce(one, dt, op) })
+			tb := trainerBench{cl: cl, dt: dt, op: op, inFlight: c.Int("in-flight"), iters: c.Int("iters"),
+				warmup: c.Int("warmup"), pace: pace, between: between}
 			for i, size := range sizes {
-				res, err := benchOneSize(cl, size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm), between)
+				res, err := tb.size(size, firstOnly(i, prewarm))
 				if err != nil {
 					return fmt.Errorf("world rank %d, size %d: %w", cl.Rank(), size, err)
 				}
@@ -106,7 +112,23 @@ func parseWorkload(c *cli.Context) (sizes []int64, dt collective.DType, op colle
 	return
 }
 
-func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm, between func() error) (sizeResult, error) {
+// trainerBench is what a bench trainer measures at every size: iters
+// timed calls (after warmup untimed ones) of dt reduced with op, inFlight
+// at once (bench --in-flight), paced by pace (bench --sidecar) and each
+// after between (bench --between) when they are not nil.
+type trainerBench struct {
+	cl                      *cvd.Client
+	dt                      collective.DType
+	op                      collective.ReduceOp
+	inFlight, iters, warmup int
+	pace                    *pacer
+	between                 func() error
+}
+
+// size measures one size, on inFlight buffers of it; prewarm, if not
+// nil, runs first.
+func (tb trainerBench) size(size int64, prewarm func() error) (sizeResult, error) {
+	cl, dt, op, inFlight := tb.cl, tb.dt, tb.op, tb.inFlight
 	es := int64(dt.Size())
 	count := size / es
 	if count == 0 {
@@ -114,40 +136,48 @@ func benchOneSize(cl *cvd.Client, size int64, dt collective.DType, op collective
 	}
 	n := int(count * es)
 	res := sizeResult{Bytes: int64(n), Path: "inline", Lane: cl.HasLane()}
-	var buf []byte
+	var all []byte
 	if n > cl.InlineLimit() {
-		seg, err := cl.Alloc(n)
+		seg, err := cl.Alloc(n * inFlight)
 		if err != nil {
 			return res, err
 		}
 		defer seg.Free()
-		buf = seg.Bytes()[:n]
+		all = seg.Bytes()[:n*inFlight]
 		res.Path = "shm"
 	} else {
-		buf = make([]byte, n)
+		all = make([]byte, n*inFlight)
 		if n > cl.InlineMax() {
 			res.Path = "copied"
 		}
 	}
+	bufs := make([][]byte, inFlight)
+	for i := range bufs {
+		bufs[i] = all[i*n : (i+1)*n : (i+1)*n]
+	}
+	call := func() error { return cl.AllReduce(bufs[0], dt, op) }
+	if inFlight > 1 {
+		call = inFlightCall(cl, bufs, dt, op)
+	}
 	var err error
 	res.TimesNS, err = measurement{
-		buf: buf, dt: dt, op: op, rank: cl.Rank(), world: cl.Size(),
-		iters: iters, warmup: warmup, pace: pace, prewarm: prewarm, between: between,
-		allreduce: func() error { return cl.AllReduce(buf, dt, op) },
+		bufs: bufs, dt: dt, op: op, rank: cl.Rank(), world: cl.Size(),
+		iters: tb.iters, warmup: tb.warmup, pace: tb.pace, prewarm: prewarm, between: tb.between,
+		allreduce: call,
 	}.run()
 	return res, err
 }
 
 // measurement is one size of a bench command: allreduce runs one call on
-// buf, which holds elements of dt (reduced with op) on world rank rank
-// of world. prewarm, if not nil, runs first (the first size's: see
+// each of bufs (one buffer, but for bench --in-flight), which hold
+// elements of dt (reduced with op) on world rank rank of world. prewarm, if not nil, runs first (the first size's: see
 // prewarmer). A pacer (bench --sidecar) runs prewarm, the checked call
 // and warmup as one block and the timed calls in blocks, each when the
 // parent says and each after one untimed call; nil runs them at once.
 // between, if not nil, runs before every warmup and timed call, untimed
 // (bench --between).
 type measurement struct {
-	buf              []byte
+	bufs             [][]byte
 	dt               collective.DType
 	op               collective.ReduceOp
 	rank, world      int
@@ -170,11 +200,11 @@ func (m measurement) run() ([]int64, error) {
 			return nil, fmt.Errorf("prewarm: %w", err)
 		}
 	}
-	fill(m.buf, m.dt, m.op, m.rank)
+	m.fill()
 	if err := m.allreduce(); err != nil {
 		return nil, err
 	}
-	if err := verify(m.buf, m.dt, m.op, m.world); err != nil {
+	if err := m.verify(); err != nil {
 		return nil, err
 	}
 	for i := 0; i < m.warmup; i++ {
@@ -202,7 +232,7 @@ func (m measurement) run() ([]int64, error) {
 			}
 		}
 		if i == m.iters-1 {
-			fill(m.buf, m.dt, m.op, m.rank)
+			m.fill()
 		}
 		if err := runBetween(m.between); err != nil {
 			return nil, err
@@ -215,7 +245,7 @@ func (m measurement) run() ([]int64, error) {
 		}
 		times = append(times, took.Nanoseconds())
 		if i == m.iters-1 {
-			if err := verify(m.buf, m.dt, m.op, m.world); err != nil {
+			if err := m.verify(); err != nil {
 				return nil, err
 			}
 		}
@@ -226,6 +256,25 @@ func (m measurement) run() ([]int64, error) {
 		}
 	}
 	return times, nil
+}
+
+func (m measurement) fill() {
+	for _, b := range m.bufs {
+		fill(b, m.dt, m.op, m.rank)
+	}
+}
+
+// verify checks every buffer, naming which of several was wrong.
+func (m measurement) verify() error {
+	for i, b := range m.bufs {
+		if err := verify(b, m.dt, m.op, m.world); err != nil {
+			if len(m.bufs) > 1 {
+				return fmt.Errorf("buffer %d of %d in flight: %w", i+1, len(m.bufs), err)
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // runBetween makes the untimed call of another size that --between puts

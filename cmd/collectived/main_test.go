@@ -41,6 +41,10 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		"--trainer-cmd and --ring-only: --ring-only runs no trainers":                           {"--ring-only", "--trainer-cmd", "python3"},
 		`--trainer-cmd "/nonexistent/py x": exec: "/nonexistent/py"`:                            {"--sizes", "4", "--trainer-cmd", "/nonexistent/py x"},
 		"--trainer-cmd is empty: want a command":                                                {"--sizes", "4", "--trainer-cmd", " "},
+		"--in-flight 0: want 1 to 64":                                                           {"--sizes", "4", "--in-flight", "0"},
+		"--in-flight 65: want 1 to 64":                                                          {"--sizes", "4", "--in-flight", "65"},
+		"--in-flight 2 and --ring-only: the ring engine alone takes one call at a time":         {"--ring-only", "--in-flight", "2"},
+		"--in-flight 3 and --sidecar":                                                           {"--sidecar", "--in-flight", "3"},
 	} {
 		app := newApp()
 		app.ExitErrHandler = func(*cli.Context, error) {} // report, do not os.Exit
@@ -63,6 +67,7 @@ func TestWorkerCommandsRefuseBadCounts(t *testing.T) {
 		{[]string{"bench-trainer", "--socket", "/nonexistent", "--job", "j", "--sizes", "4", "--prewarm", "-1"}, "--prewarm -1: want 0 or more"},
 		{[]string{"bench-trainer", "--socket", "/nonexistent", "--job", "j", "--sizes", "4", "--warmup", "-2"}, "--warmup -2: want 0 or more"},
 		{[]string{"bench-ring", "--config", "/nonexistent", "--sizes", "4", "--iters", "0"}, "--iters 0: want at least 1"},
+		{[]string{"bench-trainer", "--socket", "/nonexistent", "--job", "j", "--sizes", "4", "--in-flight", "0"}, "--in-flight 0: want 1 to 64"},
 	} {
 		if _, err := runApp(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error saying %q", tc.args, err, tc.want)
@@ -81,7 +86,7 @@ func TestVersion(t *testing.T) {
 
 // f32sum is a float32 sum measurement as world rank 0, on buf.
 func f32sum(buf []byte, world, iters, warmup int) measurement {
-	return measurement{buf: buf, dt: collective.Float32, op: collective.Sum, world: world, iters: iters, warmup: warmup}
+	return measurement{bufs: [][]byte{buf}, dt: collective.Float32, op: collective.Sum, world: world, iters: iters, warmup: warmup}
 }
 
 // The bench commands check their results: a call that leaves the buffer
@@ -107,6 +112,38 @@ func TestMeasureChecksResults(t *testing.T) {
 	failing.allreduce = func() error { return boom }
 	if _, err := failing.run(); !errors.Is(err, boom) {
 		t.Fatalf("measure of a failing call: %v, want its error", err)
+	}
+}
+
+// With several buffers in flight every one is checked, and a wrong one
+// is named by its place among them.
+func TestMeasureChecksEveryBufferInFlight(t *testing.T) {
+	bufs := [][]byte{make([]byte, 8), make([]byte, 8), make([]byte, 8)}
+	m := measurement{bufs: bufs, dt: collective.Float32, op: collective.Sum, world: 2, iters: 2, warmup: 1}
+	// A world of 2 as rank 0 (values 1, 2): the sum is 3 and 6. The call
+	// does it for all buffers but the second.
+	m.allreduce = func() error {
+		for i, b := range bufs {
+			if i != 1 {
+				collective.Float32.Put(b[0:], 3)
+				collective.Float32.Put(b[4:], 6)
+			}
+		}
+		return nil
+	}
+	_, err := m.run()
+	if err == nil || !strings.Contains(err.Error(), "buffer 2 of 3 in flight: wrong result at element 0") {
+		t.Fatalf("measure with the second of three buffers left alone: %v, want it named", err)
+	}
+	m.allreduce = func() error {
+		for _, b := range bufs {
+			collective.Float32.Put(b[0:], 3)
+			collective.Float32.Put(b[4:], 6)
+		}
+		return nil
+	}
+	if times, err := m.run(); err != nil || len(times) != 2 {
+		t.Fatalf("measure with every buffer reduced: %v, %d times, want 2", err, len(times))
 	}
 }
 
