@@ -19,7 +19,6 @@ With ``version=2`` it also serves the lane (LANE, WAKE; it always sleeps on
 the socket, so clients ring it) and answers calls that came on the lane
 there, steered by more names:
 
-- ``"hold"``: answer after the next call, which must come on the socket;
 - ``"lane-socket"``: answer on the socket instead (allowed);
 - ``"lane-slow"``: answer after 50 ms, when the caller has stopped watching;
 - ``"lane-skip"``: move d2c_seq by two;
@@ -159,11 +158,6 @@ class ScriptedDaemon:
                     for h in held:
                         conn.sendall(h)
                     held.clear()
-                    lane = self._lanes.get(id(conn))
-                    if lane is not None and lane.held is not None:
-                        if lane.put(lane.held, ""):
-                            conn.sendall(P.encode(P.WakeClient(0)))
-                        lane.held = None
         except OSError:
             return
         finally:
@@ -200,9 +194,6 @@ class ScriptedDaemon:
             out = self._handle(conn, call, [])
             if not isinstance(out, bytes) or call.name in ("lane-socket", "wake", "wake-id", "garbage"):
                 return out  # on the socket
-            if call.name == "hold":  # answered after the next call, which comes on the socket
-                lane.held = out
-                return None
             if call.name == "lane-slow":
                 time.sleep(0.05)
             if lane.put(out, call.name):
@@ -286,7 +277,6 @@ class _DaemonLane:
         self.words = _lanewords.Words(mm)
         self.taken = 0
         self.put_seq = 0
-        self.held: Optional[bytes] = None  # a lane answer put after the next call's
         self.words.store(L.D_PARKED, 1)  # always asleep on the socket: clients ring
 
     def take(self) -> Optional[P.Call]:

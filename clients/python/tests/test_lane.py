@@ -33,18 +33,25 @@ def _check_lane_use(results: list[dict], size: int) -> None:
         assert r["segment64KiB"] == [total, total]
         assert r["broadcast"] == [size - 1] * 3
         assert r["two_in_flight"] == [[size * (size - 1) / 2] * 2, [10.0 * (size - 1)] * 2]
+        assert r["mixed_in_flight"] == [[total, total], [total, total],
+                                        [total + size, total + size],
+                                        [total + 2 * size, total + 2 * size]]
+        assert r["unwaited"] == [[True] * 3, [[total]] * 3]
         # What the lane answered: every call here (the 8 KiB one went
         # through a scratch segment: inline, its frame is over the slot's
-        # 4 KiB). Of two async calls the second
-        # goes on the lane only if the first was answered before it was
-        # made (test_second_call_in_flight_goes_on_the_socket pins that).
-        two = r["answered"].pop("two_in_flight")
+        # 4 KiB). A small call made while another is in flight on the
+        # lane is held until that one is answered, and then takes the
+        # lane too, unless the 1 MiB call (the socket) is still in flight
+        # then: it takes the socket.
+        mixed = r["answered"].pop("mixed_in_flight")
         assert r["answered"] == {"4B": 1, "8KiB": 1, "segment64KiB": 1, "broadcast": 1,
-                                 "barrier": 1}, r["answered"]
-        assert two in (1, 2), two
+                                 "barrier": 1, "two_in_flight": 2, "unwaited": 3}, r["answered"]
+        assert 1 <= mixed <= 3, mixed
         # On the lane, at most a WAKE (16 bytes) crosses the socket.
         for key in ("4B", "segment64KiB", "broadcast", "barrier"):
             assert r["sent"][key] <= 16, (key, r["sent"])
+        for key in ("two_in_flight", "unwaited"):
+            assert r["sent"][key] <= 16 * r["answered"][key], (key, r["sent"])
         # The 8 KiB call's data never crossed the socket: only the ALLOC of
         # its scratch segment (24 bytes) and perhaps a WAKE did.
         assert r["sent"]["8KiB"] <= 24 + 16, r["sent"]
@@ -173,17 +180,45 @@ def test_answer_breaking_the_lane_rules_breaks_the_connection(
         laned.allreduce(np.ones(1, np.float32))
 
 
-def test_second_call_in_flight_goes_on_the_socket(laned: collectived.Client,
-                                                  fake2: ScriptedDaemon) -> None:
-    # The first call waits on the lane for the second ("hold"): while it is
-    # in flight, the second must take the socket, and both are answered.
+def test_call_made_while_the_lane_is_busy_waits_for_it(laned: collectived.Client,
+                                                       fake2: ScriptedDaemon) -> None:
+    # The first call's answer comes late ("lane-slow", 50 ms): the second,
+    # made meanwhile, stays in the client until it is answered, then takes
+    # the lane in its turn; no call crosses the socket, only WAKEs.
     a, b = np.ones(2, np.float32), np.full(2, 3, np.int64)
     received = fake2.bytes_received
-    ha = laned.allreduce_async(a, name="hold")
-    hb = laned.allreduce_async(b)
+    ha = laned.allreduce_async(a, name="lane-slow")
+    hb = laned.allreduce_async(b, name="second")
+    assert not ha.done() and not hb.done()
     assert hb.wait().tolist() == [6, 6] and ha.wait().tolist() == [2.0, 2.0]
-    assert fake2.lane_calls == 1 and laned.lane_answers == 1
-    assert fake2.bytes_received - received > 16 + 16  # a WAKE and the second call's frame
+    assert [c.name for c in fake2.calls[-2:]] == ["lane-slow", "second"]
+    assert fake2.lane_calls == 2 and laned.lane_answers == 2
+    assert fake2.bytes_received - received == 2 * len(_lane.WAKE_FRAME)
+
+
+def test_held_calls_fail_when_the_client_closes(fake2: ScriptedDaemon) -> None:
+    # Calls held behind one the daemon never answers ("silent") fail, with
+    # it, when the client closes; nothing of them was sent.
+    c = collectived.Client(fake2.path, job="demo", timeout=5)
+    hs = [c.allreduce_async(np.ones(1, np.float32), name=n) for n in ("silent", "b", "c")]
+    c.close()
+    for h in hs:
+        with pytest.raises(collectived.ConnectionLostError, match="client closed"):
+            h.wait()
+    assert [m.name for m in fake2.calls] == ["silent"]
+
+
+def test_held_call_wait_times_out(fake2: ScriptedDaemon) -> None:
+    # A held call's wait ends at its timeout like any other (the call ahead
+    # of it is never answered), and the call stays in flight.
+    with collectived.Client(fake2.path, job="demo", timeout=5) as c:
+        c.allreduce_async(np.ones(1, np.float32), name="silent")
+        h = c.allreduce_async(np.ones(1, np.float32), name="b")
+        t0 = time.monotonic()
+        with pytest.raises(collectived.WaitTimeoutError, match="still in flight"):
+            h.wait(timeout=0.2)
+        assert 0.2 <= time.monotonic() - t0 < 2
+        assert not h.done()
 
 
 def test_call_the_daemon_never_takes_times_out(fake2: ScriptedDaemon) -> None:

@@ -177,8 +177,8 @@ def one_allreduce(c: collectived.Client) -> float:
 def lane_use(c: collectived.Client) -> dict:
     """Which calls the lane answered (docs/PROTOCOL.md, LANE), and their
     results: a small inline call, one too big for the lane's 4 KiB slot,
-    a shared-memory call, a broadcast, a barrier, and two calls in flight
-    at once (only the first may go on the lane)."""
+    a shared-memory call, a broadcast, a barrier, and calls in flight at
+    once (each small one takes the lane once the one before is answered)."""
     out: dict = {"lane": c.lane, "version": c.info.version, "answered": {}, "sent": {}}
 
     def step(key: str, f: Any) -> None:
@@ -205,4 +205,28 @@ def lane_use(c: collectived.Client) -> dict:
         return [ha.wait().tolist(), hb.wait().tolist()]
 
     step("two_in_flight", two_in_flight)
+
+    def mixed_in_flight() -> list:
+        # Small calls behind the lane's are held, and a large one (1 MiB:
+        # the socket) behind them, in order: a reordering would mismatch
+        # across ranks. Waited for last to first.
+        xs = [np.full(1, c.rank + 1, np.float32), np.full(1 << 18, c.rank + 1, np.float32),
+              np.full(2, c.rank + 2, np.float32), np.full(4096, c.rank + 3, np.float32)]
+        hs = [c.allreduce_async(x) for x in xs]
+        got = [h.wait() for h in reversed(hs)][::-1]
+        return [[float(x[0]), float(x[-1])] for x in got]
+
+    step("mixed_in_flight", mixed_in_flight)
+
+    def unwaited() -> list:
+        # Nobody waits: the reader thread takes each answer the daemon
+        # rings for, and sends the call held behind it.
+        hs = [c.allreduce_async(np.full(1, c.rank + 1, np.float32)) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while not all(h.done() for h in hs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done = [h.done() for h in hs]
+        return [done, [h.wait().tolist() for h in hs]]
+
+    step("unwaited", unwaited)
     return out

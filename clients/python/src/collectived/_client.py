@@ -106,6 +106,7 @@ class Handle:
         self._value = value
         self._keep: Any = None  # buffers stay alive while the request is in flight
         self._on_lane = False   # the call went on the lane: wait() watches it first
+        self._held = False      # not sent yet: held behind the lane's call (Client._held)
         self.what = what
         #: ring generation and collective number of a completed collective.
         self.generation: Optional[int] = None
@@ -121,6 +122,8 @@ class Handle:
         :class:`CollectivedError`, or :class:`WaitTimeoutError` if no reply
         came in time (the request then stays in flight)."""
         t = self._client.timeout if timeout is None else timeout
+        if self._held and not self._done:
+            self._client._drive(self, t)
         if self._on_lane and not self._done:
             self._client._watch_lane(t)
         if not self._done and not self._wait_signal(t):
@@ -194,6 +197,22 @@ class _Pending:
     cleanup: Optional[Callable[[], None]] = None
 
 
+def _lane_frame_fits(name_len: int, nbytes: int) -> bool:
+    """Whether a CALL with a name of ``name_len`` bytes and ``nbytes`` of
+    inline data fits the lane's slot."""
+    return P.HEADER_SIZE + P.CALL_FIXED_SIZE + name_len + nbytes <= _lane.FRAME_MAX
+
+
+@dataclass
+class _Held:
+    """A collective not sent yet, held behind the call on the lane."""
+    rid: int
+    handle: Handle
+    prefix: bytes
+    data: Any
+    small: bool  # may take the lane
+
+
 @dataclass
 class _Segment:
     id: int
@@ -254,6 +273,13 @@ class Client:
         self.job = job if job is not None else os.environ.get("COLLECTIVED_JOB", DEFAULT_JOB)
         self._lock = threading.Lock()        # pending, segments, scratch, state
         self._send_lock = threading.Lock()   # one frame at a time on the socket
+        # Collectives leave in the order they were made: whoever sends one
+        # (a caller, or whoever sends what was held) holds this.
+        self._order_lock = threading.Lock()
+        # The call on the lane whose answer is due (0: none), and the
+        # collectives made meanwhile, held until it is answered (_send_held).
+        self._lane_rid = 0
+        self._held: collections.deque[_Held] = collections.deque()
         self._pending: dict[int, _Pending] = {}
         self._segments: dict[int, _Segment] = {}
         self._scratch: list[_Scratch] = []
@@ -528,8 +554,9 @@ class Client:
 
     def _collective(self, op: int, red: int, root: int, name: str, buf: Buffer,
                     value: Any) -> Handle:
-        if len(name.encode("utf-8")) > P.MAX_NAME_LEN:
-            raise ValueError(f"call name is {len(name.encode())} bytes, limit {P.MAX_NAME_LEN}")
+        nb = len(name.encode("utf-8"))
+        if nb > P.MAX_NAME_LEN:
+            raise ValueError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
         what = f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})"
         call = P.Call(0, op, buf.dtype if op != P.OP_BARRIER else 0, red, buf.count, root, name)
         seg = self._find_segment(buf) if buf.nbytes else None
@@ -537,10 +564,15 @@ class Client:
         copy_back: Optional[memoryview] = None
         if seg is not None:
             call.flags, call.segment, call.offset = P.CALL_SHM, seg[0], seg[1]
-        elif buf.nbytes <= self.info.inline_limit:
+        elif buf.nbytes <= self.info.inline_limit and (
+                self._lane is None or buf.nbytes > _lane.POLL_MAX_BYTES
+                or _lane_frame_fits(nb, buf.nbytes)):
             call.data = buf.view
             copy_back = buf.view
         else:
+            # Over the inline limit, or a small call whose frame would not
+            # fit the lane's slot: its data goes through a scratch segment,
+            # and the call on the lane (docs/TUNING.md, sections 18, 29).
             sc = self._take_scratch(buf.nbytes)
             sc.view[:buf.nbytes] = buf.view
             call.flags, call.segment, call.offset = P.CALL_SHM, sc.id, 0
@@ -620,6 +652,8 @@ class Client:
             return
         with self._lock:
             p = self._pending.pop(rid, None)
+            if self._lane_rid == rid:
+                self._lane_rid = 0
         if p is None:
             return  # failed meanwhile (close, a broken connection): h says so
         self._generation = h.generation = gen
@@ -627,6 +661,8 @@ class Client:
         if scratch is not None:
             dst[:] = scratch.view[:len(dst)]
         self._settle(p, value=h._value)
+        if self._held:
+            self._send_held()
 
     def _lane_call(self, lane: _lane.Lane, op: int, red: int, root: int, name: str, buf: Buffer,
                    seg: Optional[tuple[int, int]],
@@ -644,7 +680,7 @@ class Client:
         head = P.HEADER_SIZE + P.CALL_FIXED_SIZE + len(nb)
         data: Any = b""
         sc: Optional[_Scratch] = None
-        if seg is None and head + buf.nbytes > _lane.FRAME_MAX:
+        if seg is None and not _lane_frame_fits(len(nb), buf.nbytes):
             sc = self._take_scratch(buf.nbytes)
             sc.view[:buf.nbytes] = buf.view
             seg = (sc.id, 0)
@@ -669,7 +705,7 @@ class Client:
             with self._lock:
                 free = not self._pending and self._broken is None and not self._closed
                 if free:
-                    rid = next(self._ids)
+                    rid = self._lane_rid = next(self._ids)
                     self._pending[rid] = _Pending(P.CALL_OK, h, on_ok, cleanup)
             if not free:
                 self._release_slot()
@@ -797,6 +833,9 @@ class Client:
                                    f"one in process {os.getpid()} after fork()", request=what)
         if flush and self._frees:
             self._flush_frees()
+        rid = msg.id = next(self._ids)
+        is_call = isinstance(msg, P.Call)
+        prefix = P.encode_call_prefix(msg) if is_call else P.encode(msg)
         h = handle or Handle(self, what)
         h._keep = keep
         if self._inflight is not None and not self._inflight.acquire(timeout=self.timeout):
@@ -804,37 +843,122 @@ class Client:
                 cleanup()
             raise WaitTimeoutError(f"{self.info.max_in_flight} requests already in flight "
                                    f"for {self.timeout:.3g} s", request=what)
-        on_lane = False
-        with self._lock:
-            err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
-            if err is None:
-                rid = next(self._ids)
-                msg.id = rid
-                on_lane = lane and self._lane is not None and not self._pending
-                self._pending[rid] = _Pending(reply_type, h, on_ok, cleanup)
-        if err is not None:
-            self._release_slot()
-            if cleanup:
-                cleanup()
-            raise ConnectionLostError(f"connection unusable: {err}", request=what) from err
+        with self._order_lock:
+            on_lane = hold = False
+            with self._lock:
+                err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
+                if err is None:
+                    self._pending[rid] = _Pending(reply_type, h, on_ok, cleanup)
+                    if is_call:
+                        # Behind the lane's call a small call waits its turn
+                        # for the lane, and any collective behind a held one.
+                        # Held here, under the lock the lane's answer is
+                        # taken under: whoever takes it then sees it held.
+                        # (Calls are matched by order, so one held back
+                        # holds up nothing another rank needs first. Were
+                        # they matched by name in any order, as Horovod's
+                        # are, it would have to go at once.)
+                        hold = bool(self._held) or (lane and self._lane_rid != 0)
+                        if hold:
+                            h._held = True
+                            self._held.append(_Held(rid, h, prefix, b"" if msg.flags else msg.data,
+                                                    lane))
+                        elif lane and self._lane is not None and len(self._pending) == 1:
+                            on_lane = True
+                            self._lane_rid = rid
+            if err is not None:
+                self._release_slot()
+                if cleanup:
+                    cleanup()
+                raise ConnectionLostError(f"connection unusable: {err}", request=what) from err
+            if not is_call:
+                self._send_request(what, prefix, fd)
+            elif not hold:
+                self._send_call(h, rid, prefix, b"" if msg.flags else msg.data, on_lane)
+        return h
+
+    def _send_call(self, h: Handle, rid: int, prefix: bytes, data: Any, on_lane: bool) -> None:
+        """Send a collective on the lane (``on_lane``: it was given the
+        lane) if it fits there, else on the socket. The order lock is held."""
+        the_lane = self._lane
+        if on_lane and the_lane is not None and self._put_lane_or_lose(h.what, the_lane, prefix, data):
+            h._on_lane = True
+            return
+        if on_lane:
+            with self._lock:
+                if self._lane_rid == rid:
+                    self._lane_rid = 0
+        self._send_request(h.what, prefix, None, data)
+
+    def _put_lane_or_lose(self, what: str, lane: _lane.Lane, prefix: bytes, data: Any) -> bool:
         try:
-            if isinstance(msg, P.Call):
-                prefix = P.encode_call_prefix(msg)
-                data = b"" if msg.flags else msg.data
-                the_lane = self._lane  # `lane` is the caller's wish
-                if on_lane and the_lane is not None and self._put_lane(the_lane, prefix, data):
-                    h._on_lane = True
-                else:
-                    self._send(prefix, data)
-            else:
-                self._send(P.encode(msg), fd=fd)
+            return self._put_lane(lane, prefix, data)
         except CollectivedError:  # the lane's wait: it broke the connection, and says why
             raise
         except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
-            lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
-            self._fail_all(lost)
-            raise lost from e
-        return h
+            raise self._lost_sending(what, e) from e
+
+    def _send_request(self, what: str, frame: bytes, fd: Optional[int], data: Any = None) -> None:
+        try:
+            self._send(frame, data, fd=fd)
+        except CollectivedError:
+            raise
+        except (OSError, ValueError) as e:
+            raise self._lost_sending(what, e) from e
+
+    def _lost_sending(self, what: str, e: BaseException) -> ConnectionLostError:
+        lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
+        self._fail_all(lost)
+        return lost
+
+    def _send_held(self) -> None:
+        """The lane's call has been answered: send the collectives held
+        behind it, in their order. The first takes the lane if nothing
+        else is in flight, and what follows it waits for its answer in
+        turn; the others go on the socket. Called by whoever took the
+        answer (a caller, or the reader thread); a failure to send is the
+        connection's, and fails every request."""
+        with self._order_lock:
+            while True:
+                with self._lock:
+                    if self._lane_rid or not self._held or self._closed or self._broken is not None:
+                        return
+                    item = self._held.popleft()
+                    if item.rid not in self._pending:
+                        continue  # failed meanwhile
+                    on_lane = (item.small and self._lane is not None
+                               and len(self._pending) - len(self._held) == 1)
+                    if on_lane:
+                        self._lane_rid = item.rid
+                try:
+                    self._send_call(item.handle, item.rid, item.prefix, item.data, on_lane)
+                except CollectivedError:
+                    return  # the connection broke: every request has failed
+                finally:
+                    item.handle._held = False
+                if on_lane and item.handle._on_lane:
+                    return
+
+    def _drive(self, h: Handle, timeout: float) -> None:
+        """A held call's wait: watch for the answer to the lane's call
+        ahead of it and take it, which sends what was held behind it, until
+        this call has left (then its own wait follows) or a watch runs out
+        (the reader thread then takes the answers, and sends)."""
+        lane = self._lane
+        deadline = time.monotonic() + timeout
+        while h._held and not h._done and lane is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                if not lane.poll(min(self._spin, left)):
+                    return
+                self._take_lane()
+            except CollectivedError as e:
+                self._break(e)
+                return
+            except ValueError:
+                return  # closed under us: close() failed the request
 
     def _put_lane(self, lane: _lane.Lane, prefix: bytes, data: Any) -> bool:
         """Put a call on the lane, ringing the daemon if it sleeps on the
@@ -880,6 +1004,8 @@ class Client:
         msg = lane.take(self.info.max_frame)
         if msg is not None:
             self._dispatch(msg, None)
+            if self._held:
+                self._send_held()
 
     def _break(self, err: CollectivedError) -> None:
         """A broken connection found outside the reader thread: fail every
@@ -999,6 +1125,8 @@ class Client:
                         self._take_lane()
                     else:
                         self._dispatch(msg, fd)
+                        if self._held:
+                            self._send_held()
                     payload.release()
                     start += P.HEADER_SIZE + length
                 if start == end:
@@ -1028,6 +1156,8 @@ class Client:
             raise e
         with self._lock:
             p = self._pending.pop(msg.id, None)
+            if msg.id == self._lane_rid:
+                self._lane_rid = 0
         if p is None:
             if fd is not None:
                 os.close(fd)
@@ -1078,5 +1208,7 @@ class Client:
             if self._broken is None:
                 self._broken = err
             pending, self._pending = self._pending, {}
+            self._held.clear()
+            self._lane_rid = 0
         for p in pending.values():
             self._settle(p, error=err)
