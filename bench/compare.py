@@ -50,6 +50,13 @@ RING_ONLY = "ring-only"
 SIDECAR_SIZE = report.MIB64
 SIDECAR_BLOCK = 1
 WORLD2_ONLY = {RING_ONLY}
+# Calls in flight together (`collectived bench --in-flight K`, Gloo's
+# async_op=True), as a trainer overlapping its gradient buckets makes them:
+# world 2, these systems, a few sizes, fewer iterations (each is K calls).
+IN_FLIGHT_SYSTEMS = ["collectived", PYTHON_TRAINERS, "gloo"]
+IN_FLIGHT_SIZES = "4,64KiB,1MiB"
+IN_FLIGHT_ITERS = (200, 50)  # timed, warmup; quick: a quarter
+IN_FLIGHT_TAG = "@in-flight"
 
 
 def parse_sizes(s: str) -> list[int]:
@@ -126,17 +133,23 @@ def groups(sizes, iters_small, iters_large, warmup_small, warmup_large, prewarm)
             if g]
 
 
-def measure_system(system, world, sizes_groups, bins, timeout):
+def measure_system(system, world, sizes_groups, bins, timeout, in_flight=1):
+    """One system's rows in one world. in_flight above 1: calls started
+    together per timed iteration; the rows then carry the system's
+    in-flight name (report.in_flight_name)."""
     rows = []
+    if in_flight > 1 and system not in IN_FLIGHT_SYSTEMS:
+        raise ValueError(f"{system}: no in-flight measurement (only {', '.join(IN_FLIGHT_SYSTEMS)})")
     for sizes, iters, warmup, prewarm in sizes_groups:
         l0 = runners.loadavg()
         t0 = time.monotonic()
         if system == "collectived":
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
-                                      prewarm=prewarm)
+                                      prewarm=prewarm, in_flight=in_flight)
         elif system == PYTHON_TRAINERS:
             got = runners.collectived(bins["collectived"], 2, world // 2, sizes, iters, warmup, timeout,
-                                      prewarm=prewarm, trainer_cmd=f"{bins['python']} {HERE}/py_trainer.py")
+                                      prewarm=prewarm, trainer_cmd=f"{bins['python']} {HERE}/py_trainer.py",
+                                      in_flight=in_flight)
         elif system == RING_ONLY:
             if world != 2:
                 raise ValueError(f"{system}: only world 2 (2 nodes x 1) is defined, not {world}")
@@ -146,12 +159,13 @@ def measure_system(system, world, sizes_groups, bins, timeout):
             got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout, prewarm)
         elif system == "gloo":
             got = runners.gloo("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), world, sizes,
-                               iters, warmup, timeout, prewarm)
+                               iters, warmup, timeout, prewarm, in_flight=in_flight)
         else:
             raise ValueError(system)
         took = time.monotonic() - t0
+        name = report.in_flight_name(system, in_flight) if in_flight > 1 else system
         for r in got:
-            r.update(system=system, world=world, load_before=l0, load_after=runners.loadavg(), group_s=round(took, 1))
+            r.update(system=name, world=world, load_before=l0, load_after=runners.loadavg(), group_s=round(took, 1))
         rows += got
     return rows
 
@@ -173,6 +187,10 @@ def main() -> int:
                     help="interleaved runs of both at 64 MiB after each round (`collectived bench --sidecar`: both "
                          "worlds up, a call of each in turn), shown beside the target (default 1; quick 0)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="subset of " + ",".join(SYSTEMS))
+    ap.add_argument("--in-flight", type=int, default=4,
+                    help="calls in flight together for the in-flight measurement of "
+                         f"{', '.join(IN_FLIGHT_SYSTEMS)} in world 2 (default 4; 1: skip it)")
+    ap.add_argument("--in-flight-sizes", default=IN_FLIGHT_SIZES, help="its sizes")
     ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
     ap.add_argument("--no-doc", action="store_true", help="print only; write no report or plots")
@@ -221,6 +239,11 @@ def main() -> int:
         a.sidecar_interleaved = 0 if a.quick else 1
     if a.sidecar_interleaved < 0:
         raise SystemExit(f"compare: --sidecar-interleaved {a.sidecar_interleaved}: want 0 or more")
+    if not 1 <= a.in_flight <= 64:
+        raise SystemExit(f"compare: --in-flight {a.in_flight}: want 1 (skip) to 64")
+    if_sizes = parse_sizes(a.in_flight_sizes)
+    if_iters, if_warmup = (x // 4 for x in IN_FLIGHT_ITERS) if a.quick else IN_FLIGHT_ITERS
+    if_groups = [(if_sizes, if_iters, if_warmup, prewarm)]
     if not (2 in worlds and RING_ONLY in systems and SIDECAR_SIZE in sizes):
         # nothing to pair: the overhead is not measured in this run
         a.sidecar_pairs = a.sidecar_interleaved = 0
@@ -244,6 +267,8 @@ def main() -> int:
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
                      "warmup": wu_large, "warmup_small": wu_small, "prewarm": prewarm},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
+    if a.in_flight > 1 and 2 in worlds:
+        res["in_flight"] = {"k": a.in_flight, "sizes": if_sizes, "iters": if_iters, "warmup": if_warmup}
 
     def step(name, fn):
         log(f"{name} ...")
@@ -262,11 +287,15 @@ def main() -> int:
     for rnd in range(a.rounds):
         got = {"rows": [], "tcp_bidir": None}
         for w in worlds:
-            items = round_items(systems, w, not a.no_extras)
+            items = round_items(systems, w, not a.no_extras, a.in_flight)
             k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
             for item in keep_pair(items[k:] + items[:k], rnd):
                 name = f"round {rnd + 1}/{a.rounds}, world {w}: {item}"
-                if item == "tcp":
+                if item.endswith(IN_FLIGHT_TAG):
+                    base = item[:-len(IN_FLIGHT_TAG)]
+                    got["rows"] += step(name, lambda: measure_system(base, w, if_groups, bins, a.timeout,
+                                                                     in_flight=a.in_flight)) or []
+                elif item == "tcp":
                     got["tcp_bidir"] = step(name, lambda: runners.tcp_bidir(
                         3 if a.quick else 5, 60, os.path.join(HERE, "tcp_bidir.py"), rc.get("daemon_streams") or 1,
                         bins["tcp_bidir"] if os.access(bins["tcp_bidir"], os.X_OK) else None))
@@ -325,13 +354,16 @@ def main() -> int:
     return finish(res, a)
 
 
-def round_items(systems, world, extras):
+def round_items(systems, world, extras, in_flight=1):
     """What one round measures in one world, before rotation: the chosen
     systems (ring-only only in world 2), and in world 2 the TCP loopback
-    probe right after the sidecar's pair."""
+    probe right after the sidecar's pair, and (in_flight above 1) the
+    in-flight measurement of those of IN_FLIGHT_SYSTEMS chosen."""
     items = [s for s in systems if world == 2 or s not in WORLD2_ONLY]
     if world == 2 and extras:
         items.insert(items.index(RING_ONLY) + 1 if RING_ONLY in items else 1, "tcp")
+    if world == 2 and in_flight > 1:
+        items += [s + IN_FLIGHT_TAG for s in IN_FLIGHT_SYSTEMS if s in systems]
     return items
 
 
@@ -456,6 +488,8 @@ def finish(res, a) -> int:
     print(report.ratio_text(res))
     if report.python_text(res):
         print(report.python_text(res))
+    if report.in_flight_text(res):
+        print(report.in_flight_text(res))
     print(report.targets_text(res))
     if res.get("errors"):
         # The first lines say what failed; the whole text is in results.json

@@ -7,6 +7,9 @@ one element, then per size one checked call,
 between them), the tensor refilled before the last one and checked after
 it. Rank 0 prints one JSON object per size with its per-call times; the
 caller computes median and p99 from them, as for every other system.
+With --in-flight K each timed call is K all_reduces started at once
+(async_op=True), each on a tensor of its own, then waited for, as
+`collectived bench --in-flight K` times them; every tensor is checked.
 
 Run W copies with --rank 0..W-1 and the same --init (tcp://127.0.0.1:PORT).
 Needs Debian's python3-torch, so run it with /usr/bin/python3.
@@ -30,9 +33,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--prewarm", type=int, default=0, help="untimed one-element calls before the first size")
     ap.add_argument("--timeout", type=float, default=120, help="seconds Gloo may wait for the other ranks")
+    ap.add_argument("--in-flight", type=int, default=1, help="all_reduces started at once per timed call")
     a = ap.parse_args()
     if a.iters < 1 or a.warmup < 0 or a.prewarm < 0:
         ap.error(f"--iters {a.iters} must be >= 1, --warmup {a.warmup} and --prewarm {a.prewarm} >= 0")
+    if not 1 <= a.in_flight <= 64:
+        ap.error(f"--in-flight {a.in_flight}: want 1 to 64")
     sizes = []
     for f in a.sizes.split(","):
         try:
@@ -54,22 +60,34 @@ def main() -> int:
     for size in sizes:
         n = max(1, size // 4)
         pattern = (torch.arange(n, dtype=torch.int64) % 7 + 1).to(torch.float32)
-        buf = pattern * (a.rank + 1)
+        bufs = [pattern * (a.rank + 1) for _ in range(a.in_flight)]
         want = pattern * tri
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        if not torch.equal(buf, want):
+
+        def call() -> None:
+            if len(bufs) == 1:
+                dist.all_reduce(bufs[0], op=dist.ReduceOp.SUM)
+                return
+            for w in [dist.all_reduce(b, op=dist.ReduceOp.SUM, async_op=True) for b in bufs]:
+                w.wait()
+
+        def wrong() -> bool:
+            return not all(torch.equal(b, want) for b in bufs)
+
+        call()
+        if wrong():
             print(f"gloo rank {a.rank}: {n * 4} bytes: wrong sum after the first call", file=sys.stderr)
             return 1
         for _ in range(a.warmup):
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            call()
         times = []
         for i in range(a.iters):
             if i == a.iters - 1:
-                buf.copy_(pattern * (a.rank + 1))
+                for b in bufs:
+                    b.copy_(pattern * (a.rank + 1))
             t0 = time.perf_counter_ns()
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            call()
             times.append(time.perf_counter_ns() - t0)
-        if not torch.equal(buf, want):
+        if wrong():
             print(f"gloo rank {a.rank}: {n * 4} bytes: wrong sum after the timed calls", file=sys.stderr)
             return 1
         if a.rank == 0:

@@ -379,6 +379,69 @@ def python_text(res) -> str:
     return "\n".join(parts)
 
 
+def in_flight_name(system, k):
+    """The rows of `system` measured with k calls in flight together."""
+    return f"{system} x{k}"
+
+
+def in_flight_rows(res):
+    """Per size of the in-flight measurement (world 2): the time of the k
+    calls together for collectived's Go and Python trainers and for Gloo;
+    collectived's ratios to Gloo, and to k calls of its own one at a time
+    (k times its median in the main tables, when that size is there)."""
+    f = res.get("in_flight")
+    if not f:
+        return []
+    k, out = f["k"], []
+    for size in f["sizes"]:
+        g = row(res, in_flight_name("gloo", k), 2, size)
+        r = {"size": size, "gloo": g and g["median_us"]}
+        for s in ("collectived", PYTHON_TRAINERS):
+            x, one = row(res, in_flight_name(s, k), 2, size), row(res, s, 2, size)
+            r[s] = {"us": x and x["median_us"], "gloo": _ratio(x and x["median_us"], r["gloo"]),
+                    "one": _ratio(x and x["median_us"], one and one["median_us"] * k)}
+        if any(r[s]["us"] for s in ("collectived", PYTHON_TRAINERS)) or r["gloo"]:
+            out.append(r)
+    return out
+
+
+def _in_flight_table(res, md):
+    rows = in_flight_rows(res)
+    if not rows:
+        return ""
+    k = res["in_flight"]["k"]
+    cols = ["size", f"Go trainers, {k} calls µs", "÷ Gloo", f"÷ {k} one at a time", f"Python trainers, {k} calls µs",
+            "÷ Gloo", f"÷ {k} one at a time", f"Gloo, {k} calls µs"]
+    lines = [[size_name(r["size"])] + sum(([_fmt(r[s]["us"], ".1f"), _fmt(r[s]["gloo"]), _fmt(r[s]["one"])]
+                                           for s in ("collectived", PYTHON_TRAINERS)), []) + [_fmt(r["gloo"], ".1f")]
+             for r in rows]
+    return _table(cols, lines, md)
+
+
+def _in_flight_section(res):
+    """Calls in flight together: what a trainer overlapping its gradient
+    buckets (torch DDP) sees. Empty if not measured."""
+    t = _in_flight_table(res, md=True)
+    if not t:
+        return []
+    f = res["in_flight"]
+    return ["## Calls in flight together", "",
+            f"World 2. Each timed iteration starts {f['k']} allreduces at once, each on a buffer of its own, and "
+            f"waits for all of them (`collectived bench --in-flight {f['k']}`; Gloo `all_reduce(async_op=True)` "
+            "and `wait()`), as a trainer overlapping its gradient buckets with its backward pass makes them; the "
+            f"{f['k']} calls are timed as one ({f['iters']} timed iterations after {f['warmup']} untimed, "
+            "median over rounds). \"÷ one at a time\" compares with "
+            f"{f['k']} times the same system's median in the tables above: below 1, calls in flight together "
+            "finish sooner than one after another ([TUNING.md section 30](TUNING.md#30-calls-in-flight-together-"
+            "bench---in-flight-and-what-did-not-lower-the-4-byte-call)).", "", t, ""]
+
+
+def in_flight_text(res) -> str:
+    """The in-flight figures for the terminal; empty if none."""
+    t = _in_flight_table(res, md=False)
+    return f"\nCalls in flight together ({res['in_flight']['k']}), world 2\n{t}" if t else ""
+
+
 def _abs_tables(res, w):
     systems = ["collectived"] + [p for p in [PYTHON_TRAINERS] + PEERS + [RING_ONLY]
                                  if any(r["system"] == p and r["world"] == w for r in res["rows"])]
@@ -684,6 +747,7 @@ def markdown(res, plot_rel) -> str:
         L += [f"### {world_title(w)}", "", _ratio_table(res, w, md=True), ""]
 
     L += _python_section(res)
+    L += _in_flight_section(res)
 
     L += ["## Figures", "", f"![busbw against size]({plot_rel}/busbw.png)", "",
           f"![latency against size]({plot_rel}/latency.png)", ""]

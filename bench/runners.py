@@ -109,14 +109,15 @@ def _expect(rows, sizes, what):
 # --- collectived -----------------------------------------------------------
 
 def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_config=None, ring_only=False,
-                prewarm=0, trainer_cmd=None) -> list[dict]:
+                prewarm=0, trainer_cmd=None, in_flight=1) -> list[dict]:
     """`collectived bench --json`: daemons and trainers as processes. With
     ring_only, `--ring-only`: one process per node calling its ring engine
     directly, on the ring settings a daemon with the same config uses (the
     sidecar's baseline); it prints the same rows with "path": "ring".
     --prewarm is always given, so the command shown is what ran (bench's
     own default is not 0). trainer_cmd: `--trainer-cmd`, trainers of
-    another client (bench/py_trainer.py: the Python client)."""
+    another client (bench/py_trainer.py: the Python client). in_flight:
+    `--in-flight`, that many calls started at once per timed iteration."""
     argv = [binary, "bench"] + (["--ring-only"] if ring_only else []) + [
         "--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
         "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
@@ -124,6 +125,8 @@ def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_confi
         argv += ["--extra-config", extra_config]
     if trainer_cmd:
         argv += ["--trainer-cmd", trainer_cmd]
+    if in_flight != 1:
+        argv += ["--in-flight", in_flight]
     what = "collectived bench --ring-only" if ring_only else "collectived bench"
     out = run(argv, timeout=timeout)
     rows = parse_collectived(out, nodes * local, what)
@@ -188,12 +191,14 @@ def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0) -> l
 
 # --- torch.distributed Gloo ------------------------------------------------
 
-def gloo(python, script, world, sizes, iters, warmup, timeout, prewarm=0) -> list[dict]:
+def gloo(python, script, world, sizes, iters, warmup, timeout, prewarm=0, in_flight=1) -> list[dict]:
     init = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = []
     base = [python, script, "--world", world, "--init", init, "--sizes", ",".join(map(str, sizes)),
             "--iters", iters, "--warmup", warmup, "--prewarm", prewarm]
+    if in_flight != 1:
+        base += ["--in-flight", in_flight]
     COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
         try:

@@ -402,6 +402,17 @@ class RoundsTest(unittest.TestCase):
         self.assertEqual(compare.round_items(["collectived", "ring-only"], 2, False), ["collectived", "ring-only"])
         self.assertEqual(compare.round_items(["collectived", "gloo"], 2, True), ["collectived", "tcp", "gloo"])
 
+    def test_in_flight_items_in_world2_only(self):
+        base = ["collectived", "ring-only", "tcp", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"]
+        self.assertEqual(compare.round_items(compare.SYSTEMS, 2, True, 4),
+                         base + ["collectived@in-flight", "collectived-py@in-flight", "gloo@in-flight"])
+        self.assertEqual(compare.round_items(compare.SYSTEMS, 4, True, 4),
+                         ["collectived", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"])
+        self.assertEqual(compare.round_items(["collectived", "mpi-tcp"], 2, False, 4),
+                         ["collectived", "mpi-tcp", "collectived@in-flight"])
+        with self.assertRaisesRegex(ValueError, "mpi-tcp: no in-flight measurement"):
+            compare.measure_system("mpi-tcp", 2, [([4], 1, 0, 0)], {}, 10, in_flight=4)
+
     def test_sidecar_pair_runs_back_to_back_in_every_rotation(self):
         items = compare.round_items(compare.SYSTEMS, 2, True)
         for rnd in range(2 * len(items)):
@@ -645,6 +656,11 @@ class WorkerArgsTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 2)
         self.assertIn("--prewarm -2 >= 0", p.stderr)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
+                            "--init", "tcp://127.0.0.1:1", "--sizes", "4", "--in-flight", "0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--in-flight 0: want 1 to 64", p.stderr)
 
     def test_gloo_worker_refuses_bad_size(self):
         p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0", "--world", "2",
@@ -813,6 +829,45 @@ class PyTrainerRealTest(unittest.TestCase):
         rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
         self.assertEqual([(r["bytes"], r["in_flight"], r["iters"], r["verified"]) for r in rows],
                          [(4, 3, 5, True), (65536, 3, 5, True), (1 << 20, 3, 5, True)])
+
+
+class InFlightReportTest(unittest.TestCase):
+    """Calls in flight together: collectived's Go and Python trainers and Gloo, in a section of their own."""
+
+    def res(self):
+        res = fake_res()
+        k = 4
+        res["in_flight"] = {"k": k, "sizes": [4, 65536], "iters": 200, "warmup": 50}
+        for system, size, us in (("collectived", 4, 120.0), ("collectived-py", 4, 360.0), ("gloo", 4, 900.0),
+                                 ("collectived", 65536, 400.0), ("gloo", 65536, 4000.0)):
+            res["rows"].append({"system": report.in_flight_name(system, k), "world": 2, "bytes": size,
+                                "median_us": us, "p99_us": us * 2, "algbw_GBps": 0.0, "busbw_GBps": 0.0,
+                                "iters": 200})
+        res["rows"].append({"system": "collectived-py", "world": 2, "bytes": 4, "median_us": 60.0, "p99_us": 90.0,
+                            "algbw_GBps": 0.0, "busbw_GBps": 0.0, "iters": 30})
+        return res
+
+    def test_ratios_to_gloo_and_to_calls_one_at_a_time(self):
+        rows = report.in_flight_rows(self.res())
+        self.assertEqual([r["size"] for r in rows], [4, 65536])
+        c, p = rows[0]["collectived"], rows[0]["collectived-py"]
+        self.assertAlmostEqual(c["gloo"], 120.0 / 900.0)
+        self.assertAlmostEqual(c["one"], 120.0 / (4 * 30.0))  # fake_res: collectived 4 B world 2 is 30 µs
+        self.assertAlmostEqual(p["gloo"], 360.0 / 900.0)
+        self.assertAlmostEqual(p["one"], 360.0 / (4 * 60.0))
+        self.assertEqual(rows[1]["collectived-py"], {"us": None, "gloo": None, "one": None})  # not measured
+        self.assertIsNone(rows[1]["collectived"]["one"])  # no 64 KiB row in the main tables
+
+    def test_section_in_the_report_and_absent_without_the_measurement(self):
+        md = report.markdown(self.res(), "bench")
+        sec = md[md.index("## Calls in flight together"):]
+        sec = sec[:sec.index("\n## ", 5)]
+        self.assertIn("--in-flight 4", sec)
+        self.assertIn("| 4 B | 120.0 | 0.13 | 1.00 | 360.0 | 0.40 | 1.50 | 900.0 |", sec)
+        self.assertIn("| 64 KiB | 400.0 | 0.10 | - | - | - | - | 4000.0 |", sec)
+        self.assertIn("Calls in flight together (4), world 2", report.in_flight_text(self.res()))
+        self.assertNotIn("## Calls in flight together", report.markdown(fake_res(), "bench"))
+        self.assertEqual(report.in_flight_text(fake_res()), "")
 
 
 class PythonTrainersReportTest(unittest.TestCase):
