@@ -45,8 +45,8 @@ type Options struct {
 	// is copied through a scratch segment of shared memory. Never more
 	// than the daemon's limit (InlineLimit). 0 means DefaultInlineMax; a
 	// negative value copies every call through shared memory. Calls the
-	// daemon would take inline share two scratch segments; one started
-	// while both are in use goes inline.
+	// daemon would take inline share eight scratch segments; one started
+	// while all are in use goes inline.
 	InlineMax int
 	// NoLane keeps small calls on the socket instead of the connection's
 	// lane of shared memory (docs/PROTOCOL.md, LANE), for comparison.

@@ -124,10 +124,14 @@ func (c *Client) locate(b []byte) (*Segment, uint64, bool) {
 }
 
 // smallScratch is how many scratch segments a client makes for calls it
-// could send inline (up to the daemon's InlineLimit): one for the call in
-// flight and one for the next. Further small calls in flight at once go
-// inline instead of each making a segment.
-const smallScratch = 2
+// could send inline (up to the daemon's InlineLimit): one for each of up
+// to eight small calls in flight at once, as a trainer overlapping its
+// gradient buckets makes them. Further ones go inline instead of each
+// making a segment. With two, four 64 KiB calls in flight (bench
+// --in-flight 4) took 440 µs, the last two inline on the socket both
+// ways; with eight, 334 µs (paired 0.75, six runs; docs/TUNING.md,
+// section 30). A segment is the daemon's inline limit, 64 KiB by default.
+const smallScratch = 8
 
 // takeScratch returns a free scratch segment of at least n bytes. For a
 // call that could go inline it returns nil, nil when the client has made
