@@ -944,21 +944,11 @@ class Client:
         ahead of it and take it, which sends what was held behind it, until
         this call has left (then its own wait follows) or a watch runs out
         (the reader thread then takes the answers, and sends)."""
-        lane = self._lane
         deadline = time.monotonic() + timeout
-        while h._held and not h._done and lane is not None:
+        while h._held and not h._done:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or not self._watch_lane(left):
                 return
-            try:
-                if not lane.poll(min(self._spin, left)):
-                    return
-                self._take_lane()
-            except CollectivedError as e:
-                self._break(e)
-                return
-            except ValueError:
-                return  # closed under us: close() failed the request
 
     def _put_lane(self, lane: _lane.Lane, prefix: bytes, data: Any) -> bool:
         """Put a call on the lane, ringing the daemon if it sleeps on the
@@ -981,20 +971,23 @@ class Client:
             self._break(err)
             raise err
 
-    def _watch_lane(self, timeout: float) -> None:
+    def _watch_lane(self, timeout: float) -> bool:
         """The caller's side of a call on the lane: watch for the answer
         (the spin), then take it, or leave it to the reader thread, which
-        the daemon rings once the caller said it sleeps."""
+        the daemon rings once the caller said it sleeps. Whether an answer
+        came within the watch."""
         lane = self._lane
         if lane is None:
-            return
+            return False
         try:
             if lane.poll(min(self._spin, timeout)):
                 self._take_lane()
+                return True
         except CollectivedError as e:
             self._break(e)
         except ValueError:
             pass  # closed under us: close() failed the request
+        return False
 
     def _take_lane(self) -> None:
         """Take the answer on the lane, if one waits, and hand it over."""
