@@ -520,9 +520,11 @@ struct cvd_client {
  * section 18). */
 #define DEFAULT_INLINE_MAX 2048
 /* Scratch segments made for calls the daemon would take inline: one for
- * the call in flight, one for the next; more such calls in flight at once
- * go inline. */
-#define SMALL_SCRATCH 2
+ * each of up to eight such calls in flight at once (a trainer overlapping
+ * its gradient buckets), as the Go client (docs/TUNING.md, section 30:
+ * with two, the third of four 64 KiB calls in flight went inline on the
+ * socket both ways); more go inline. */
+#define SMALL_SCRATCH 8
 #define MAX_SPIN_US 10000
 
 static uint32_t lane_load(const cvd_client *c, size_t off)

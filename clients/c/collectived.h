@@ -144,8 +144,8 @@ typedef struct cvd_options {
 				     * a larger one is copied through a scratch segment of
 				     * shared memory, fewer copies than the socket's; never
 				     * above the daemon's inline_limit; 0: 2048; < 0: none.
-				     * Calls the daemon would take inline share two scratch
-				     * segments; one started while both are busy goes
+				     * Calls the daemon would take inline share eight scratch
+				     * segments; one started while all are busy goes
 				     * inline */
 	int no_lane;                /* nonzero: small calls keep to the socket instead of
 				     * the connection's lane of shared memory (protocol

@@ -423,14 +423,14 @@ static void started_mark(char *out, size_t n, const world *w, int r)
 
 /* Calls on plain memory go inline up to cvd_options.inline_max (default
  * 2048, capped by the daemon's limit) and through a scratch segment above;
- * calls the daemon would take inline share two scratch segments, and one
- * started while both are busy goes inline. */
+ * calls the daemon would take inline share eight scratch segments, and one
+ * started while all are busy goes inline. */
 static void plain_memory_path(cvd_client *c, const world *w)
 {
 	static const size_t sizes[] = {8, 2048, 2052, 16384, 65536};
 	size_t limit = cvd_get_info(c)->inline_limit, k;
 	int64_t max = trainer_inline_max == 0 ? 2048 : trainer_inline_max < 0 ? -1 : trainer_inline_max;
-	enum { K = 4, N = 4096 };
+	enum { K = 10, N = 4096, SCRATCH = 8 };
 	cvd_request *reqs[K];
 	float *bufs[K];
 	cvd_error err;
@@ -467,9 +467,9 @@ static void plain_memory_path(cvd_client *c, const world *w)
 		reqs[k] = cvd_allreduce_async(c, bufs[k], N, CVD_FLOAT32, CVD_SUM, &err);
 		CHECK(reqs[k] != NULL, "async %lu: %s", (unsigned long)k, err.message);
 		sent = cvd_bytes_sent(c) - before;
-		CHECK(cvd_node_rank(c) != 0 || (k < 2 ? sent < 128 : sent >= N * sizeof(float)),
+		CHECK(cvd_node_rank(c) != 0 || (k < SCRATCH ? sent < 128 : sent >= N * sizeof(float)),
 		      "call %lu of %d in flight: %llu bytes sent, want it %s", (unsigned long)k, K,
-		      (unsigned long long)sent, k < 2 ? "copied through shared memory" : "inline");
+		      (unsigned long long)sent, k < SCRATCH ? "copied through shared memory" : "inline");
 	}
 	if (cvd_node_rank(c) == 0) {
 		char mark[160];
