@@ -836,6 +836,7 @@ class Client:
         rid = msg.id = next(self._ids)
         is_call = isinstance(msg, P.Call)
         prefix = P.encode_call_prefix(msg) if is_call else P.encode(msg)
+        data = b"" if not is_call or msg.flags else msg.data  # a call's inline data
         h = handle or Handle(self, what)
         h._keep = keep
         if self._inflight is not None and not self._inflight.acquire(timeout=self.timeout):
@@ -861,8 +862,7 @@ class Client:
                         hold = bool(self._held) or (lane and self._lane_rid != 0)
                         if hold:
                             h._held = True
-                            self._held.append(_Held(rid, h, prefix, b"" if msg.flags else msg.data,
-                                                    lane))
+                            self._held.append(_Held(rid, h, prefix, data, lane))
                         elif lane and self._lane is not None and len(self._pending) == 1:
                             on_lane = True
                             self._lane_rid = rid
@@ -874,7 +874,7 @@ class Client:
             if not is_call:
                 self._send_request(what, prefix, fd)
             elif not hold:
-                self._send_call(h, rid, prefix, b"" if msg.flags else msg.data, on_lane)
+                self._send_call(h, rid, prefix, data, on_lane)
         return h
 
     def _send_call(self, h: Handle, rid: int, prefix: bytes, data: Any, on_lane: bool) -> None:
