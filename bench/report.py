@@ -432,7 +432,9 @@ def _in_flight_section(res):
             f"{f['k']} calls are timed as one ({f['iters']} timed iterations after {f['warmup']} untimed, "
             "median over rounds). \"÷ one at a time\" compares with "
             f"{f['k']} times the same system's median in the tables above: below 1, calls in flight together "
-            "finish sooner than one after another ([TUNING.md section 30](TUNING.md#30-calls-in-flight-together-"
+            "finish sooner than one after another (the tables above reuse one buffer, warm in the caches, and "
+            f"the {f['k']} calls use {f['k']}: at 1 MiB that alone is about half the difference; "
+            "[TUNING.md section 30](TUNING.md#30-calls-in-flight-together-"
             "bench---in-flight-and-what-did-not-lower-the-4-byte-call)).", "", t, ""]
 
 
