@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from . import _lane
 from . import _protocol as P
@@ -45,6 +45,7 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 #: sleeps until the reader thread hands it over (the C client's spin).
 DEFAULT_SPIN = 200e-6
 _SCRATCH_MIN = 1 << 20
+_T = TypeVar("_T")
 _MAX_FDS = 32
 
 _EMPTY = Buffer(memoryview(bytearray(0)), 0, 0, None)  # a barrier's buffer
@@ -65,6 +66,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _describe(op: int, name: str, buf: Buffer) -> str:
+    """A call as errors and handles name it."""
+    return f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})"
 
 
 def _reduce_op(op: str) -> int:
@@ -557,7 +563,7 @@ class Client:
         nb = len(name.encode("utf-8"))
         if nb > P.MAX_NAME_LEN:
             raise ValueError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
-        what = f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})"
+        what = _describe(op, name, buf)
         call = P.Call(0, op, buf.dtype if op != P.OP_BARRIER else 0, red, buf.count, root, name)
         seg = self._find_segment(buf) if buf.nbytes else None
         cleanup: Optional[Callable[[], None]] = None
@@ -573,13 +579,8 @@ class Client:
             # Over the inline limit, or a small call whose frame would not
             # fit the lane's slot: its data goes through a scratch segment,
             # and the call on the lane (docs/TUNING.md, sections 18, 29).
-            sc = self._take_scratch(buf.nbytes)
-            sc.view[:buf.nbytes] = buf.view
+            sc, cleanup = self._copy_to_scratch(buf)
             call.flags, call.segment, call.offset = P.CALL_SHM, sc.id, 0
-
-            def cleanup(sc: _Scratch = sc) -> None:
-                sc.busy = False
-
         h = Handle(self, what, value)
         scratch_back = (buf.view, sc) if call.flags and seg is None else None
         self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back), what,
@@ -680,24 +681,20 @@ class Client:
         head = P.HEADER_SIZE + P.CALL_FIXED_SIZE + len(nb)
         data: Any = b""
         sc: Optional[_Scratch] = None
+        cleanup: Optional[Callable[[], None]] = None
         if seg is None and not _lane_frame_fits(len(nb), buf.nbytes):
-            sc = self._take_scratch(buf.nbytes)
-            sc.view[:buf.nbytes] = buf.view
+            sc, cleanup = self._copy_to_scratch(buf)
             seg = (sc.id, 0)
         if seg is None:
             data, tail = buf.view, b""
         else:
             tail = P.encode_segment_ref(seg[0], seg[1])
         length = head - P.HEADER_SIZE + len(tail) + len(data)  # fits: checked above
-        h = Handle(self, f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})", value)
+        h = Handle(self, _describe(op, name, buf), value)
         h._keep = (buf.owner, value)
         h._on_lane = True
-        cleanup: Optional[Callable[[], None]] = None
         if sc is not None:
             on_ok = self._on_call_ok(h, None, (buf.view, sc))
-
-            def cleanup(sc: _Scratch = sc) -> None:
-                sc.busy = False
         else:
             on_ok = self._on_call_ok(h, buf.view if seg is None else None, None)
         free = self._inflight is None or self._inflight.acquire(0.0)
@@ -715,15 +712,18 @@ class Client:
             return None
         frame = P.encode_call_head(length, rid, op, buf.dtype if op != P.OP_BARRIER else 0, red,
                                    P.CALL_SHM if tail else 0, root, buf.count, nb) + tail
-        try:
-            self._put_lane(lane, frame, data)  # fits: checked above
-        except CollectivedError:  # the lane's wait: it broke the connection, and says why
-            raise
-        except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
-            lost = ConnectionLostError(f"sending {h.what} to {self.path}: {e}", request=h.what)
-            self._fail_all(lost)
-            raise lost from e
+        self._sending(h.what, self._put_lane, lane, frame, data)  # fits: checked above
         return h, rid, buf.view if seg is None else _NO_RESULT, sc
+
+    def _copy_to_scratch(self, buf: Buffer) -> tuple[_Scratch, Callable[[], None]]:
+        """``buf``'s data copied into a scratch segment, and what frees the
+        segment for reuse once its call is settled."""
+        sc = self._take_scratch(buf.nbytes)
+        sc.view[:buf.nbytes] = buf.view
+
+        def cleanup() -> None:
+            sc.busy = False
+        return sc, cleanup
 
     def _find_segment(self, buf: Buffer) -> Optional[tuple[int, int]]:
         if not self._segments:
@@ -872,7 +872,7 @@ class Client:
                     cleanup()
                 raise ConnectionLostError(f"connection unusable: {err}", request=what) from err
             if not is_call:
-                self._send_request(what, prefix, fd)
+                self._sending(what, self._send, prefix, None, fd)
             elif not hold:
                 self._send_call(h, rid, prefix, data, on_lane)
         return h
@@ -881,35 +881,26 @@ class Client:
         """Send a collective on the lane (``on_lane``: it was given the
         lane) if it fits there, else on the socket. The order lock is held."""
         the_lane = self._lane
-        if on_lane and the_lane is not None and self._put_lane_or_lose(h.what, the_lane, prefix, data):
+        if on_lane and the_lane is not None and self._sending(h.what, self._put_lane, the_lane, prefix, data):
             h._on_lane = True
             return
         if on_lane:
             with self._lock:
                 if self._lane_rid == rid:
                     self._lane_rid = 0
-        self._send_request(h.what, prefix, None, data)
+        self._sending(h.what, self._send, prefix, data)
 
-    def _put_lane_or_lose(self, what: str, lane: _lane.Lane, prefix: bytes, data: Any) -> bool:
+    def _sending(self, what: str, send: Callable[..., _T], *args: Any) -> _T:
+        """``send(*args)``; a failure to write is the connection's: every
+        request fails with a ConnectionLostError naming ``what``."""
         try:
-            return self._put_lane(lane, prefix, data)
-        except CollectivedError:  # the lane's wait: it broke the connection, and says why
+            return send(*args)
+        except CollectivedError:  # the lane's wait (a TimeoutError too) broke the connection, and says why
             raise
         except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
-            raise self._lost_sending(what, e) from e
-
-    def _send_request(self, what: str, frame: bytes, fd: Optional[int], data: Any = None) -> None:
-        try:
-            self._send(frame, data, fd=fd)
-        except CollectivedError:
-            raise
-        except (OSError, ValueError) as e:
-            raise self._lost_sending(what, e) from e
-
-    def _lost_sending(self, what: str, e: BaseException) -> ConnectionLostError:
-        lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
-        self._fail_all(lost)
-        return lost
+            lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
+            self._fail_all(lost)
+            raise lost from e
 
     def _send_held(self) -> None:
         """The lane's call has been answered: send the collectives held
