@@ -59,7 +59,7 @@ IN_FLIGHT_ITERS = (200, 50)  # timed, warmup; quick: a quarter
 IN_FLIGHT_TAG = "@in-flight"
 
 
-def parse_sizes(s: str) -> list[int]:
+def parse_sizes(s: str, flag: str = "--sizes") -> list[int]:
     out = []
     for f in s.split(","):
         f = f.strip()
@@ -71,9 +71,9 @@ def parse_sizes(s: str) -> list[int]:
         try:
             v = int(f) * mult
         except ValueError:
-            raise SystemExit(f"compare: --sizes: {f!r} is not a size (bytes, or a number with KiB/MiB)")
+            raise SystemExit(f"compare: {flag}: {f!r} is not a size (bytes, or a number with KiB/MiB)")
         if v < 1 or v > 1 << 30:
-            raise SystemExit(f"compare: --sizes: {v} is out of range 1 B to 1 GiB")
+            raise SystemExit(f"compare: {flag}: {v} is out of range 1 B to 1 GiB")
         out.append(v)
     return out
 
@@ -241,7 +241,7 @@ def main() -> int:
         raise SystemExit(f"compare: --sidecar-interleaved {a.sidecar_interleaved}: want 0 or more")
     if not 1 <= a.in_flight <= 64:
         raise SystemExit(f"compare: --in-flight {a.in_flight}: want 1 (skip) to 64")
-    if_sizes = parse_sizes(a.in_flight_sizes)
+    if_sizes = parse_sizes(a.in_flight_sizes, "--in-flight-sizes")
     if_iters, if_warmup = (x // 4 for x in IN_FLIGHT_ITERS) if a.quick else IN_FLIGHT_ITERS
     if_groups = [(if_sizes, if_iters, if_warmup, prewarm)]
     if not (2 in worlds and RING_ONLY in systems and SIDECAR_SIZE in sizes):

@@ -639,7 +639,10 @@ class WorkerArgsTest(unittest.TestCase):
                            (["--warmup", "-1"], "--warmup -1: want 0 or more"),
                            (["--prewarm", "-1"], "--prewarm -1: want 0 or more"),
                            (["--sidecar-pairs", "-1"], "--sidecar-pairs -1: want 0 or more"),
-                           (["--sidecar-interleaved", "-1"], "--sidecar-interleaved -1: want 0 or more")):
+                           (["--sidecar-interleaved", "-1"], "--sidecar-interleaved -1: want 0 or more"),
+                           (["--in-flight", "0"], "--in-flight 0: want 1 (skip) to 64"),
+                           (["--in-flight", "65"], "--in-flight 65: want 1 (skip) to 64"),
+                           (["--in-flight-sizes", "4,lots"], "--in-flight-sizes: 'lots' is not a size")):
             p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--no-doc"] + args,
                                capture_output=True, text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0, args)
