@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -10,22 +9,8 @@ import (
 	"time"
 
 	cvd "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/internal/localworld"
 )
-
-// freeAddrs returns n loopback addresses with ports free a moment ago.
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var addrs []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs = append(addrs, l.Addr().String())
-		l.Close()
-	}
-	return addrs
-}
 
 // A small call runs on the hot lane, except right after a collective
 // that was not a small allreduce: then it runs on the engine, and the
@@ -38,7 +23,11 @@ func TestNoHotLaneRightAfterALargeCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	peers := freeAddrs(t, 2)
+	ports, err := localworld.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
 	var ds []*Daemon
 	var clients []*cvd.Client
 	for rank := range 2 {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/collectived/collectived/internal/localworld"
 )
 
 var daemonBin, trainerBin string
@@ -305,20 +307,13 @@ func (tr *trainer) wait(t *testing.T, d time.Duration) ([]event, error) {
 	return evs, err
 }
 
+// freePorts returns n TCP ports free on 127.0.0.1 just now, all different
+// (localworld.FreePorts holds each open until it has them all).
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
+	ports, err := localworld.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }

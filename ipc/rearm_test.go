@@ -4,9 +4,13 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/collectived/collectived/internal/fdtest"
 )
 
 // rearmPair is a daemon-side Conn that polls for spin and counts each time
@@ -244,5 +248,50 @@ func TestSessionRearmsAfterAnswer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With the process out of fds, EnableRearm fails naming the duplicate it
+// could not open and the cause, and leaves the Conn as it was: frames
+// are still read and written through the one fd, Rearm does nothing, and
+// a real deadline still ends a read. A daemon's session logs the error
+// and goes on without re-armed polls.
+func TestEnableRearmOutOfFDs(t *testing.T) {
+	ua, ub, err := unixPair(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	a.SetSpin(200 * time.Microsecond)
+
+	release, err := fdtest.Exhaust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.EnableRearm()
+	release()
+	if !errors.Is(err, syscall.EMFILE) || !strings.Contains(err.Error(), "duplicate the socket's fd for reading") {
+		t.Fatalf("EnableRearm with no fd free: %v, want EMFILE naming the socket's duplicate fd", err)
+	}
+
+	a.Rearm()
+	if err := b.WriteFrame(AppendEmpty(nil, TypeStatus, 7), -1); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := a.ReadFrame(); err != nil || f.ID != 7 {
+		t.Fatalf("ReadFrame after a failed EnableRearm: frame %d, %v; want frame 7", f.ID, err)
+	}
+	if err := a.WriteFrame(AppendEmpty(nil, TypeFreeOK, 8), -1); err != nil {
+		t.Fatalf("WriteFrame after a failed EnableRearm: %v", err)
+	}
+	if f, err := b.ReadFrame(); err != nil || f.ID != 8 {
+		t.Fatalf("the client read frame %d, %v; want frame 8", f.ID, err)
+	}
+	if err := a.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ReadFrame(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("ReadFrame past a deadline after a failed EnableRearm: %v, want os.ErrDeadlineExceeded", err)
 	}
 }

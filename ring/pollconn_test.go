@@ -1,14 +1,22 @@
 package ring
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"net"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/internal/fdtest"
 	"github.com/collectived/collectived/internal/parked"
 )
 
@@ -216,4 +224,84 @@ func TestBorrowerWakesParkedReader(t *testing.T) {
 		}
 	}
 	checkFloat32(t, "after the wake", bufs, want)
+}
+
+// lockedBuffer is a log sink several goroutines may write at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A rank that cannot open its links' duplicate fds (the process is out of
+// fds) warns for each link it receives on, naming the peer and the cause, and reads the sockets
+// themselves: its ring forms and its allreduces, short (duplex stream)
+// and long (data stream), come out right.
+func TestLinkReadWithoutDuplicateFD(t *testing.T) {
+	links := tcpLinks(t, 2, 1)
+	var logs lockedBuffer
+	rings := make([]*Ring, 2)
+	for i := range rings {
+		cfg := testConfig(i, 2)
+		cfg.Spin = 200 * time.Microsecond
+		var release func()
+		if i == 0 {
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			var err error
+			if release, err = fdtest.Exhaust(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := New(cfg, links[i])
+		if release != nil {
+			release()
+		}
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+		rings[i] = r
+		t.Cleanup(func() { r.Close() })
+	}
+	// Rank 0 receives on two: its stream from rank 1 and the duplex stream.
+	for _, s := range []*stream{rings[0].prev[0], rings[0].next[0]} {
+		if _, ok := s.conn.(*pollConn); ok {
+			t.Fatal("rank 0 read a link through a duplicate fd opened while the process had none free")
+		}
+	}
+	log := logs.String()
+	if strings.Count(log, "ring link read without a duplicate fd") != 2 || !strings.Contains(log, "peer_rank=1") ||
+		!strings.Contains(log, "too many open files") {
+		t.Fatalf("rank 0's log does not name the link it reads without a duplicate fd, its peer and the cause:\n%s", log)
+	}
+	startAll(t, rings)
+	for _, n := range []int{1, 256 << 10} {
+		bufs := make([][]byte, 2)
+		errs := onAll(t, rings, func(i int, r *Ring) error {
+			bufs[i] = make([]byte, 4*n)
+			for k := 0; k < n; k++ {
+				binary.LittleEndian.PutUint32(bufs[i][4*k:], math.Float32bits(float32(i+1)))
+			}
+			d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(n)}
+			return r.AllReduce(d, bufs[i])
+		})
+		noErrors(t, fmt.Sprintf("allreduce of %d floats", n), errs)
+		for i := range bufs {
+			for k := 0; k < n; k++ {
+				if v := math.Float32frombits(binary.LittleEndian.Uint32(bufs[i][4*k:])); v != 3 {
+					t.Fatalf("allreduce of %d floats: rank %d element %d is %v, want 3", n, i, k, v)
+				}
+			}
+		}
+	}
 }
