@@ -10,31 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	cvd "github.com/collectived/collectived/clients/go"
 	"github.com/collectived/collectived/daemon"
+	"github.com/collectived/collectived/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer several goroutines may log into.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // topKeys returns the keys of a JSON object in order, repeats included
 // (encoding/json would keep only the last of a repeated key).
@@ -78,7 +60,7 @@ func TestLogKeysAppearOnce(t *testing.T) {
 		peers = append(peers, l.Addr().String())
 		l.Close()
 	}
-	var logs [2]syncBuffer
+	var logs [2]syncbuf.Buffer
 	var ds []*daemon.Daemon
 	for rank := range 2 {
 		cfg := daemon.DefaultConfig()

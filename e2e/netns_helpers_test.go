@@ -19,6 +19,7 @@ import (
 	"time"
 
 	cvd "github.com/collectived/collectived/clients/go"
+	"github.com/collectived/collectived/internal/syncbuf"
 )
 
 // A cluster is a world of daemon processes, each either in a network
@@ -436,32 +437,13 @@ type ftEvent struct {
 
 func (e ftEvent) end() time.Time { return time.Unix(0, e.EndNs) }
 
-// lockedBuffer is a bytes.Buffer that a test may read while the process
-// still writes to it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *lockedBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *lockedBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // ftProc is one faulttrainer process.
 type ftProc struct {
 	t      *testing.T
 	node   int
 	cmd    *exec.Cmd
-	stdout lockedBuffer
-	stderr lockedBuffer
+	stdout syncbuf.Buffer
+	stderr syncbuf.Buffer
 	done   chan struct{}
 	err    error // valid once done is closed
 }

@@ -1,7 +1,6 @@
 package rendezvous
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/collectived/collectived/internal/syncbuf"
 )
 
 var (
@@ -19,27 +20,10 @@ var (
 	testDigest = sha256.Sum256([]byte("test shape"))
 )
 
-// lockedBuffer collects a test's logs; they are printed only on failure,
-// and writing after the test ended is harmless.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
+// testLogger collects a test's logs and prints them only if it fails;
+// writing after the test ended is harmless.
 func testLogger(t testing.TB) *slog.Logger {
-	buf := &lockedBuffer{}
+	buf := &syncbuf.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("logs:\n%s", buf.String())

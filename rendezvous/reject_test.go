@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/collectived/collectived/internal/syncbuf"
 )
 
 // target is rank 1 of a world of three on 127.0.0.1; tests dial it as rank
@@ -220,7 +222,7 @@ func TestRejectGarbage(t *testing.T) {
 
 // Every refusal is logged with the remote address and the reason.
 func TestRejectIsLogged(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	tg := newTarget(t, false, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})

@@ -1,7 +1,6 @@
 package ring
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,13 +10,13 @@ import (
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/internal/fdtest"
 	"github.com/collectived/collectived/internal/parked"
+	"github.com/collectived/collectived/internal/syncbuf"
 )
 
 // tcpPair is a connected pair of real TCP sockets on loopback.
@@ -226,31 +225,13 @@ func TestBorrowerWakesParkedReader(t *testing.T) {
 	checkFloat32(t, "after the wake", bufs, want)
 }
 
-// lockedBuffer is a log sink several goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A rank that cannot open its links' duplicate fds (the process is out of
 // fds) warns for each link it receives on, naming the peer and the cause, and reads the sockets
 // themselves: its ring forms and its allreduces, short (duplex stream)
 // and long (data stream), come out right.
 func TestLinkReadWithoutDuplicateFD(t *testing.T) {
 	links := tcpLinks(t, 2, 1)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	rings := make([]*Ring, 2)
 	for i := range rings {
 		cfg := testConfig(i, 2)
