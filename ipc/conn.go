@@ -43,9 +43,15 @@ type Frame struct {
 	// Payload aliases the Conn's read buffer: it is valid until the next
 	// ReadFrame.
 	Payload []byte
-	// FD is the fd that arrived with the frame, or -1. Only ALLOC_OK (on a
-	// client) and REGISTER (on the daemon) have one; the caller owns it.
+	// FD is the fd that arrived with the frame, or -1. Only ALLOC_OK and
+	// LANE_OK (on a client) and REGISTER (on the daemon) have one; the
+	// caller owns it.
 	FD int
+	// FDLost is set on a REGISTER read by the daemon whose fd was sent
+	// but could not be received here (the process is out of file
+	// descriptors): FD is -1, and the request fails without the sender
+	// being at fault.
+	FDLost bool
 }
 
 // inFD is a received fd and the stream bytes [start, end) of the recvmsg
@@ -56,6 +62,9 @@ type inFD struct {
 	fd         int
 	start, end uint64
 }
+
+// span is the stream bytes [start, end) of one recvmsg.
+type span struct{ start, end uint64 }
 
 // Conn frames a Unix stream socket: one goroutine reads frames (ReadFrame),
 // any number write them (WriteFrame, serialized).
@@ -71,7 +80,8 @@ type Conn struct {
 	off     uint64 // stream offset of buf[r]
 	oob     []byte
 	fds     []inFD
-	readErr error // sticky: after a protocol error the stream is not trusted
+	lost    []span // recvmsgs whose fds the kernel could not install here
+	readErr error  // sticky: after a protocol error the stream is not trusted
 
 	// recvmsg state (recvmsg.go), kept here so that reading allocates
 	// nothing. After EnableRearm, reads go through rf, a duplicate of the
@@ -315,10 +325,19 @@ func (c *Conn) readFrame() (Frame, error) {
 	if h.Type.CarriesFD() {
 		// The fd came with the frame's first byte, which we hold.
 		if len(c.fds) == 0 || c.fds[0].start > c.off || c.fds[0].end <= c.off {
-			return Frame{}, Fatalf(CodeBadFD, "%s (id %d) arrived without an fd", h.Type, h.ID)
+			if !c.fdLost() {
+				return Frame{}, Fatalf(CodeBadFD, "%s (id %d) arrived without an fd", h.Type, h.ID)
+			}
+			if c.side == ClientSide {
+				// The segment it names is the daemon's, and is left
+				// behind: the connection cannot go on in step.
+				return Frame{}, Fatalf(CodeBadFD, "%s (id %d): its fd could not be received: this process is out of file descriptors (MSG_CTRUNC)", h.Type, h.ID)
+			}
+			f.FDLost = true
+		} else {
+			f.FD = c.fds[0].fd
+			c.fds = c.fds[1:]
 		}
-		f.FD = c.fds[0].fd
-		c.fds = c.fds[1:]
 	}
 	total := HeaderSize + int(h.Length)
 	for c.w-c.r < total {
@@ -364,12 +383,19 @@ func (c *Conn) fill(need int) error {
 	}
 	start := c.off + uint64(c.w-c.r)
 	n, oobn, flags, err := c.recvmsg(c.buf[c.w:])
+	got := 0
 	if oobn > 0 {
-		c.takeFDs(c.oob[:oobn], start, start+uint64(n))
+		got = c.takeFDs(c.oob[:oobn], start, start+uint64(n))
 	}
 	c.w += n
 	if flags&unix.MSG_CTRUNC != 0 {
-		return Fatalf(CodeBadFD, "control message truncated (MSG_CTRUNC): more than %d fds in one message", maxFDsPerMsg)
+		if got >= maxFDsPerMsg {
+			return Fatalf(CodeBadFD, "control message truncated (MSG_CTRUNC): more than %d fds in one message", maxFDsPerMsg)
+		}
+		// Room was left in the control buffer, so the kernel truncated
+		// because it could not install an fd in this process (EMFILE,
+		// ENFILE): the fd is gone, and the sender did nothing wrong.
+		c.lost = append(c.lost, span{start, start + uint64(n)})
 	}
 	if err == ErrRung {
 		return err
@@ -389,12 +415,23 @@ func (c *Conn) fill(need int) error {
 	return nil
 }
 
-// takeFDs queues every fd in a control buffer, in arrival order.
-func (c *Conn) takeFDs(oob []byte, start, end uint64) {
+// fdLost reports whether an fd sent with the byte at c.off (the next
+// frame's first) could not be received, forgetting losses behind it.
+func (c *Conn) fdLost() bool {
+	for len(c.lost) > 0 && c.lost[0].end <= c.off {
+		c.lost = c.lost[1:]
+	}
+	return len(c.lost) > 0 && c.lost[0].start <= c.off
+}
+
+// takeFDs queues every fd in a control buffer, in arrival order, and
+// returns how many there were.
+func (c *Conn) takeFDs(oob []byte, start, end uint64) int {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return
+		return 0
 	}
+	n := 0
 	for _, m := range msgs {
 		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
 			continue
@@ -406,7 +443,9 @@ func (c *Conn) takeFDs(oob []byte, start, end uint64) {
 		for _, fd := range fds {
 			c.fds = append(c.fds, inFD{fd: fd, start: start, end: end})
 		}
+		n += len(fds)
 	}
+	return n
 }
 
 func (c *Conn) closeFDs() {

@@ -24,7 +24,9 @@
 // ALLOC_OK and LANE_OK on a client) only if they arrived with its first
 // byte. Any
 // other fd, a surplus one, or a truncated control message (MSG_CTRUNC)
-// closes every fd received and fails with a fatal BAD_FD. Writes are
+// closes every fd received and fails with a fatal BAD_FD, except that a
+// daemon that could not receive a REGISTER's fd itself (out of fds) reads
+// that frame with Frame.FDLost, and the REGISTER alone fails. Writes are
 // serialized; an fd goes with the sendmsg that begins with its frame, and
 // WriteFinal makes a fatal ERROR the last frame a peer ever sees.
 //

@@ -420,10 +420,14 @@ func (s *Session) handleFree(f Frame) error {
 }
 
 func (s *Session) handleRegister(f Frame) error {
-	fd := f.FD // Conn guarantees one
+	fd := f.FD // Conn guarantees one, unless FDLost
 	if err := s.observerRefused(f.Type); err != nil {
 		closeFD(fd)
 		return err
+	}
+	if f.FDLost {
+		s.log.Warn("REGISTER's fd could not be received: this daemon is out of file descriptors", "id", f.ID, "rlimit_nofile", nofileLimit())
+		return Errorf(CodeBadFD, "REGISTER: the daemon could not receive the segment's fd: it is out of file descriptors (its limit: %d); ALLOC, or REGISTER again later", nofileLimit())
 	}
 	m, err := DecodeRegister(f.Payload)
 	if err != nil {

@@ -1,0 +1,114 @@
+package ipc
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/internal/fdtest"
+	"github.com/collectived/collectived/internal/syncbuf"
+)
+
+// A daemon out of fds cannot accept: it logs why and retries, the trainer
+// already attached goes on being served, and the connection waiting in
+// the backlog is accepted and attaches once fds are free again.
+func TestAcceptOutOfFDs(t *testing.T) {
+	var logs syncbuf.Buffer
+	srv, _ := startServer(t, func(c *ServerConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	attached := dial(t, srv.Path())
+	attached.attach()
+
+	const retrying = "accept failed; retrying"
+	var status Frame
+	nc, err := fdtest.ConnectWhileFull("unix", srv.Path(), func() bool {
+		if !strings.Contains(logs.String(), retrying) {
+			return false
+		}
+		status = attached.roundTrip(AppendEmpty(nil, TypeStatus, attached.id()), -1)
+		return true
+	}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log := logs.String(); !strings.Contains(log, retrying) || !strings.Contains(log, "too many open files") {
+		nc.Close()
+		t.Fatalf("no accept failure naming the cause in the log within 10s:\n%s", log)
+	}
+	if status.Type != TypeStatusOK {
+		nc.Close()
+		t.Fatalf("the attached trainer's STATUS while the daemon was out of fds: %s (%v), want STATUS_OK", status.Type, attached.errorOf(status))
+	}
+
+	uc := nc.(*net.UnixConn)
+	uc.SetReadDeadline(time.Now().Add(20 * time.Second))
+	waiting := &client{t: t, uc: uc, c: NewConn(uc, ClientSide), next: 1}
+	t.Cleanup(func() { waiting.c.Close() })
+	waiting.attach()
+}
+
+// A REGISTER whose fd the daemon could not receive (it is out of fds; the
+// kernel truncates the control message) fails by itself, naming that,
+// not the client: the connection goes on, and the same REGISTER succeeds
+// once fds are free. A client that sends too many fds is still refused
+// as such (TestStrayFdsAreFatal, "200 fds").
+func TestRegisterWhileDaemonOutOfFDs(t *testing.T) {
+	var logs syncbuf.Buffer
+	srv, _ := startServer(t, func(c *ServerConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	c := dial(t, srv.Path())
+	c.attach()
+	fd := memfd(t, 8192, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	defer unix.Close(fd)
+
+	release, err := fdtest.Exhaust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(Register{Size: 8192}.Encode(c.id()), fd)
+	f := c.read()
+	release()
+	c.expectError(f, CodeBadFD, false, "the daemon could not receive the segment's fd: it is out of file descriptors")
+	if log := logs.String(); !strings.Contains(log, "out of file descriptors") || !strings.Contains(log, "rlimit_nofile=") {
+		t.Fatalf("the daemon's log does not say it ran out of fds:\n%s", log)
+	}
+
+	f = c.roundTrip(Register{Size: 8192}.Encode(c.id()), fd)
+	if f.Type != TypeRegisterOK {
+		t.Fatalf("REGISTER once fds are free: %s (%v), want REGISTER_OK", f.Type, c.errorOf(f))
+	}
+}
+
+// A client out of fds cannot receive ALLOC_OK's fd: its read fails with
+// an error saying so (not that the daemon sent too many), as it must, for
+// the daemon's segment is then left behind.
+func TestAllocOKWhileClientOutOfFDs(t *testing.T) {
+	ua, ub, err := unixPair(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon, cl := NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
+	t.Cleanup(func() { daemon.Close(); cl.Close() })
+	fd := memfd(t, 4096, 0)
+	defer unix.Close(fd)
+	if err := daemon.WriteFrame(AllocOK{Segment: 1, Size: 4096}.Encode(2), fd); err != nil {
+		t.Fatal(err)
+	}
+	release, err := fdtest.Exhaust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.ReadFrame()
+	release()
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeBadFD || !strings.Contains(e.Message, "ALLOC_OK (id 2): its fd could not be received: this process is out of file descriptors") {
+		t.Fatalf("ReadFrame of ALLOC_OK while out of fds: %v, want BAD_FD saying this process is out of file descriptors", err)
+	}
+}
