@@ -913,6 +913,7 @@ static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, c
 	struct cmsghdr *cm;
 	cvd_error e;
 	ssize_t n;
+	size_t got;
 	int left;
 	if (c->broken) {
 		copy_err(err, &c->broken_err);
@@ -989,9 +990,11 @@ static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, c
 	do
 		n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
+	got = 0;
 	for (cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
 			size_t k, nf = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			got += nf;
 			for (k = 0; k < nf; k++) {
 				int fd;
 				memcpy(&fd, CMSG_DATA(cm) + k * sizeof(int), sizeof fd);
@@ -1006,6 +1009,9 @@ static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, c
 		set_err(&e, CVD_E_CLOSED, "reading from the daemon: %s", strerror(errno));
 	} else if (n == 0) {
 		set_err(&e, CVD_E_CLOSED, "the daemon closed the connection");
+	} else if ((mh.msg_flags & MSG_CTRUNC) && got < MAX_FDS) {
+		/* Room was left: the kernel could not install an fd here. */
+		set_err(&e, CVD_E_SYSTEM, "an fd the daemon sent could not be received: this process is out of file descriptors (MSG_CTRUNC)");
 	} else if (mh.msg_flags & MSG_CTRUNC) {
 		set_err(&e, CVD_E_PROTOCOL, "control message truncated (MSG_CTRUNC): surplus fds");
 	} else {

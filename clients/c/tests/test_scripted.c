@@ -13,7 +13,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -297,6 +300,41 @@ static void expect_lane_call_refused(const char *path, const cvd_options *o, int
 	stop_peer(p, path);
 }
 
+/* Connecting with every fd of this process taken but one (for the client's
+ * socket): the fd LANE_OK carries cannot be received, and connect fails
+ * saying the process is out of file descriptors, not that the peer sent
+ * too many. */
+static void expect_out_of_fds(const char *path, const cvd_options *o)
+{
+	int fds[256], n = 0;
+	struct rlimit old, low;
+	cvd_error err;
+	cvd_client *c;
+	pid_t p = start_peer(path, PEER_LANE_WRONG_SIZE);
+	if (getrlimit(RLIMIT_NOFILE, &old) != 0) {
+		CHECK(0, "getrlimit: %s", strerror(errno));
+		stop_peer(p, path);
+		return;
+	}
+	low = old;
+	low.rlim_cur = 64;
+	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "setrlimit: %s", strerror(errno));
+	while (n < 256 && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+		n++;
+	CHECK(n > 0 && n < 256 && errno == EMFILE, "filling the fd table: %d fds, %s", n, strerror(errno));
+	if (n > 0)
+		close(fds[--n]); /* the client's socket */
+	c = cvd_connect(path, o, &err);
+	while (n > 0)
+		close(fds[--n]);
+	setrlimit(RLIMIT_NOFILE, &old);
+	CHECK(c == NULL && err.code == CVD_E_SYSTEM &&
+		      strstr(err.message, "could not be received: this process is out of file descriptors"),
+	      "connect out of fds: %d %s", c ? 0 : err.code, c ? "connected" : err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+}
+
 void run_scripted_tests(void)
 {
 	char path[64];
@@ -395,6 +433,7 @@ void run_scripted_tests(void)
 		       "lane memfd shorter than LANE_OK says");
 	expect_refused(path, &o, PEER_LANE_WRONG_SIZE, CVD_E_PROTOCOL, "lane: LANE_OK says 4096 bytes, want 12288",
 		       NULL, "lane of the wrong size");
+	expect_out_of_fds(path, &o);
 	/* A ring with an id is a protocol fault: the next call fails naming it. */
 	expect_lane_call_refused(path, &o, PEER_LANE_BAD_WAKE, "WAKE_CLIENT carries id 7, want 0",
 				 "WAKE_CLIENT with an id");

@@ -271,3 +271,34 @@ def test_without_the_lane_extension(world_1x1: World) -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["False", "1", "False", "[1.0,", "1.0]"], p.stdout
+
+
+def test_client_out_of_fds_says_so(world_1x1: World) -> None:
+    # A trainer whose fd table is full cannot receive ALLOC_OK's fd (the
+    # kernel truncates the control message): the call fails saying this
+    # process is out of file descriptors, not that the daemon sent too many.
+    code = (
+        "import errno, os, resource\n"
+        "import numpy as np, collectived\n"
+        f"with collectived.Client({world_1x1.sockets[0]!r}, job={JOB!r}, local_rank=0,"
+        " rank_retry=5.0) as c:\n"
+        "    x = np.ones(1 << 20, np.float32)  # over the inline limit: a segment\n"
+        "    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "    held = []\n"
+        "    try:\n"
+        "        while True:\n"
+        "            held.append(os.open('/dev/null', os.O_RDONLY))\n"
+        "    except OSError as e:\n"
+        "        assert e.errno == errno.EMFILE, e\n"
+        "    try:\n"
+        "        c.allreduce(x)\n"
+        "        print('no error')\n"
+        "    except collectived.CollectivedError as e:\n"
+        "        print(type(e).__name__, e)\n"
+        "    for fd in held:\n"
+        "        os.close(fd)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("ProtocolError"), p.stdout
+    assert "could not be received: this process is out of file descriptors" in p.stdout, p.stdout

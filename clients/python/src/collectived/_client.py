@@ -1076,11 +1076,17 @@ class Client:
                     mv[0:end - start] = bytes(mv[start:end])
                     start, end = 0, end - start
                 n, anc, flags, _ = self._sock.recvmsg_into([mv[end:]], anc_size, cloexec)
+                got = 0
                 for level, kind, data in anc:
                     if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                         a = array.array("i")
                         a.frombytes(data[:len(data) - len(data) % a.itemsize])
                         fds.extend(a)
+                        got += len(a)
+                if flags & _socket.MSG_CTRUNC and got < _MAX_FDS:
+                    # Room was left: the kernel could not install an fd here.
+                    raise ProtocolError("an fd the daemon sent could not be received: this "
+                                        "process is out of file descriptors (MSG_CTRUNC)")
                 if flags & _socket.MSG_CTRUNC:
                     raise ProtocolError("received control message truncated (MSG_CTRUNC): "
                                         "more fds than expected")
