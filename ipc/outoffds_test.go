@@ -112,3 +112,50 @@ func TestAllocOKWhileClientOutOfFDs(t *testing.T) {
 		t.Fatalf("ReadFrame of ALLOC_OK while out of fds: %v, want BAD_FD saying this process is out of file descriptors", err)
 	}
 }
+
+// ALLOC and LANE on a daemon out of fds fail by themselves (not fatal),
+// saying the daemon is out of file descriptors and what its limit is;
+// the same requests succeed once fds are free.
+func TestAllocAndLaneWhileDaemonOutOfFDs(t *testing.T) {
+	var logs syncbuf.Buffer
+	srv, _ := startServer(t, func(c *ServerConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	c := dial(t, srv.Path())
+	c.attachV2()
+
+	release, err := fdtest.Exhaust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(Alloc{Size: 4096}.Encode(c.id()), -1)
+	alloc := c.errorOf(c.read()) // decoded now: a frame's payload lasts until the next read
+	c.send(AppendEmpty(nil, TypeLane, c.id()), -1)
+	lane := c.errorOf(c.read())
+	release()
+	for _, e := range []struct {
+		got  *Error
+		want string
+	}{
+		{alloc, "ALLOC of 4096 bytes (the daemon is out of file descriptors, its limit "},
+		{lane, "LANE (the daemon is out of file descriptors, its limit "},
+	} {
+		if e.got == nil || e.got.Code != CodeInternal || e.got.Fatal || !strings.Contains(e.got.Message, e.want) {
+			t.Fatalf("got %v, want INTERNAL, not fatal, containing %q", e.got, e.want)
+		}
+	}
+	if log := logs.String(); !strings.Contains(log, "this daemon is out of file descriptors") || !strings.Contains(log, "rlimit_nofile=") {
+		t.Fatalf("the daemon's log does not say it ran out of fds:\n%s", log)
+	}
+
+	if f := c.roundTrip(Alloc{Size: 4096}.Encode(c.id()), -1); f.Type != TypeAllocOK {
+		t.Fatalf("ALLOC once fds are free: %s (%v)", f.Type, c.errorOf(f))
+	} else {
+		unix.Close(f.FD)
+	}
+	if f := c.roundTrip(AppendEmpty(nil, TypeLane, c.id()), -1); f.Type != TypeLaneOK {
+		t.Fatalf("LANE once fds are free: %s (%v)", f.Type, c.errorOf(f))
+	} else {
+		unix.Close(f.FD)
+	}
+}

@@ -363,7 +363,7 @@ func (s *Session) handleAlloc(f Frame) error {
 	}
 	seg, err := shm.Create(rounded)
 	if err != nil {
-		return Errorf(CodeInternal, "ALLOC of %d bytes: %v", m.Size, err)
+		return Errorf(CodeInternal, "ALLOC of %d bytes%s: %v", m.Size, s.shortOfFDs(err), err)
 	}
 	id, err := s.table.Add(seg)
 	if err != nil {
@@ -387,7 +387,7 @@ func (s *Session) handleLane(f Frame) error {
 	}
 	seg, err := shm.Create(LaneSize)
 	if err != nil {
-		return Errorf(CodeInternal, "LANE: %v", err)
+		return Errorf(CodeInternal, "LANE%s: %v", s.shortOfFDs(err), err)
 	}
 	if err := s.send(LaneOK{Size: LaneSize}.Append(s.wbuf[:0], f.ID), seg.Fd()); err != nil {
 		seg.Close()
@@ -427,7 +427,7 @@ func (s *Session) handleRegister(f Frame) error {
 	}
 	if f.FDLost {
 		s.log.Warn("REGISTER's fd could not be received: this daemon is out of file descriptors", "id", f.ID, "rlimit_nofile", nofileLimit())
-		return Errorf(CodeBadFD, "REGISTER: the daemon could not receive the segment's fd: it is out of file descriptors (its limit: %d); ALLOC, or REGISTER again later", nofileLimit())
+		return Errorf(CodeBadFD, "REGISTER: the daemon could not receive the segment's fd: it is out of file descriptors (its limit %d); REGISTER again later", nofileLimit())
 	}
 	m, err := DecodeRegister(f.Payload)
 	if err != nil {

@@ -146,7 +146,8 @@ class UnsupportedError(CollectivedError):
 
 
 class InternalError(CollectivedError):
-    """``INTERNAL``: a daemon bug."""
+    """``INTERNAL``: the daemon failed on its own side (out of file descriptors,
+    memory; the message says), or a daemon bug."""
 
 
 class ConnectionLostError(CollectivedError):
