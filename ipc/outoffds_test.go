@@ -18,10 +18,7 @@ import (
 // already attached goes on being served, and the connection waiting in
 // the backlog is accepted and attaches once fds are free again.
 func TestAcceptOutOfFDs(t *testing.T) {
-	var logs syncbuf.Buffer
-	srv, _ := startServer(t, func(c *ServerConfig) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	})
+	srv, logs := serverWithLogs(t)
 	attached := dial(t, srv.Path())
 	attached.attach()
 
@@ -59,10 +56,7 @@ func TestAcceptOutOfFDs(t *testing.T) {
 // once fds are free. A client that sends too many fds is still refused
 // as such (TestStrayFdsAreFatal, "200 fds").
 func TestRegisterWhileDaemonOutOfFDs(t *testing.T) {
-	var logs syncbuf.Buffer
-	srv, _ := startServer(t, func(c *ServerConfig) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	})
+	srv, logs := serverWithLogs(t)
 	c := dial(t, srv.Path())
 	c.attach()
 	fd := memfd(t, 8192, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
@@ -90,12 +84,7 @@ func TestRegisterWhileDaemonOutOfFDs(t *testing.T) {
 // an error saying so (not that the daemon sent too many), as it must, for
 // the daemon's segment is then left behind.
 func TestAllocOKWhileClientOutOfFDs(t *testing.T) {
-	ua, ub, err := unixPair(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemon, cl := NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
-	t.Cleanup(func() { daemon.Close(); cl.Close() })
+	daemon, cl := sidesPair(t)
 	fd := memfd(t, 4096, 0)
 	defer unix.Close(fd)
 	if err := daemon.WriteFrame(AllocOK{Segment: 1, Size: 4096}.Encode(2), fd); err != nil {
@@ -117,10 +106,7 @@ func TestAllocOKWhileClientOutOfFDs(t *testing.T) {
 // saying the daemon is out of file descriptors and what its limit is;
 // the same requests succeed once fds are free.
 func TestAllocAndLaneWhileDaemonOutOfFDs(t *testing.T) {
-	var logs syncbuf.Buffer
-	srv, _ := startServer(t, func(c *ServerConfig) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	})
+	srv, logs := serverWithLogs(t)
 	c := dial(t, srv.Path())
 	c.attachV2()
 
@@ -158,4 +144,27 @@ func TestAllocAndLaneWhileDaemonOutOfFDs(t *testing.T) {
 	} else {
 		unix.Close(f.FD)
 	}
+}
+
+// serverWithLogs is startServer with a log the test reads.
+func serverWithLogs(t *testing.T) (*Server, *syncbuf.Buffer) {
+	t.Helper()
+	logs := &syncbuf.Buffer{}
+	srv, _ := startServer(t, func(c *ServerConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	return srv, logs
+}
+
+// sidesPair is a daemon-side and a client-side Conn on the two ends of a
+// Unix socket, closed when the test ends.
+func sidesPair(t *testing.T) (daemon, client *Conn) {
+	t.Helper()
+	ua, ub, err := unixPair(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon, client = NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
+	t.Cleanup(func() { daemon.Close(); client.Close() })
+	return daemon, client
 }

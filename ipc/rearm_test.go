@@ -257,12 +257,7 @@ func TestSessionRearmsAfterAnswer(t *testing.T) {
 // a real deadline still ends a read. A daemon's session logs the error
 // and goes on without re-armed polls.
 func TestEnableRearmOutOfFDs(t *testing.T) {
-	ua, ub, err := unixPair(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
-	t.Cleanup(func() { a.Close(); b.Close() })
+	a, b := sidesPair(t)
 	a.SetSpin(200 * time.Microsecond)
 
 	release, err := fdtest.Exhaust()

@@ -255,6 +255,13 @@ def test_back_to_back_phases_2x2(world_2x2: World) -> None:
         assert world_2x2.run(T.one_allreduce) == [want] * world_2x2.size, f"phase {phase}"
 
 
+def _run_python(code: str) -> str:
+    """Runs code in a Python process of its own; returns what it printed."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
 def test_without_the_lane_extension(world_1x1: World) -> None:
     # Installed without a C compiler, the package has no _lanewords: the
     # client speaks protocol version 1, keeps to the socket, and works.
@@ -268,9 +275,8 @@ def test_without_the_lane_extension(world_1x1: World) -> None:
         "    x = np.ones(2, np.float32)\n"
         "    c.allreduce(x)\n"
         "    print(_lane.AVAILABLE, c.info.version, c.lane, x.tolist())\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["False", "1", "False", "[1.0,", "1.0]"], p.stdout
+    out = _run_python(code)
+    assert out.split() == ["False", "1", "False", "[1.0,", "1.0]"], out
 
 
 def test_client_out_of_fds_says_so(world_1x1: World) -> None:
@@ -298,7 +304,6 @@ def test_client_out_of_fds_says_so(world_1x1: World) -> None:
         "        print(type(e).__name__, e)\n"
         "    for fd in held:\n"
         "        os.close(fd)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("ProtocolError"), p.stdout
-    assert "could not be received: this process is out of file descriptors" in p.stdout, p.stdout
+    out = _run_python(code)
+    assert out.startswith("ProtocolError"), out
+    assert "could not be received: this process is out of file descriptors" in out, out
