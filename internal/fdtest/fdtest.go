@@ -15,7 +15,12 @@ import (
 // restores the limit; call it as soon as the step under test is done,
 // and keep the test serial (not t.Parallel): every goroutine of the
 // process shares the table.
-func Exhaust() (release func(), err error) {
+func Exhaust() (release func(), err error) { return ExhaustLeaving(0) }
+
+// ExhaustLeaving is Exhaust with n fds left free: enough for the next n
+// opens (a peer's socket, a segment made elsewhere in the process) and
+// none after.
+func ExhaustLeaving(n int) (release func(), err error) {
 	var old unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
 		return nil, fmt.Errorf("fdtest: getrlimit: %w", err)
@@ -42,6 +47,14 @@ func Exhaust() (release func(), err error) {
 	for {
 		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if errors.Is(err, unix.EMFILE) {
+			if n > len(fds) {
+				release()
+				return nil, fmt.Errorf("fdtest: only %d fds were free, want %d left", len(fds), n)
+			}
+			for range n {
+				unix.Close(fds[len(fds)-1])
+				fds = fds[:len(fds)-1]
+			}
 			return release, nil
 		}
 		if err != nil {

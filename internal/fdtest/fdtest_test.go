@@ -37,3 +37,22 @@ func TestExhaust(t *testing.T) {
 		t.Fatalf("limit after release %+v, want %+v", after, before)
 	}
 }
+
+// ExhaustLeaving leaves exactly that many opens.
+func TestExhaustLeaving(t *testing.T) {
+	release, err := ExhaustLeaving(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errs [3]error
+	for i := range errs {
+		var f *os.File
+		if f, errs[i] = os.Open("/dev/null"); errs[i] == nil {
+			defer f.Close()
+		}
+	}
+	release()
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], unix.EMFILE) {
+		t.Fatalf("three opens with two fds left: %v; want two to succeed, the third EMFILE", errs)
+	}
+}
