@@ -67,6 +67,10 @@ class ScriptedDaemon:
         self.rank_taken_times = 0  # answer this many HELLOs with RANK_TAKEN
         self.refuse = False  # answer PERMISSION before reading anything, as for bad credentials
         self._segs: dict[int, mmap.mmap] = {}
+        # Which connection made each segment: a session's end frees its
+        # own only (a client's refused first HELLO ends a session that may
+        # finish after the next connection has made segments).
+        self._seg_conn: dict[int, int] = {}
         self._lanes: dict[int, _DaemonLane] = {}
         self._next_seg = 1
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -162,9 +166,12 @@ class ScriptedDaemon:
             return
         finally:
             conn.close()
-            for mm in self._segs.values():
-                mm.close()
-            self._segs.clear()
+            # list() copies in one step: another session may add meanwhile
+            for sid in [sid for sid, c in list(self._seg_conn.items()) if c == id(conn)]:
+                self._seg_conn.pop(sid, None)
+                mm = self._segs.pop(sid, None)
+                if mm is not None:
+                    mm.close()
             lane = self._lanes.pop(id(conn), None)
             if lane is not None:
                 lane.close()
@@ -208,6 +215,7 @@ class ScriptedDaemon:
             sid = self._next_seg
             self._next_seg += 1
             self._segs[sid] = mmap.mmap(fd, size)
+            self._seg_conn[sid] = id(conn)
             socket.send_fds(conn, [P.encode(P.AllocOk(msg.id, sid, size))], [fd])
             os.close(fd)
             return None
@@ -219,12 +227,14 @@ class ScriptedDaemon:
             sid = self._next_seg
             self._next_seg += 1
             self._segs[sid] = mmap.mmap(fd, msg.size)
+            self._seg_conn[sid] = id(conn)
             os.close(fd)
             self.registered.append(sid)
             return P.encode(P.RegisterOk(msg.id, sid, msg.size))
         if isinstance(msg, P.Free):
             self.frees.append(msg.segment)
             self._segs.pop(msg.segment, None)
+            self._seg_conn.pop(msg.segment, None)
             return P.encode(P.FreeOk(msg.id))
         if isinstance(msg, P.Status):
             return P.encode(P.StatusOk(msg.id, '{"job": "%s", "calls": %d}' % (self.job,
