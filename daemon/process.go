@@ -5,17 +5,22 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // ProcessStatus is the daemon process's own resource use, so that tests and
 // operators can see leaks: it should return to its baseline after clients
 // leave and faults heal.
 type ProcessStatus struct {
-	PID        int   `json:"pid"`
-	Goroutines int   `json:"goroutines"`
-	FDs        int   `json:"fds"`
-	Memfds     int   `json:"memfds"` // open fds that are shared-memory segments
-	RSSBytes   int64 `json:"rss_bytes"`
+	PID        int `json:"pid"`
+	Goroutines int `json:"goroutines"`
+	FDs        int `json:"fds"`
+	Memfds     int `json:"memfds"` // open fds that are shared-memory segments
+	// FDLimit is the soft RLIMIT_NOFILE: a daemon at it fails ALLOC, LANE
+	// and REGISTER (saying so) and accepts no connection until fds free.
+	FDLimit  uint64 `json:"fd_limit"`
+	RSSBytes int64  `json:"rss_bytes"`
 	// Mallocs is the Go runtime's count of heap allocations so far: its
 	// growth per collective in the steady state should be zero.
 	Mallocs uint64 `json:"mallocs"`
@@ -27,6 +32,10 @@ func processStatus() ProcessStatus {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	ps := ProcessStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), Mallocs: ms.Mallocs, HeapBytes: ms.HeapAlloc}
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
+		ps.FDLimit = lim.Cur
+	}
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		ps.FDs = len(ents)
 		for _, e := range ents {

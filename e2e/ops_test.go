@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,8 +67,15 @@ func TestStallReportAndStatus(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "not called by "+wantMissing) {
 		t.Fatalf("plain status does not show who is missing: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "process: pid ") || !strings.Contains(string(out), "goroutines") {
-		t.Fatalf("plain status does not show the daemon's process figures:\n%s", out)
+	if !strings.Contains(string(out), "process: pid ") || !strings.Contains(string(out), "goroutines") ||
+		!regexp.MustCompile(`\d+ fds of \d+ `).Match(out) {
+		t.Fatalf("plain status does not show the daemon's process figures (fds of their limit):\n%s", out)
+	}
+	proc, _ := st["process"].(map[string]any)
+	fds, _ := proc["fds"].(float64)
+	limit, _ := proc["fd_limit"].(float64)
+	if fds < 1 || limit < fds {
+		t.Fatalf("status JSON: process %v: want fds at least one and within fd_limit", proc)
 	}
 	// Both trainers are Go clients, which open their lane.
 	if n := strings.Count(string(out), `"e2e-trainer", small calls on its lane,`); n != 2 {

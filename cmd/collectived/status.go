@@ -63,8 +63,8 @@ func printStatus(w io.Writer, st *daemon.Status) {
 	}
 	fmt.Fprintln(w)
 	p := st.Process
-	fmt.Fprintf(w, "process: pid %d, %d goroutines, %d fds (%d memfds), RSS %.1f MiB\n",
-		p.PID, p.Goroutines, p.FDs, p.Memfds, float64(p.RSSBytes)/(1<<20))
+	fmt.Fprintf(w, "process: pid %d, %d goroutines, %d fds of %d (%d memfds), RSS %.1f MiB\n",
+		p.PID, p.Goroutines, p.FDs, p.FDLimit, p.Memfds, float64(p.RSSBytes)/(1<<20))
 	if st.Ring.LastError != "" {
 		fmt.Fprintf(w, "last failure: %s\n", st.Ring.LastError)
 	}
