@@ -84,6 +84,7 @@ type Ring struct {
 type Limits struct {
 	InlineBytes   int64 // largest buffer carried inside a request frame
 	ShmQuotaBytes int64 // shared memory per client
+	MaxSegments   int   // shared-memory segments per client
 	MaxInFlight   int   // calls in flight per client
 	MaxClients    int   // attached clients
 }
@@ -151,6 +152,7 @@ const (
 
 	DefaultInlineBytes   = 64 * KiB
 	DefaultShmQuotaBytes = 4 * GiB
+	DefaultMaxSegments   = 1024
 	DefaultMaxInFlight   = 64
 	DefaultMaxClients    = 256
 
@@ -174,6 +176,7 @@ const (
 	MaxSpin        = 10 * time.Millisecond
 	MaxInlineBytes = 1 * MiB
 	MaxInFlightCap = 65536
+	MaxSegmentsCap = 65536
 	MaxClientsCap  = 65536
 	MaxTimeout     = 24 * time.Hour
 	// MaxSocketPath is what fits in sockaddr_un.sun_path with its NUL.
@@ -213,6 +216,7 @@ func Default() Config {
 		Limits: Limits{
 			InlineBytes:   DefaultInlineBytes,
 			ShmQuotaBytes: DefaultShmQuotaBytes,
+			MaxSegments:   DefaultMaxSegments,
 			MaxInFlight:   DefaultMaxInFlight,
 			MaxClients:    DefaultMaxClients,
 		},

@@ -93,6 +93,7 @@ func (c *Config) LogValue() slog.Value {
 		slog.Group("limits",
 			slog.String("inline_bytes", FormatSize(c.Limits.InlineBytes)),
 			slog.String("shm_quota_bytes", FormatSize(c.Limits.ShmQuotaBytes)),
+			slog.Int("max_segments", c.Limits.MaxSegments),
 			slog.Int("max_in_flight", c.Limits.MaxInFlight),
 			slog.Int("max_clients", c.Limits.MaxClients)),
 		slog.Group("log", slog.String("level", c.Log.Level), slog.String("format", c.Log.Format)),

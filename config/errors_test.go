@@ -116,6 +116,8 @@ func TestParseErrors(t *testing.T) {
 		{"spin no unit", base + "ring:\n  spin: 50\n", "config.yaml:8: ring.spin: the integer 50 is not a duration"},
 		{"inline big", base + "limits:\n  inline_bytes: 2MiB\n", "config.yaml:8: limits.inline_bytes: 2MiB is out of range: 0 to 1MiB"},
 		{"in flight 0", base + "limits:\n  max_in_flight: 0\n", "config.yaml:8: limits.max_in_flight: 0 is out of range: 1 to 65536"},
+		{"segments 0", base + "limits:\n  max_segments: 0\n", "config.yaml:8: limits.max_segments: 0 is out of range: 1 to 65536 segments per client"},
+		{"segments over the cap", base + "limits:\n  max_segments: 65537\n", "config.yaml:8: limits.max_segments: 65537 is out of range: 1 to 65536 segments per client"},
 		{"clients 0", base + "limits:\n  max_clients: 0\n", "config.yaml:8: limits.max_clients: 0 is out of range: 1 to 65536"},
 		{"clients below local size", "job:\n  name: demo\n  token_env: T\n  local_size: 8\npeers: [\"127.0.0.1:1\"]\nlimits:\n  max_clients: 4\n", "config.yaml:7: limits.max_clients: 4 is below job.local_size (8)"},
 		{"log level", base + "log:\n  level: verbose\n", `config.yaml:8: log.level: "verbose" is not a level: debug, info, warn or error`},

@@ -63,6 +63,7 @@ func rootFields(c *Config) []field {
 			p.mapping(v, key, []field{
 				{"inline_bytes", sizeField(&c.Limits.InlineBytes)},
 				{"shm_quota_bytes", sizeField(&c.Limits.ShmQuotaBytes)},
+				{"max_segments", func(p *parser, key string, v *yaml.Node) { p.integer(key, v, &c.Limits.MaxSegments) }},
 				{"max_in_flight", func(p *parser, key string, v *yaml.Node) { p.integer(key, v, &c.Limits.MaxInFlight) }},
 				{"max_clients", func(p *parser, key string, v *yaml.Node) { p.integer(key, v, &c.Limits.MaxClients) }},
 			})

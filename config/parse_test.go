@@ -48,6 +48,7 @@ func TestDefaults(t *testing.T) {
 		{"small", d.Ring.SmallBytes, int64(64 << 10)},
 		{"inline", d.Limits.InlineBytes, int64(64 << 10)},
 		{"shm quota", d.Limits.ShmQuotaBytes, int64(4 << 30)},
+		{"max_segments", d.Limits.MaxSegments, 1024},
 		{"max_in_flight", d.Limits.MaxInFlight, 64},
 		{"max_clients", d.Limits.MaxClients, 256},
 		{"log level", d.Log.Level, "info"},
@@ -100,6 +101,7 @@ ring:
 limits:
   inline_bytes: 1MiB
   shm_quota_bytes: 10GB
+  max_segments: 300
   max_in_flight: 8
   max_clients: 16
 log:
@@ -115,7 +117,7 @@ log:
 		Timeouts: Timeouts{Connect: 2 * time.Minute, Collective: time.Hour, FirstCall: 90 * time.Minute,
 			StallWarning: 500 * time.Millisecond, Hello: 3 * time.Second, Heartbeat: 250 * time.Millisecond, HeartbeatTimeout: 2 * time.Second},
 		Ring:   Ring{Streams: 4, SegmentBytes: 256 << 10, SmallBytes: 8 << 10},
-		Limits: Limits{InlineBytes: 1 << 20, ShmQuotaBytes: 10e9, MaxInFlight: 8, MaxClients: 16},
+		Limits: Limits{InlineBytes: 1 << 20, ShmQuotaBytes: 10e9, MaxSegments: 300, MaxInFlight: 8, MaxClients: 16},
 		Log:    Log{Level: "debug", Format: "json"},
 	}
 	got := *c
@@ -306,7 +308,7 @@ var allKeys = []string{
 	"timeouts", "timeouts.connect", "timeouts.collective", "timeouts.first_call", "timeouts.stall_warning",
 	"timeouts.hello", "timeouts.heartbeat", "timeouts.heartbeat_timeout",
 	"ring", "ring.streams", "ring.segment_bytes", "ring.small_bytes", "ring.spin",
-	"limits", "limits.inline_bytes", "limits.shm_quota_bytes", "limits.max_in_flight", "limits.max_clients",
+	"limits", "limits.inline_bytes", "limits.shm_quota_bytes", "limits.max_segments", "limits.max_in_flight", "limits.max_clients",
 	"log", "log.level", "log.format",
 }
 

@@ -293,6 +293,9 @@ func (v *checker) limits() {
 	if l.ShmQuotaBytes < 0 {
 		v.failf("limits.shm_quota_bytes", "%d is negative", l.ShmQuotaBytes)
 	}
+	if l.MaxSegments < 1 || l.MaxSegments > MaxSegmentsCap {
+		v.failf("limits.max_segments", "%d is out of range: 1 to %d segments per client", l.MaxSegments, MaxSegmentsCap)
+	}
 	if l.MaxInFlight < 1 || l.MaxInFlight > MaxInFlightCap {
 		v.failf("limits.max_in_flight", "%d is out of range: 1 to %d calls per client", l.MaxInFlight, MaxInFlightCap)
 	}

@@ -42,6 +42,7 @@ type Config struct {
 
 	InlineBytes int
 	ShmQuota    int64
+	MaxSegments int
 	MaxInFlight int
 	MaxClients  int
 
@@ -72,6 +73,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:   10 * time.Second,
 		InlineBytes:       64 << 10,
 		ShmQuota:          4 << 30,
+		MaxSegments:       1024,
 		MaxInFlight:       64,
 		MaxClients:        256,
 	}

@@ -31,6 +31,7 @@ func TestDefaultConfigMatchesFile(t *testing.T) {
 		{"heartbeat timeout", d.HeartbeatTimeout, f.Timeouts.HeartbeatTimeout},
 		{"inline bytes", int64(d.InlineBytes), f.Limits.InlineBytes},
 		{"shm quota", d.ShmQuota, f.Limits.ShmQuotaBytes},
+		{"max segments", d.MaxSegments, f.Limits.MaxSegments},
 		{"max in flight", d.MaxInFlight, f.Limits.MaxInFlight},
 		{"max clients", d.MaxClients, f.Limits.MaxClients},
 		{"spin (in-process daemons do not poll)", d.Spin, time.Duration(0)},

@@ -38,6 +38,7 @@ func (c Config) ServerConfig(log *slog.Logger) ipc.ServerConfig {
 	sc.InlineLimit = c.InlineBytes
 	sc.MaxInFlight = c.MaxInFlight
 	sc.ShmQuota = c.ShmQuota
+	sc.MaxSegments = c.MaxSegments
 	sc.MaxClients = c.MaxClients
 	sc.Spin = c.Spin
 	if c.LocalSize > 1 {

@@ -42,6 +42,9 @@ type ServerConfig struct {
 	MaxInFlight int
 	// ShmQuota is the bytes of segments one connection may hold at once.
 	ShmQuota int64
+	// MaxSegments is how many segments one connection may hold at once:
+	// each costs the daemon an fd and a mapping.
+	MaxSegments int
 	// MaxClients bounds concurrent connections, observers included.
 	MaxClients int
 	// Logger receives connection events; nil discards them.
@@ -64,7 +67,8 @@ const (
 // DefaultServerConfig returns the defaults: the standard socket path, mode
 // 0660, own uid and root only, 5 s hello timeout, 10 s write timeout,
 // 64 KiB inline limit, polls re-armed after calls of 4 MiB and more, 64
-// calls in flight, 1 GiB of segments per connection, 256 connections.
+// calls in flight, 1 GiB of segments per connection in at most 1024
+// segments, 256 connections.
 func DefaultServerConfig() ServerConfig {
 	return ServerConfig{
 		Path:          DefaultSocketPath,
@@ -75,6 +79,7 @@ func DefaultServerConfig() ServerConfig {
 		RearmMinBytes: DefaultRearmMinBytes,
 		MaxInFlight:   64,
 		ShmQuota:      1 << 30,
+		MaxSegments:   1024,
 		MaxClients:    256,
 	}
 }
@@ -98,6 +103,8 @@ func (c ServerConfig) Verify() error {
 		return fmt.Errorf("ipc: config: max in flight %d outside [1, 65536]", c.MaxInFlight)
 	case c.ShmQuota < 0:
 		return fmt.Errorf("ipc: config: shm quota %d is negative", c.ShmQuota)
+	case c.MaxSegments < 1:
+		return fmt.Errorf("ipc: config: max segments %d must be at least 1", c.MaxSegments)
 	case c.MaxClients < 1:
 		return fmt.Errorf("ipc: config: max clients %d must be at least 1", c.MaxClients)
 	}

@@ -63,7 +63,7 @@ func newSession(srv *Server, id uint64, c *net.UnixConn, h Handler) *Session {
 		id:       id,
 		conn:     NewConn(c, DaemonSide),
 		log:      srv.log.With("session", id),
-		table:    shm.NewTable(srv.cfg.ShmQuota),
+		table:    shm.NewTable(srv.cfg.ShmQuota, srv.cfg.MaxSegments),
 		inflight: make(map[uint64]*Request),
 		outq:     make(chan *Request, srv.cfg.MaxInFlight),
 		quit:     make(chan struct{}),

@@ -244,6 +244,29 @@ func TestQuotaAndBusy(t *testing.T) {
 	}
 }
 
+// A connection holds at most MaxSegments segments, however small: one
+// more ALLOC or REGISTER is refused (QUOTA, not fatal, naming the count)
+// and the connection goes on; once one is freed, the next is made.
+func TestSegmentLimit(t *testing.T) {
+	srv, _ := startServer(t, func(c *ServerConfig) { c.MaxSegments = 2 })
+	c := dial(t, srv.Path())
+	c.attach()
+	first, _ := c.alloc(1)
+	c.alloc(1)
+	c.expectError(c.roundTrip(Alloc{Size: 1}.Encode(c.id()), -1), CodeQuota, false,
+		"ALLOC of 1 bytes: shared-memory quota exceeded: 2 segments held, the limit per client")
+	fd := memfd(t, 4096, unix.F_SEAL_SHRINK)
+	defer unix.Close(fd)
+	c.expectError(c.roundTrip(Register{Size: 4096}.Encode(c.id()), fd), CodeQuota, false,
+		"REGISTER of 4096 bytes: shared-memory quota exceeded: 2 segments held")
+	if f := c.roundTrip(Free{Segment: first.Segment}.Encode(c.id()), -1); f.Type != TypeFreeOK {
+		t.Fatalf("FREE: %s %v", f.Type, c.errorOf(f))
+	}
+	if f := c.roundTrip(Register{Size: 4096}.Encode(c.id()), fd); f.Type != TypeRegisterOK {
+		t.Fatalf("REGISTER after a FREE: %s %v", f.Type, c.errorOf(f))
+	}
+}
+
 func TestTooManyInFlight(t *testing.T) {
 	srv, h := startServer(t, func(c *ServerConfig) { c.MaxInFlight = 2 })
 	c := dial(t, srv.Path())

@@ -177,7 +177,7 @@ func TestImport(t *testing.T) {
 func TestTable(t *testing.T) {
 	base := openFds(t)
 	pg := int64(os.Getpagesize())
-	tab := NewTable(3 * pg)
+	tab := NewTable(3*pg, 1024)
 	mk := func(n int64) *Segment {
 		s, err := Create(n)
 		if err != nil {
@@ -267,7 +267,7 @@ func TestTable(t *testing.T) {
 
 func TestTableFdsBackToBaseline(t *testing.T) {
 	base := openFds(t)
-	tab := NewTable(1 << 30)
+	tab := NewTable(1<<30, 1024)
 	var releases []func()
 	for i := 0; i < 50; i++ {
 		s, err := Create(int64(1000 * (i + 1)))
@@ -299,7 +299,7 @@ func TestTableFdsBackToBaseline(t *testing.T) {
 }
 
 func TestAcquireDoesNotAllocate(t *testing.T) {
-	tab := NewTable(1 << 20)
+	tab := NewTable(1<<20, 1024)
 	s, _ := Create(4096)
 	id, _ := tab.Add(s)
 	defer tab.Close()
@@ -312,5 +312,42 @@ func TestAcquireDoesNotAllocate(t *testing.T) {
 	})
 	if n != 0 {
 		t.Errorf("Acquire+release allocates %v times", n)
+	}
+}
+
+// A table holds at most its count of segments, however small they are:
+// the next is refused by Reserve and Add alike (the quota error, naming
+// the count), and freeing one makes room again.
+func TestTableSegmentLimit(t *testing.T) {
+	tab := NewTable(1<<30, 2)
+	defer tab.Close()
+	var ids []uint32
+	for range 2 {
+		s, err := Create(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := tab.Add(s)
+		if err != nil {
+			t.Fatalf("Add within the limit: %v", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := tab.Reserve(1); !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "2 segments held") {
+		t.Fatalf("Reserve with 2 of 2 segments held: %v, want ErrQuota naming the count", err)
+	}
+	s, err := Create(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tab.Add(s); !errors.Is(err, ErrQuota) {
+		s.Close()
+		t.Fatalf("Add of a third segment: %v, want ErrQuota", err)
+	}
+	if err := tab.Free(ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tab.Add(s); err != nil {
+		t.Fatalf("Add after a Free: %v", err)
 	}
 }

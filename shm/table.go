@@ -19,12 +19,13 @@ var (
 // references (Acquire); a referenced segment cannot be freed, and one left
 // when the table closes is unmapped when its last reference goes.
 type Table struct {
-	mu     sync.Mutex
-	quota  int64
-	held   int64
-	next   uint32
-	segs   map[uint32]*entry
-	closed bool
+	mu      sync.Mutex
+	quota   int64
+	maxSegs int
+	held    int64
+	next    uint32
+	segs    map[uint32]*entry
+	closed  bool
 }
 
 type entry struct {
@@ -36,9 +37,13 @@ type entry struct {
 	release func() // e.releaseRef, bound once so Acquire does not allocate
 }
 
-// NewTable returns an empty table that holds at most quota bytes.
-func NewTable(quota int64) *Table {
-	return &Table{quota: quota, segs: make(map[uint32]*entry)}
+// NewTable returns an empty table that holds at most quota bytes in at
+// most maxSegs segments. The count matters as much as the bytes: each
+// segment holds an fd and a mapping in the daemon, so a client making
+// many small ones would otherwise run the daemon (and every other client)
+// out of fds long before its quota of bytes.
+func NewTable(quota int64, maxSegs int) *Table {
+	return &Table{quota: quota, maxSegs: maxSegs, segs: make(map[uint32]*entry)}
 }
 
 // Reserve reports whether n more bytes would fit the quota now, so that a
@@ -56,6 +61,9 @@ func (t *Table) fitLocked(n int64) error {
 	}
 	if n < 0 || n > t.quota-t.held {
 		return fmt.Errorf("%w: request of %d bytes, %d held, quota %d", ErrQuota, n, t.held, t.quota)
+	}
+	if len(t.segs) >= t.maxSegs {
+		return fmt.Errorf("%w: %d segments held, the limit per client (free one first)", ErrQuota, len(t.segs))
 	}
 	return nil
 }

@@ -74,6 +74,7 @@ func daemonConfig(cfg *config.Config, rank int, log *slog.Logger) (daemon.Config
 	dc.HeartbeatTimeout = cfg.Timeouts.HeartbeatTimeout
 	dc.InlineBytes = int(cfg.Limits.InlineBytes)
 	dc.ShmQuota = cfg.Limits.ShmQuotaBytes
+	dc.MaxSegments = cfg.Limits.MaxSegments
 	dc.MaxInFlight = cfg.Limits.MaxInFlight
 	dc.MaxClients = cfg.Limits.MaxClients
 	dc.Logger = log
