@@ -128,6 +128,7 @@ func (d *Daemon) Start() {
 	}()
 	d.log.Info("collectived started", "nodes", len(d.cfg.Peers),
 		"local_size", d.cfg.LocalSize, "socket", d.cfg.SocketPath, "listen", d.RingAddr())
+	d.warnFDLimit()
 }
 
 // Close stops the daemon: pending calls fail with ErrShutdown, the ring and

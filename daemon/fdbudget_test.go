@@ -1,0 +1,47 @@
+package daemon
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/collectived/collectived/internal/syncbuf"
+)
+
+// A soft fd limit below what local_size trainers at max_segments each
+// would need is logged at start, naming both figures and the remedies;
+// a limit above it is not.
+func TestWarnFDLimit(t *testing.T) {
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	low := old
+	low.Cur = 1000
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		localSize, maxSegments int
+		warn                   bool
+	}{
+		{2, 1024, true}, // 2 x 1027 + 128 = 2182 needed
+		{2, 400, false}, // 2 x 403 + 128 = 934
+	} {
+		var logs syncbuf.Buffer
+		cfg := DefaultConfig()
+		cfg.LocalSize, cfg.MaxSegments = c.localSize, c.maxSegments
+		d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil))}
+		d.warnFDLimit()
+		got := logs.String()
+		if warned := strings.Contains(got, "the fd limit is below what the trainers may hold"); warned != c.warn {
+			t.Errorf("local_size %d, max_segments %d, limit 1000: warned %v, want %v:\n%s", c.localSize, c.maxSegments, warned, c.warn, got)
+		}
+		if c.warn && (!strings.Contains(got, "rlimit_nofile=1000") || !strings.Contains(got, "needed=2182")) {
+			t.Errorf("the warning does not name the limit and what is needed:\n%s", got)
+		}
+	}
+}
