@@ -254,7 +254,7 @@ func TestSegmentLimit(t *testing.T) {
 	first, _ := c.alloc(1)
 	c.alloc(1)
 	c.expectError(c.roundTrip(Alloc{Size: 1}.Encode(c.id()), -1), CodeQuota, false,
-		"ALLOC of 1 bytes: shared-memory quota exceeded: 2 segments held, the limit per client")
+		"ALLOC of 1 bytes: shared-memory quota exceeded: 2 segments held, the most one client may hold (the daemon's limits.max_segments)")
 	fd := memfd(t, 4096, unix.F_SEAL_SHRINK)
 	defer unix.Close(fd)
 	c.expectError(c.roundTrip(Register{Size: 4096}.Encode(c.id()), fd), CodeQuota, false,

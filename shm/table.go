@@ -63,7 +63,7 @@ func (t *Table) fitLocked(n int64) error {
 		return fmt.Errorf("%w: request of %d bytes, %d held, quota %d", ErrQuota, n, t.held, t.quota)
 	}
 	if len(t.segs) >= t.maxSegs {
-		return fmt.Errorf("%w: %d segments held, the limit per client (free one first)", ErrQuota, len(t.segs))
+		return fmt.Errorf("%w: %d segments held, the most one client may hold (the daemon's limits.max_segments); free one first", ErrQuota, len(t.segs))
 	}
 	return nil
 }

@@ -491,6 +491,9 @@ class Client:
         is freed (FREE) once the array and every view of it are gone, or
         when the client closes. With ``register=True`` the client makes the
         memfd itself and passes it with REGISTER instead of asking ALLOC.
+        Each array is a segment of its own, and a client may hold at most
+        the daemon's ``limits.max_segments`` (default 1024) at once: for
+        many small tensors, make one large array and use slices of it.
         """
         import numpy as np
 
