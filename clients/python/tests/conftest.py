@@ -51,6 +51,12 @@ def timeout_world_2x1(collectived_bin: str) -> Iterator[World]:
 
 
 @pytest.fixture
+def few_segments_world(collectived_bin: str) -> Iterator[World]:
+    """1x2 whose trainers may hold 16 segments each."""
+    yield from _world(collectived_bin, 1, 2, max_segments=16)
+
+
+@pytest.fixture
 def small_quota_world(collectived_bin: str) -> Iterator[World]:
     """1x1 with a 10 MiB shared-memory quota."""
     yield from _world(collectived_bin, 1, 1, shm_quota="10MiB")

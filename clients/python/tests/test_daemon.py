@@ -245,6 +245,17 @@ def test_dropped_arrays_are_freed(small_quota_world: World) -> None:
         del keep
 
 
+def test_segment_limit_is_per_trainer(few_segments_world: World) -> None:
+    # A trainer that makes segments without end is refused at its own
+    # limit (QUOTA, naming the setting) and goes on once it frees them; the
+    # other trainer of the node makes its own meanwhile, unaffected.
+    (made0, msg0, x0), (made1, msg1, x1) = few_segments_world.run(T.segments_until_refused)
+    assert made0 == 16, (made0, msg0)
+    assert "16 segments held" in msg0 and "limits.max_segments" in msg0, msg0
+    assert (made1, msg1) == (8, "")
+    assert x0 == x1 == 3.0
+
+
 def test_back_to_back_phases_2x2(world_2x2: World) -> None:
     # Fresh trainer processes per phase, each phase starting as soon as the
     # last one returned: close() waits until the daemon has released the

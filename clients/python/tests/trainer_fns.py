@@ -168,6 +168,33 @@ def mismatch_rounds(c: collectived.Client, rounds: int) -> list:
     return out
 
 
+def segments_until_refused(c: collectived.Client) -> tuple[int, str, float]:
+    """Rank 0 makes small arrays in shared memory until the daemon refuses
+    one, then drops them; rank 1 makes a few meanwhile. Then both allreduce
+    1 MiB (through a scratch segment). Returns how many rank 0 made, the
+    refusal's message, and the allreduce's result."""
+    import gc
+    made, message = 0, ""
+    arrays = []
+    if c.rank == 0:
+        try:
+            while made < 10_000:
+                arrays.append(c.empty(1, "float32"))
+                made += 1
+        except collectived.QuotaError as e:
+            message = str(e)
+    else:
+        for _ in range(8):
+            arrays.append(c.empty(1, "float32"))
+            made += 1
+    del arrays
+    gc.collect()  # the arrays' segments are freed (FREE) with the next request
+    x = np.full(1 << 18, float(c.rank + 1), np.float32)
+    c.allreduce(x)
+    assert (x == x[0]).all()
+    return made, message, float(x[0])
+
+
 def one_allreduce(c: collectived.Client) -> float:
     x = np.full(8, float(c.rank + 1), np.float32)
     c.allreduce(x)

@@ -82,7 +82,8 @@ class World:
     def __init__(self, binary: str, nodes: int, local_size: int, *,
                  collective_timeout: str = "20s", first_call: str = "60s",
                  stall_warning: str = "5s", inline_bytes: str = "64KiB",
-                 shm_quota: str = "4GiB", extra: str = "", job: str = JOB) -> None:
+                 shm_quota: str = "4GiB", max_segments: int = 1024, extra: str = "",
+                 job: str = JOB) -> None:
         self.binary = binary
         self.job = job
         self.nodes = nodes
@@ -113,6 +114,7 @@ timeouts:
 limits:
   inline_bytes: {inline_bytes}
   shm_quota_bytes: {shm_quota}
+  max_segments: {max_segments}
 log:
   level: info
 {extra}""")
