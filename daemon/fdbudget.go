@@ -2,16 +2,17 @@ package daemon
 
 import "golang.org/x/sys/unix"
 
-// fdsBesideSegments is what a daemon holds open apart from its trainers'
-// segments: per trainer its socket, the duplicate its reader polls and its
-// lane; the ring's links (2 streams each way, plus the duplex stream's
-// duplicates), listeners, the netpoller, logs. Generous on purpose.
-const fdsBesideSegments = 128
+// fdsBesideClients is what a daemon holds open apart from its clients'
+// connections and segments: the ring's links (their streams each way and
+// the duplicates their readers poll), listeners, the netpoller, logs.
+// Generous on purpose.
+const fdsBesideClients = 64
 
-// fdBudget is how many fds the daemon may need at once: every trainer
-// holding limits.max_segments segments, and the rest.
+// fdBudget is how many fds the daemon may need at once: a socket for each
+// of max_clients connections; for each trainer, the duplicate its reader
+// polls, its lane and max_segments segments; and the rest.
 func (c Config) fdBudget() uint64 {
-	return uint64(c.LocalSize)*uint64(c.MaxSegments+3) + fdsBesideSegments
+	return uint64(c.MaxClients) + uint64(c.LocalSize)*uint64(c.MaxSegments+2) + fdsBesideClients
 }
 
 // warnFDLimit logs, at start, a soft RLIMIT_NOFILE below fdBudget: the
@@ -23,7 +24,7 @@ func (d *Daemon) warnFDLimit() {
 		return
 	}
 	if need := d.cfg.fdBudget(); l.Cur < need {
-		d.log.Warn("the fd limit is below what the trainers may hold: raise LimitNOFILE or lower limits.max_segments",
-			"rlimit_nofile", l.Cur, "needed", need, "local_size", d.cfg.LocalSize, "max_segments", d.cfg.MaxSegments)
+		d.log.Warn("the fd limit is below what the clients and their segments may take: raise LimitNOFILE or lower limits.max_segments or limits.max_clients",
+			"rlimit_nofile", l.Cur, "needed", need, "max_clients", d.cfg.MaxClients, "local_size", d.cfg.LocalSize, "max_segments", d.cfg.MaxSegments)
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/collectived/collectived/internal/syncbuf"
 )
 
-// A soft fd limit below what local_size trainers at max_segments each
-// would need is logged at start, naming both figures and the remedies;
-// a limit above it is not.
+// A soft fd limit below what max_clients connections and local_size
+// trainers at max_segments each would need is logged at start, naming
+// both figures and the remedies; a limit above it is not.
 func TestWarnFDLimit(t *testing.T) {
 	var old unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
@@ -28,8 +28,8 @@ func TestWarnFDLimit(t *testing.T) {
 		localSize, maxSegments int
 		warn                   bool
 	}{
-		{2, 1024, true}, // 2 x 1027 + 128 = 2182 needed
-		{2, 400, false}, // 2 x 403 + 128 = 934
+		{2, 1024, true}, // 256 + 2 x 1026 + 64 = 2372 needed
+		{2, 300, false}, // 256 + 2 x 302 + 64 = 924
 	} {
 		var logs syncbuf.Buffer
 		cfg := DefaultConfig()
@@ -37,10 +37,10 @@ func TestWarnFDLimit(t *testing.T) {
 		d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil))}
 		d.warnFDLimit()
 		got := logs.String()
-		if warned := strings.Contains(got, "the fd limit is below what the trainers may hold"); warned != c.warn {
+		if warned := strings.Contains(got, "the fd limit is below what the clients and their segments may take"); warned != c.warn {
 			t.Errorf("local_size %d, max_segments %d, limit 1000: warned %v, want %v:\n%s", c.localSize, c.maxSegments, warned, c.warn, got)
 		}
-		if c.warn && (!strings.Contains(got, "rlimit_nofile=1000") || !strings.Contains(got, "needed=2182")) {
+		if c.warn && (!strings.Contains(got, "rlimit_nofile=1000") || !strings.Contains(got, "needed=2372")) {
 			t.Errorf("the warning does not name the limit and what is needed:\n%s", got)
 		}
 	}
