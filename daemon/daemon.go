@@ -129,6 +129,7 @@ func (d *Daemon) Start() {
 	d.log.Info("collectived started", "nodes", len(d.cfg.Peers),
 		"local_size", d.cfg.LocalSize, "socket", d.cfg.SocketPath, "listen", d.RingAddr())
 	d.warnFDLimit()
+	d.warnMapLimit("/proc/sys/vm/max_map_count")
 }
 
 // Close stops the daemon: pending calls fail with ErrShutdown, the ring and

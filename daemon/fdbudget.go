@@ -1,6 +1,12 @@
 package daemon
 
-import "golang.org/x/sys/unix"
+import (
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
 
 // fdsBesideClients is what a daemon holds open apart from its clients'
 // connections and segments: the ring's links (their streams each way and
@@ -26,5 +32,33 @@ func (d *Daemon) warnFDLimit() {
 	if need := d.cfg.fdBudget(); l.Cur < need {
 		d.log.Warn("the fd limit is below what the clients and their segments may take: raise LimitNOFILE or lower limits.max_segments or limits.max_clients",
 			"rlimit_nofile", l.Cur, "needed", need, "max_clients", d.cfg.MaxClients, "local_size", d.cfg.LocalSize, "max_segments", d.cfg.MaxSegments)
+	}
+}
+
+// mappingsBesideSegments is what a daemon maps apart from its trainers'
+// segments: its binary, the Go heap and stacks, the lanes. Generous.
+const mappingsBesideSegments = 1024
+
+// mapBudget is how many mappings the daemon may need at once: one per
+// segment every trainer may hold, and the rest.
+func (c Config) mapBudget() uint64 {
+	return uint64(c.LocalSize)*uint64(c.MaxSegments) + mappingsBesideSegments
+}
+
+// warnMapLimit logs, at start, a vm.max_map_count (maxMapCountPath)
+// below mapBudget: every segment is also a mapping, and past that count
+// mmap fails (ALLOC and REGISTER then fail, saying so) before QUOTA.
+func (d *Daemon) warnMapLimit(maxMapCountPath string) {
+	b, err := os.ReadFile(maxMapCountPath)
+	if err != nil {
+		return
+	}
+	limit, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return
+	}
+	if need := d.cfg.mapBudget(); limit < need {
+		d.log.Warn("vm.max_map_count is below what the trainers' segments may take: raise it (sysctl) or lower limits.max_segments",
+			"max_map_count", limit, "needed", need, "local_size", d.cfg.LocalSize, "max_segments", d.cfg.MaxSegments)
 	}
 }

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -42,6 +44,38 @@ func TestWarnFDLimit(t *testing.T) {
 		}
 		if c.warn && (!strings.Contains(got, "rlimit_nofile=1000") || !strings.Contains(got, "needed=2372")) {
 			t.Errorf("the warning does not name the limit and what is needed:\n%s", got)
+		}
+	}
+}
+
+// A vm.max_map_count below what local_size trainers at max_segments each
+// would map is logged at start, naming both; one above it is not; an
+// unreadable count is not guessed at.
+func TestWarnMapLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "max_map_count")
+	if err := os.WriteFile(path, []byte("65530\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path                   string
+		localSize, maxSegments int
+		warn                   bool
+	}{
+		{path, 64, 1024, true}, // 64 x 1024 + 1024 = 66560 needed
+		{path, 8, 1024, false}, // 9216
+		{path + ".missing", 64, 1024, false},
+	} {
+		var logs syncbuf.Buffer
+		cfg := DefaultConfig()
+		cfg.LocalSize, cfg.MaxSegments = c.localSize, c.maxSegments
+		d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil))}
+		d.warnMapLimit(c.path)
+		got := logs.String()
+		if warned := strings.Contains(got, "vm.max_map_count is below"); warned != c.warn {
+			t.Errorf("%s, local_size %d, max_segments %d: warned %v, want %v:\n%s", c.path, c.localSize, c.maxSegments, warned, c.warn, got)
+		}
+		if c.warn && (!strings.Contains(got, "max_map_count=65530") || !strings.Contains(got, "needed=66560")) {
+			t.Errorf("the warning does not name the count and what is needed:\n%s", got)
 		}
 	}
 }

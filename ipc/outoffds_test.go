@@ -18,7 +18,7 @@ import (
 // already attached goes on being served, and the connection waiting in
 // the backlog is accepted and attaches once fds are free again.
 func TestAcceptOutOfFDs(t *testing.T) {
-	srv, logs := serverWithLogs(t)
+	srv, logs := serverWithLogs(t, nil)
 	attached := dial(t, srv.Path())
 	attached.attach()
 
@@ -56,7 +56,7 @@ func TestAcceptOutOfFDs(t *testing.T) {
 // once fds are free. A client that sends too many fds is still refused
 // as such (TestStrayFdsAreFatal, "200 fds").
 func TestRegisterWhileDaemonOutOfFDs(t *testing.T) {
-	srv, logs := serverWithLogs(t)
+	srv, logs := serverWithLogs(t, nil)
 	c := dial(t, srv.Path())
 	c.attach()
 	fd := memfd(t, 8192, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
@@ -106,7 +106,7 @@ func TestAllocOKWhileClientOutOfFDs(t *testing.T) {
 // saying the daemon is out of file descriptors and what its limit is;
 // the same requests succeed once fds are free.
 func TestAllocAndLaneWhileDaemonOutOfFDs(t *testing.T) {
-	srv, logs := serverWithLogs(t)
+	srv, logs := serverWithLogs(t, nil)
 	c := dial(t, srv.Path())
 	c.attachV2()
 
@@ -146,12 +146,16 @@ func TestAllocAndLaneWhileDaemonOutOfFDs(t *testing.T) {
 	}
 }
 
-// serverWithLogs is startServer with a log the test reads.
-func serverWithLogs(t *testing.T) (*Server, *syncbuf.Buffer) {
+// serverWithLogs is startServer with a log the test reads; mut, if not
+// nil, adjusts the config further.
+func serverWithLogs(t *testing.T, mut func(*ServerConfig)) (*Server, *syncbuf.Buffer) {
 	t.Helper()
 	logs := &syncbuf.Buffer{}
 	srv, _ := startServer(t, func(c *ServerConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		if mut != nil {
+			mut(c)
+		}
 	})
 	return srv, logs
 }
@@ -167,4 +171,23 @@ func sidesPair(t *testing.T) (daemon, client *Conn) {
 	daemon, client = NewConn(ua, DaemonSide), NewConn(ub, ClientSide)
 	t.Cleanup(func() { daemon.Close(); client.Close() })
 	return daemon, client
+}
+
+// An ALLOC the daemon cannot map (here bigger than the address space,
+// within a quota set that high) fails by itself, its message saying the
+// daemon could not map it and why that may be; the connection goes on.
+func TestAllocTheDaemonCannotMap(t *testing.T) {
+	srv, logs := serverWithLogs(t, func(c *ServerConfig) { c.ShmQuota = 1 << 62 })
+	c := dial(t, srv.Path())
+	c.attach()
+	c.expectError(c.roundTrip(Alloc{Size: 1 << 47}.Encode(c.id()), -1), CodeInternal, false,
+		"(the daemon could not map it: out of memory, or vm.max_map_count reached)")
+	if !strings.Contains(logs.String(), "could not map a segment") {
+		t.Fatalf("the daemon's log does not say it could not map a segment:\n%s", logs.String())
+	}
+	if f := c.roundTrip(Alloc{Size: 4096}.Encode(c.id()), -1); f.Type != TypeAllocOK {
+		t.Fatalf("ALLOC after the failed one: %s (%v)", f.Type, c.errorOf(f))
+	} else {
+		unix.Close(f.FD)
+	}
 }

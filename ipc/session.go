@@ -363,7 +363,7 @@ func (s *Session) handleAlloc(f Frame) error {
 	}
 	seg, err := shm.Create(rounded)
 	if err != nil {
-		return Errorf(CodeInternal, "ALLOC of %d bytes%s: %v", m.Size, s.shortOfFDs(err), err)
+		return Errorf(CodeInternal, "ALLOC of %d bytes%s: %v", m.Size, s.ownShortage(err), err)
 	}
 	id, err := s.table.Add(seg)
 	if err != nil {
@@ -387,7 +387,7 @@ func (s *Session) handleLane(f Frame) error {
 	}
 	seg, err := shm.Create(LaneSize)
 	if err != nil {
-		return Errorf(CodeInternal, "LANE%s: %v", s.shortOfFDs(err), err)
+		return Errorf(CodeInternal, "LANE%s: %v", s.ownShortage(err), err)
 	}
 	if err := s.send(LaneOK{Size: LaneSize}.Append(s.wbuf[:0], f.ID), seg.Fd()); err != nil {
 		seg.Close()

@@ -17,12 +17,16 @@ func nofileLimit() uint64 {
 	return l.Cur
 }
 
-// shortOfFDs is what to add to a request's error when err is the
-// daemon's own shortage of fds (EMFILE, or ENFILE for the whole system),
-// which the client did nothing to cause; it is logged, as the operator
-// must raise the limit. "" for any other cause.
-func (s *Session) shortOfFDs(err error) string {
+// ownShortage is what to add to a request's error when err is the
+// daemon's own shortage of fds (EMFILE, or ENFILE for the whole system)
+// or of mappings or memory (ENOMEM from mmap), which the client did
+// nothing to cause; it is logged, as the operator must raise the limit.
+// "" for any other cause.
+func (s *Session) ownShortage(err error) string {
 	switch {
+	case errors.Is(err, unix.ENOMEM):
+		s.log.Warn("this daemon could not map a segment: out of memory, or vm.max_map_count reached", "err", err)
+		return " (the daemon could not map it: out of memory, or vm.max_map_count reached)"
 	case errors.Is(err, unix.EMFILE):
 		s.log.Warn("this daemon is out of file descriptors", "rlimit_nofile", nofileLimit(), "err", err)
 		return fmt.Sprintf(" (the daemon is out of file descriptors, its limit %d)", nofileLimit())
