@@ -5,8 +5,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // ProcessStatus is the daemon process's own resource use, so that tests and
@@ -32,10 +30,7 @@ func processStatus() ProcessStatus {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	ps := ProcessStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), Mallocs: ms.Mallocs, HeapBytes: ms.HeapAlloc}
-	var lim unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
-		ps.FDLimit = lim.Cur
-	}
+	ps.FDLimit = fdLimit()
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		ps.FDs = len(ents)
 		for _, e := range ents {
