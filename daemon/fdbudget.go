@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/collectived/collectived/ipc"
 )
 
 // fdsBesideClients is what a daemon holds open apart from its clients'
@@ -25,20 +25,11 @@ func (c Config) fdBudget() uint64 {
 // daemon then runs out of fds before its trainers reach their limits, and
 // ALLOC, LANE, REGISTER and accepts fail (saying so) instead of QUOTA.
 func (d *Daemon) warnFDLimit() {
-	limit := fdLimit()
+	limit := ipc.FDLimit()
 	if need := d.cfg.fdBudget(); limit != 0 && limit < need {
 		d.log.Warn("the fd limit is below what the clients and their segments may take: raise LimitNOFILE or lower limits.max_segments or limits.max_clients",
 			"rlimit_nofile", limit, "needed", need, "max_clients", d.cfg.MaxClients, "local_size", d.cfg.LocalSize, "max_segments", d.cfg.MaxSegments)
 	}
-}
-
-// fdLimit is the process's soft RLIMIT_NOFILE (0 if it cannot be read).
-func fdLimit() uint64 {
-	var l unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &l) != nil {
-		return 0
-	}
-	return l.Cur
 }
 
 // mappingsBesideSegments is what a daemon maps apart from its trainers'

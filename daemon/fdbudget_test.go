@@ -7,8 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/collectived/collectived/internal/fdtest"
 	"github.com/collectived/collectived/internal/syncbuf"
 )
 
@@ -16,16 +15,11 @@ import (
 // trainers at max_segments each would need is logged at start, naming
 // both figures and the remedies; a limit above it is not.
 func TestWarnFDLimit(t *testing.T) {
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+	restore, err := fdtest.LowerLimit(1000)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
-	low := old
-	low.Cur = 1000
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
+	defer restore()
 	for _, c := range []struct {
 		localSize, maxSegments int
 		warn                   bool

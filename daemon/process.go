@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/collectived/collectived/ipc"
 )
 
 // ProcessStatus is the daemon process's own resource use, so that tests and
@@ -30,7 +32,7 @@ func processStatus() ProcessStatus {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	ps := ProcessStatus{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), Mallocs: ms.Mallocs, HeapBytes: ms.HeapAlloc}
-	ps.FDLimit = fdLimit()
+	ps.FDLimit = ipc.FDLimit()
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		ps.FDs = len(ents)
 		for _, e := range ents {

@@ -395,6 +395,9 @@ func (c *Conn) fill(need int) error {
 		// Room was left in the control buffer, so the kernel truncated
 		// because it could not install an fd in this process (EMFILE,
 		// ENFILE): the fd is gone, and the sender did nothing wrong.
+		// Losses behind the frame being read are dropped first, so the
+		// list stays as short as the bytes not yet read.
+		c.forgetLost()
 		c.lost = append(c.lost, span{start, start + uint64(n)})
 	}
 	if err == ErrRung {
@@ -418,10 +421,15 @@ func (c *Conn) fill(need int) error {
 // fdLost reports whether an fd sent with the byte at c.off (the next
 // frame's first) could not be received, forgetting losses behind it.
 func (c *Conn) fdLost() bool {
+	c.forgetLost()
+	return len(c.lost) > 0 && c.lost[0].start <= c.off
+}
+
+// forgetLost drops the losses of bytes already read.
+func (c *Conn) forgetLost() {
 	for len(c.lost) > 0 && c.lost[0].end <= c.off {
 		c.lost = c.lost[1:]
 	}
-	return len(c.lost) > 0 && c.lost[0].start <= c.off
 }
 
 // takeFDs queues every fd in a control buffer, in arrival order, and

@@ -69,7 +69,7 @@ func TestRegisterWhileDaemonOutOfFDs(t *testing.T) {
 	c.send(Register{Size: 8192}.Encode(c.id()), fd)
 	f := c.read()
 	release()
-	c.expectError(f, CodeBadFD, false, "the daemon could not receive the segment's fd: it is out of file descriptors")
+	c.expectError(f, CodeBadFD, false, "REGISTER: the daemon could not receive the segment's fd (the daemon is out of file descriptors, its limit ")
 	if log := logs.String(); !strings.Contains(log, "out of file descriptors") || !strings.Contains(log, "rlimit_nofile=") {
 		t.Fatalf("the daemon's log does not say it ran out of fds:\n%s", log)
 	}
@@ -189,5 +189,35 @@ func TestAllocTheDaemonCannotMap(t *testing.T) {
 		t.Fatalf("ALLOC after the failed one: %s (%v)", f.Type, c.errorOf(f))
 	} else {
 		unix.Close(f.FD)
+	}
+}
+
+// Losses the daemon notes while out of fds are forgotten once read past:
+// a client attaching fds to frames that carry none (a stray fd, fatal
+// when it arrives) while none can be received leaves no growing list
+// behind, and its frames are read in order.
+func TestLostFDsAreForgotten(t *testing.T) {
+	daemon, cl := sidesPair(t)
+	fd := memfd(t, 4096, 0)
+	defer unix.Close(fd)
+	release, err := fdtest.Exhaust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	const frames = 200
+	longest := 0
+	for i := range frames {
+		if err := cl.WriteFrame(AppendEmpty(nil, TypeStatus, uint64(i+1)), fd); err != nil {
+			t.Fatal(err)
+		}
+		f, err := daemon.ReadFrame()
+		if err != nil || f.ID != uint64(i+1) {
+			t.Fatalf("frame %d: id %d, %v", i+1, f.ID, err)
+		}
+		longest = max(longest, len(daemon.lost))
+	}
+	if longest > 1 {
+		t.Fatalf("%d losses remembered at once over %d frames read one by one, want at most 1", longest, frames)
 	}
 }

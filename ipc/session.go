@@ -426,8 +426,9 @@ func (s *Session) handleRegister(f Frame) error {
 		return err
 	}
 	if f.FDLost {
-		s.log.Warn("REGISTER's fd could not be received: this daemon is out of file descriptors", "id", f.ID, "rlimit_nofile", nofileLimit())
-		return Errorf(CodeBadFD, "REGISTER: the daemon could not receive the segment's fd: it is out of file descriptors (its limit %d); REGISTER again later", nofileLimit())
+		// The kernel does not say why it could not install the fd; a
+		// full table (EMFILE) is what a daemon meets.
+		return Errorf(CodeBadFD, "REGISTER: the daemon could not receive the segment's fd%s; REGISTER again later", s.ownShortage(unix.EMFILE))
 	}
 	m, err := DecodeRegister(f.Payload)
 	if err != nil {

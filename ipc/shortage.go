@@ -7,9 +7,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nofileLimit is the process's soft RLIMIT_NOFILE, for errors that say a
-// daemon ran out of fds (0 if it cannot be read).
-func nofileLimit() uint64 {
+// FDLimit is the process's soft RLIMIT_NOFILE (0 if it cannot be read):
+// what bounds a daemon's connections and segments, each an fd.
+func FDLimit() uint64 {
 	var l unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &l) != nil {
 		return 0
@@ -28,8 +28,8 @@ func (s *Session) ownShortage(err error) string {
 		s.log.Warn("this daemon could not map a segment: out of memory, or vm.max_map_count reached", "err", err)
 		return " (the daemon could not map it: out of memory, or vm.max_map_count reached)"
 	case errors.Is(err, unix.EMFILE):
-		s.log.Warn("this daemon is out of file descriptors", "rlimit_nofile", nofileLimit(), "err", err)
-		return fmt.Sprintf(" (the daemon is out of file descriptors, its limit %d)", nofileLimit())
+		s.log.Warn("this daemon is out of file descriptors", "rlimit_nofile", FDLimit(), "err", err)
+		return fmt.Sprintf(" (the daemon is out of file descriptors, its limit %d)", FDLimit())
 	case errors.Is(err, unix.ENFILE):
 		s.log.Warn("the system is out of file descriptors", "err", err)
 		return " (the system is out of file descriptors)"

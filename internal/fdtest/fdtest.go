@@ -21,28 +21,20 @@ func Exhaust() (release func(), err error) { return ExhaustLeaving(0) }
 // opens (a peer's socket, a segment made elsewhere in the process) and
 // none after.
 func ExhaustLeaving(n int) (release func(), err error) {
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		return nil, fmt.Errorf("fdtest: getrlimit: %w", err)
-	}
 	top, err := highestFD()
 	if err != nil {
 		return nil, err
 	}
-	low := old
-	low.Cur = uint64(top) + 8
-	if low.Cur > old.Cur {
-		return nil, fmt.Errorf("fdtest: fd %d open, soft limit already %d", top, old.Cur)
-	}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		return nil, fmt.Errorf("fdtest: setrlimit: %w", err)
+	restore, err := LowerLimit(uint64(top) + 8)
+	if err != nil {
+		return nil, err
 	}
 	var fds []int
 	release = func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+		restore()
 	}
 	for {
 		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -63,6 +55,24 @@ func ExhaustLeaving(n int) (release func(), err error) {
 		}
 		fds = append(fds, fd)
 	}
+}
+
+// LowerLimit sets RLIMIT_NOFILE's soft limit to soft, which must not be
+// above it already; restore puts the old limit back.
+func LowerLimit(soft uint64) (restore func(), err error) {
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		return nil, fmt.Errorf("fdtest: getrlimit: %w", err)
+	}
+	if soft > old.Cur {
+		return nil, fmt.Errorf("fdtest: soft limit %d wanted, already %d", soft, old.Cur)
+	}
+	low := old
+	low.Cur = soft
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		return nil, fmt.Errorf("fdtest: setrlimit: %w", err)
+	}
+	return func() { _ = unix.Setrlimit(unix.RLIMIT_NOFILE, &old) }, nil
 }
 
 // highestFD is the largest fd the process has open.
