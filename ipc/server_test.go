@@ -117,6 +117,7 @@ func TestConfigVerify(t *testing.T) {
 		{func(c *ServerConfig) { c.MaxInFlight = 0 }, "max in flight 0"},
 		{func(c *ServerConfig) { c.ShmQuota = -1 }, "shm quota -1"},
 		{func(c *ServerConfig) { c.MaxClients = 0 }, "max clients 0"},
+		{func(c *ServerConfig) { c.MaxSegments = 0 }, "max segments 0 must be at least 1"},
 	}
 	for _, tc := range cases {
 		cfg := DefaultServerConfig()
