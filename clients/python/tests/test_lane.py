@@ -146,6 +146,20 @@ def test_answer_on_the_socket_is_taken_too(laned: collectived.Client,
     assert fake2.lane_calls == 1 and laned.lane_answers == 0
 
 
+def test_rings_that_find_nothing_do_no_harm(laned: collectived.Client,
+                                            fake2: ScriptedDaemon) -> None:
+    # Every answer is followed by a ring the caller did not ask for: the
+    # reader thread looks at the lane while the next calls are under way
+    # there (taken by their callers, on the client's short way), and must
+    # neither take their answers nor fail.
+    x = np.ones(3, np.float32)
+    for k in range(200):
+        x[:] = k
+        assert laned.allreduce(x, name="lane-ring") is x
+        assert x.tolist() == [2.0 * k] * 3, k
+    assert fake2.lane_calls == 200 and laned.lane_answers == 200
+
+
 def test_slow_answer_reaches_a_caller_that_stopped_watching(fake2: ScriptedDaemon) -> None:
     # The answer comes 50 ms after the call, long after the caller's 1 ms
     # watch: the daemon rings the socket and the reader thread takes it.

@@ -4,7 +4,10 @@ answers (taken, left for the client's checks, nothing came)."""
 
 from __future__ import annotations
 
+import array
+import json
 import mmap
+import os
 import struct
 import threading
 import time
@@ -93,4 +96,94 @@ def test_take_call_ok(lane: mmap.mmap) -> None:
     err = P.encode(P.Error(5, 15, "mismatch"))
     lane[L.D2C:L.D2C + len(err)] = err
     assert w.take_call_ok(0, 5, res, 0) == (2, 0, 0)
+    w.close()
+
+
+# --- put_call: a small call's frame built in C ------------------------------
+
+VECTORS = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "vectors.json")
+# Each wire dtype as an array typecode put_call reads the dtype from.
+_TYPECODES = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q",
+              P.DT_BYTES: "B"}
+
+
+def _inline_call_vectors() -> list[dict]:
+    with open(VECTORS, encoding="utf-8") as f:
+        vs = json.load(f)
+    return [v for v in vs if v.get("valid", True) and v["decoded"]["type"] == "CALL"
+            and not v["decoded"]["flags"] and v["decoded"]["count"] and not v["decoded"]["frame_flags"]]
+
+
+@pytest.mark.parametrize("v", _inline_call_vectors(), ids=lambda v: v["name"])
+def test_put_call_builds_the_vectors_frame(lane: mmap.mmap, v: dict) -> None:
+    # The frame put_call builds is byte for byte the shared vector's (the
+    # Go and C clients' encoders are checked against the same vectors).
+    d = v["decoded"]
+    want = bytes.fromhex(v["hex"])
+    data = array.array(_TYPECODES[d["dtype"]], bytes.fromhex(d["data"]))
+    w = lanewords.Words(lane)
+    w.store(L.C_PARKED, 1)
+    assert w.put_call(1, d["id"], d["op"], d["reduce"], d["root"], d["name"].encode("utf-8"),
+                      data, d["dtype"] != P.DT_BYTES, 1 << 20) == 0
+    assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
+    assert w.load(L.C2D_SEQ) == 1  # published
+    assert w.load(L.C_PARKED) == 0  # and the client said it watches for the answer
+    w.close()
+
+
+def test_put_call_of_numpy_arrays(lane: mmap.mmap) -> None:
+    np = pytest.importorskip("numpy")
+    w = lanewords.Words(lane)
+    for k, (dtype, code) in enumerate((("float32", P.DT_FLOAT32), ("float64", P.DT_FLOAT64),
+                                       ("int32", P.DT_INT32), ("int64", P.DT_INT64),
+                                       ("<f4", P.DT_FLOAT32), ("uint8", P.DT_BYTES))):
+        x = np.arange(6, dtype=dtype).reshape(2, 3)  # any shape, if C-contiguous
+        numeric = code != P.DT_BYTES
+        assert w.put_call(k + 1, 40 + k, P.OP_BROADCAST, P.RED_NONE, 1, b"n", x, numeric, 4096) == 0
+        want = P.encode_call_head(P.CALL_FIXED_SIZE + 1 + x.nbytes, 40 + k, P.OP_BROADCAST, code,
+                                  P.RED_NONE, 0, 1, 6, b"n") + x.tobytes()
+        assert bytes(lane[L.C2D:L.C2D + len(want)]) == want, dtype
+    w.close()
+
+
+def test_put_call_says_whether_the_daemon_sleeps(lane: mmap.mmap) -> None:
+    w = lanewords.Words(lane)
+    w.store(L.D_PARKED, 1)
+    assert w.put_call(1, 3, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64) == 1
+    w.store(L.D_PARKED, 0)
+    assert w.put_call(2, 4, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64) == 0
+    w.close()
+    with pytest.raises(ValueError, match="lane is closed"):
+        w.put_call(3, 5, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64)
+
+
+def test_put_call_leaves_other_calls_to_the_client(lane: mmap.mmap) -> None:
+    # -1 and nothing put, nothing published: the client's general path
+    # takes these calls, and names what is wrong with each.
+    np = pytest.importorskip("numpy")
+    f4 = array.array("f", [1.0, 2.0])
+    room = L.FRAME_MAX - P.HEADER_SIZE - P.CALL_FIXED_SIZE
+    cases = {
+        "not a buffer": (b"", object(), True, 4096),
+        "read-only": (b"", b"\x01\x02\x03\x04", False, 4096),
+        "not C-contiguous": (b"", np.zeros((4, 4), np.float32)[:, 1], True, 4096),
+        "float16": (b"", np.zeros(2, np.float16), True, 4096),
+        "big-endian": (b"", np.zeros(2, ">f4"), True, 4096),
+        "bytes in an allreduce": (b"", bytearray(4), True, 4096),
+        "empty": (b"", array.array("f"), True, 4096),
+        "over the inline limit": (b"", f4, True, 7),
+        "over the slot": (b"", bytearray(room + 1), False, 1 << 20),
+        "name and data over the slot": (b"n", bytearray(room), False, 1 << 20),
+        "name over 255 bytes": (b"n" * 256, f4, True, 4096),
+    }
+    w = lanewords.Words(lane)
+    w.store(L.C_PARKED, 1)
+    for what, (name, data, numeric, max_data) in cases.items():
+        assert w.put_call(1, 9, P.OP_ALLREDUCE, P.RED_SUM, 0, name, data, numeric, max_data) == -1, what
+        assert w.load(L.C2D_SEQ) == 0 and w.load(L.C_PARKED) == 1, what
+        assert bytes(lane[L.C2D:L.C2D + 16]) == b"\x00" * 16, what
+    # The largest that fits does go.
+    assert w.put_call(1, 9, P.OP_BROADCAST, P.RED_NONE, 0, b"", bytearray(room), False, 1 << 20) == 0
+    with pytest.raises(ValueError, match="does not fit its wire width"):
+        w.put_call(2, 9, 256, P.RED_SUM, 0, b"", f4, True, 4096)
     w.close()

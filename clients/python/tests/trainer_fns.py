@@ -37,6 +37,10 @@ def count_for(path: str, dtype: str, inline_limit: int) -> int:
     item = np.dtype(dtype).itemsize
     if path == "scratch":
         return inline_limit // item + 1000  # just over the inline limit
+    if path in ("segment", "registered"):
+        # Over the lane's 4 KiB slot at every dtype: smaller arrays, shared
+        # or not, go inline on the client's short way.
+        return 2000
     return 1000
 
 

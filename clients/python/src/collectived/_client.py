@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from . import _lane
 from . import _protocol as P
-from ._buffers import Buffer, address_of, as_buffer
+from ._buffers import Buffer, _from_torch, address_of, as_buffer
 from .errors import (
     CollectivedError,
     ConnectionLostError,
@@ -50,6 +50,8 @@ _MAX_FDS = 32
 
 _EMPTY = Buffer(memoryview(bytearray(0)), 0, 0, None)  # a barrier's buffer
 _NO_RESULT = memoryview(bytearray(0))  # where a shared-memory call's (empty) answer data goes
+_NOT_SHORT = object()  # Client._short_call: not a call for the short way
+_SHORT_MAX = _lane.FRAME_MAX - P.HEADER_SIZE - P.CALL_FIXED_SIZE  # the most data it can take
 REDUCE_OPS = {"sum": P.RED_SUM, "prod": P.RED_PROD, "max": P.RED_MAX, "min": P.RED_MIN}
 _OP_NAMES = {P.OP_ALLREDUCE: "allreduce", P.OP_BROADCAST: "broadcast",
              P.OP_BARRIER: "barrier"}
@@ -71,6 +73,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _describe(op: int, name: str, buf: Buffer) -> str:
     """A call as errors and handles name it."""
     return f"{_OP_NAMES[op]}(name={name!r}, count={buf.count})"
+
+
+def _describe_data(op: int, name: str, data: Any) -> str:
+    """:func:`_describe` for a call whose data was not looked at yet."""
+    try:
+        return _describe(op, name, as_buffer(data))
+    except (TypeError, ValueError):
+        return f"{_OP_NAMES[op]}(name={name!r})"
 
 
 def _reduce_op(op: str) -> int:
@@ -445,6 +455,11 @@ class Client:
         float64, int32 or int64 (or a writable Python buffer of those).
         ``op`` is ``"sum"``, ``"prod"``, ``"max"`` or ``"min"``.
         """
+        red = REDUCE_OPS.get(op)
+        if red is not None and self._lane is not None:
+            got = self._short_call(P.OP_ALLREDUCE, red, 0, name, x, True, timeout)
+            if got is not _NOT_SHORT:
+                return got
         return self._call_now(P.OP_ALLREDUCE, _reduce_op(op), 0, name, _numeric(x), x, timeout)
 
     def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "") -> Handle:
@@ -455,6 +470,10 @@ class Client:
                   timeout: Optional[float] = None) -> Any:
         """Overwrite ``x`` with world rank ``root``'s ``x``, in place; return it."""
         self._check_root(root)
+        if self._lane is not None:
+            got = self._short_call(P.OP_BROADCAST, P.RED_NONE, root, name, x, False, timeout)
+            if got is not _NOT_SHORT:
+                return got
         return self._call_now(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x, timeout)
 
     def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
@@ -612,6 +631,104 @@ class Client:
                 dst[:] = sc.view[:len(dst)]
             return h._value
         return on_ok
+
+    def _short_call(self, op: int, red: int, root: int, name: str, x: Any, numeric: bool,
+                    timeout: Optional[float]) -> Any:
+        """The shortest way for the commonest call, a small allreduce or
+        broadcast waited for at once with nothing else in flight: its frame
+        is built and put on the lane in C (``Lane.put_call``), and its
+        answer taken in C (``Lane.take_call_ok``). It makes no handle and
+        enters no request in flight unless the answer is not the plain one
+        taken within the spin (then ``_enter_short`` does, before the
+        reader thread can take it). Each of the general path's steps costs
+        a microsecond or more in Python (docs/TUNING.md, section 31).
+        Returns ``x``, or ``_NOT_SHORT`` with nothing sent if the call is
+        not one for this way (the general path takes it, and says what is
+        wrong with it, if anything)."""
+        lane = self._lane
+        if lane is None or self._spin <= 0 or self._frees or _process_id != self._pid:
+            return _NOT_SHORT
+        data = x
+        if type(x).__module__.startswith("torch") and hasattr(x, "is_contiguous"):
+            data = _from_torch(x)[0]  # a tensor has no buffer interface; its NumPy view has
+        if getattr(data, "nbytes", 0) > _SHORT_MAX:
+            return _NOT_SHORT  # (NumPy's arrays say; put_call checks every buffer)
+        slots = self._inflight
+        if slots is not None and not slots.acquire(0.0):
+            return _NOT_SHORT
+        with self._lock:
+            free = not (self._pending or self._held or self._lane_rid or self._closed
+                        or self._broken is not None)
+            if free:
+                rid = self._lane_rid = next(self._ids)
+        if not free:
+            self._release_slot()
+            return _NOT_SHORT
+        nb = name.encode("utf-8") if name else b""
+        with lane.take_lock:
+            try:
+                with self._send_lock:
+                    self._wait_lane_free(lane)
+                    put = lane.put_call(rid, op, red, root, nb, data, numeric,
+                                        self.info.inline_limit)
+                    if put > 0:
+                        self._sock.sendall(_lane.WAKE_FRAME)
+                        self.bytes_sent += len(_lane.WAKE_FRAME)
+                if put >= 0:
+                    code, gen, _ = lane.take_call_ok_held(
+                        rid, data, self._spin if timeout is None else min(self._spin, timeout))
+            except CollectivedError:  # the wait for the lane broke the connection, and says why
+                self._release_slot()
+                raise
+            except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
+                self._release_slot()
+                what = _describe_data(op, name, data)
+                lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
+                self._fail_all(lost)
+                raise lost from e
+            if put >= 0 and code != 1:
+                h = self._enter_short(rid, op, name, data, x)
+        if put < 0:
+            self._end_lane_call(rid)
+            self._release_slot()
+            return _NOT_SHORT
+        if code == 1:
+            self._end_lane_call(rid)
+            self._release_slot()
+            self._generation = gen
+            return x
+        if code == 2:
+            try:
+                self._take_lane()
+            except CollectivedError as e:
+                self._break(e)
+        return h.wait(timeout)
+
+    def _enter_short(self, rid: int, op: int, name: str, data: Any, x: Any) -> Handle:
+        """A call on the short way whose plain answer was not taken:
+        entered now among the requests in flight, as the general path's
+        are, for the reader thread or the general checks to settle. Called
+        under the lane's take lock."""
+        buf = as_buffer(data)
+        h = Handle(self, _describe(op, name, buf), x)
+        h._keep = (data, x)
+        with self._lock:
+            err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
+            if err is None:
+                self._pending[rid] = _Pending(P.CALL_OK, h, self._on_call_ok(h, buf.view, None))
+        if err is not None:
+            self._release_slot()
+            h._finish(error=ConnectionLostError(f"connection unusable: {err}", request=h.what))
+        return h
+
+    def _end_lane_call(self, rid: int) -> None:
+        """The lane's call ``rid`` is answered (or was never put): the lane
+        is free for the next, and what was held behind it goes."""
+        with self._lock:
+            if self._lane_rid == rid:
+                self._lane_rid = 0
+        if self._held:
+            self._send_held()
 
     def _call_now(self, op: int, red: int, root: int, name: str, buf: Buffer, value: Any,
                   timeout: Optional[float]) -> Any:
@@ -1139,6 +1256,13 @@ class Client:
         self._fail_all(err)
 
     def _dispatch(self, msg: Any, fd: Optional[int]) -> None:
+        lane = self._lane
+        if lane is not None and msg.id and msg.id == self._lane_rid and msg.id not in self._pending:
+            # An answer on the socket to a call on the short way, whose
+            # caller enters it among the requests in flight only once its
+            # watch of the lane is over (_short_call): wait for that.
+            with lane.take_lock:
+                pass
         if isinstance(msg, P.Error) and (msg.id == 0 or msg.fatal):
             with self._lock:
                 p = self._pending.pop(msg.id, None) if msg.id else None

@@ -101,12 +101,40 @@ class Lane:
         self._words.store(C2D_SEQ, self._own)
         return self._words.load(D_PARKED) != 0
 
+    def put_call(self, rid: int, op: int, red: int, root: int, name: bytes, data: Any,
+                 numeric: bool, max_data: int) -> int:
+        """Put a CALL of ``data`` inline, its frame built in C
+        (``Words.put_call``), and publish it, saying the client watches for
+        the answer (``c_parked`` 0: the caller is to call
+        :meth:`take_call_ok_held` next, so the daemon need not ring). The
+        caller holds the client's send lock, as for :meth:`put`, and
+        :attr:`take_lock`. Returns 1 if the daemon sleeps on the
+        socket (send :data:`WAKE_FRAME`), 0 if not, and -1 with nothing put
+        if ``data`` is not a buffer this short way takes (not a writable
+        C-contiguous buffer of a wire dtype, bytes where ``numeric``, empty,
+        over ``max_data`` bytes, or too long for the slot)."""
+        own = (self._own + 1) & _MASK
+        got: int = self._words.put_call(own, rid, op, red, root, name, data, numeric, max_data)
+        if got >= 0:
+            self._own = own
+        return got
+
     def poll(self, seconds: float) -> bool:
         """Watch for an answer for up to ``seconds``, then say the client
         sleeps on the socket again and look once more (so that the daemon
         either sees the sleeper and rings, or is seen; ``Words.watch_answer``).
         Returns whether an answer waits."""
         return self._words.watch_answer(self._seen, int(seconds * 1e9)) != self._seen
+
+    @property
+    def take_lock(self) -> threading.Lock:
+        """Held by whoever takes an answer from the d2c slot. A caller on
+        the client's short way holds it from before it puts its call until
+        it has taken the answer or entered the call among the requests in
+        flight: the reader thread, rung by the daemon (now, or by a ring
+        left over from an earlier answer), then waits for it instead of
+        taking an answer that matches no request yet."""
+        return self._take_lock
 
     def take_call_ok(self, rid: int, result: Any, seconds: float) -> tuple[int, int, int]:
         """A small call's whole wait, in C (``Words.take_call_ok``): watch
@@ -117,11 +145,16 @@ class Lane:
         waits (for :meth:`take`, whose checks name what is wrong), (0, 0,
         0) if nothing came."""
         with self._take_lock:
-            got = self._words.take_call_ok(self._seen, rid, result, int(seconds * 1e9))
-            if got[0] == 1:
-                self._seen = (self._seen + 1) & _MASK
-                self.answers += 1
-            return got
+            return self.take_call_ok_held(rid, result, seconds)
+
+    def take_call_ok_held(self, rid: int, result: Any, seconds: float) -> tuple[int, int, int]:
+        """:meth:`take_call_ok` for a caller that holds :attr:`take_lock`."""
+        got: tuple[int, int, int] = self._words.take_call_ok(self._seen, rid, result,
+                                                              int(seconds * 1e9))
+        if got[0] == 1:
+            self._seen = (self._seen + 1) & _MASK
+            self.answers += 1
+        return got
 
     def take(self, max_frame: int) -> Optional[P.Message]:
         """Copy the answer out of the d2c slot and decode it, or None if

@@ -23,13 +23,24 @@
 #include <string.h>
 #include <time.h>
 
-/* The lane's layout (docs/PROTOCOL.md, LANE), for take_call_ok. */
+/* The lane's layout and the frames put_call and take_call_ok know
+ * (docs/PROTOCOL.md: LANE, the frame header, CALL, CALL_OK). */
+#define L_C2D_SEQ 0
 #define L_D2C_SEQ 128
+#define L_D_PARKED 192
 #define L_C_PARKED 256
+#define L_C2D 4096
 #define L_D2C 8192
 #define L_SLOT 4096
 #define HDR 16
+#define CALL_FIXED 17
+#define T_CALL 0x05
 #define T_CALL_OK 0x85
+#define DT_FLOAT32 1
+#define DT_FLOAT64 2
+#define DT_INT32 3
+#define DT_INT64 4
+#define DT_BYTES 5
 
 typedef struct {
 	PyObject_HEAD
@@ -199,6 +210,113 @@ static PyObject *Words_watch_answer(Words *self, PyObject *args)
 static uint32_t le32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
 
+static void put_le32(unsigned char *p, uint32_t v)
+{
+	p[0] = (unsigned char)v;
+	p[1] = (unsigned char)(v >> 8);
+	p[2] = (unsigned char)(v >> 16);
+	p[3] = (unsigned char)(v >> 24);
+}
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+	put_le32(p, (uint32_t)v);
+	put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* The wire dtype of a buffer's struct format (the client's _FORMATS), or
+ * 0 for one the lane's short way does not take (the client's general path
+ * then says what is wrong with it, if anything). */
+static int wire_dtype(const char *fmt, Py_ssize_t itemsize)
+{
+	if (fmt == NULL)
+		return itemsize == 1 ? DT_BYTES : 0;
+	if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+		fmt++;
+	if (fmt[0] == '\0' || fmt[1] != '\0')
+		return 0;
+	switch (fmt[0]) {
+	case 'f': return itemsize == 4 ? DT_FLOAT32 : 0;
+	case 'd': return itemsize == 8 ? DT_FLOAT64 : 0;
+	case 'i': return itemsize == 4 ? DT_INT32 : 0;
+	case 'q': return itemsize == 8 ? DT_INT64 : 0;
+	case 'l': return itemsize == 4 ? DT_INT32 : itemsize == 8 ? DT_INT64 : 0;
+	case 'B': case 'b': case 'c': return itemsize == 1 ? DT_BYTES : 0;
+	}
+	return 0;
+}
+
+/* put_call(own, rid, op, reduce, root, name, data, numeric, max_data) -> int:
+ * a small call's frame, built here and put in the c2d slot, then published
+ * as call number own (the client's count of calls put, this one included):
+ * a CALL of data inline, its dtype and count from data's buffer format,
+ * saying first that the client does not sleep (c_parked 0: the caller
+ * watches for the answer next, with take_call_ok). In Python building the
+ * frame and copying it in take several steps of a microsecond each. Returns 1 if the daemon sleeps on the socket (the
+ * client must then send WAKE), 0 if not, and -1 with nothing put if the
+ * call is not one for this short way: data is not a writable C-contiguous
+ * buffer of a wire dtype (bytes only if not numeric), is empty, is longer
+ * than max_data (the daemon's inline limit), the name is longer than 255
+ * bytes, or the frame would not fit the slot. The client's general path takes those, and names what is wrong. */
+static PyObject *Words_put_call(Words *self, PyObject *args)
+{
+	unsigned long own, root;
+	unsigned long long rid;
+	int op, red, numeric, dtype;
+	const char *name;
+	Py_ssize_t name_len, max_data, frame_len;
+	PyObject *data;
+	Py_buffer view;
+	uint32_t *seqw, *parked, *cparked;
+	unsigned char *f;
+	if (!PyArg_ParseTuple(args, "kKiiky#Opn", &own, &rid, &op, &red, &root, &name, &name_len, &data, &numeric,
+			      &max_data))
+		return NULL;
+	if (own > UINT32_MAX || root > UINT32_MAX || op < 0 || op > 255 || red < 0 || red > 255) {
+		PyErr_SetString(PyExc_ValueError, "put_call: a field does not fit its wire width");
+		return NULL;
+	}
+	if (!(seqw = word(self, L_C2D_SEQ)) || !(parked = word(self, L_D_PARKED)) || !(cparked = word(self, L_C_PARKED)))
+		return NULL;
+	if (self->view.len < L_C2D + L_SLOT) {
+		PyErr_SetString(PyExc_ValueError, "lane mapping too short for its c2d slot");
+		return NULL;
+	}
+	if (name_len > 255)
+		return PyLong_FromLong(-1);
+	if (PyObject_GetBuffer(data, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+		PyErr_Clear();
+		return PyLong_FromLong(-1);
+	}
+	dtype = wire_dtype(view.format, view.itemsize);
+	frame_len = HDR + CALL_FIXED + name_len + view.len;
+	if (dtype == 0 || (numeric && dtype == DT_BYTES) || view.len == 0 || view.len > max_data ||
+	    frame_len > L_SLOT) {
+		PyBuffer_Release(&view);
+		return PyLong_FromLong(-1);
+	}
+	f = (unsigned char *)self->view.buf + L_C2D;
+	put_le32(f, (uint32_t)(frame_len - HDR));
+	f[4] = T_CALL;
+	f[5] = f[6] = f[7] = 0;
+	put_le64(f + 8, rid);
+	f[16] = (unsigned char)op;
+	f[17] = (unsigned char)dtype;
+	f[18] = (unsigned char)red;
+	f[19] = 0; /* flags: data inline */
+	put_le32(f + 20, (uint32_t)root);
+	put_le64(f + 24, (uint64_t)(view.len / view.itemsize));
+	f[32] = (unsigned char)name_len;
+	memcpy(f + HDR + CALL_FIXED, name, name_len);
+	memcpy(f + HDR + CALL_FIXED + name_len, view.buf, view.len);
+	PyBuffer_Release(&view);
+	/* The caller watches for the answer next (take_call_ok): a daemon that
+	 * answers before the watch begins need not ring the reader thread. */
+	__atomic_store_n(cparked, 0, __ATOMIC_SEQ_CST);
+	__atomic_store_n(seqw, (uint32_t)own, __ATOMIC_SEQ_CST);
+	return PyLong_FromLong(__atomic_load_n(parked, __ATOMIC_SEQ_CST) != 0);
+}
+
 /* take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): a
  * small call's whole wait in one step, the caller's side of the lane:
  * watch_answer, then, if the answer is the plain one expected (the next seq, a
@@ -271,6 +389,10 @@ static PyMethodDef Words_methods[] = {
 	{"watch_answer", (PyCFunction)Words_watch_answer, METH_VARARGS,
 	 "watch_answer(seen, spin_ns) -> int: say the client polls, watch d2c_seq until it is not seen or spin_ns "
 	 "passed, say it sleeps and look once more; the GIL is released"},
+	{"put_call", (PyCFunction)Words_put_call, METH_VARARGS,
+	 "put_call(own, rid, op, reduce, root, name, data, numeric, max_data) -> int: build a CALL of data inline in "
+	 "the c2d slot and publish it as call own; 1 if the daemon sleeps (send WAKE), 0 if not, -1 (nothing put) if "
+	 "data is not for this short way"},
 	{"take_call_ok", (PyCFunction)Words_take_call_ok, METH_VARARGS,
 	 "take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): watch for a call's answer and take it "
 	 "into result if it is the plain CALL_OK expected (1); 2 if something else waits, 0 if nothing came"},
