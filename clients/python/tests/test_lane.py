@@ -160,6 +160,59 @@ def test_rings_that_find_nothing_do_no_harm(laned: collectived.Client,
     assert fake2.lane_calls == 200 and laned.lane_answers == 200
 
 
+@pytest.mark.parametrize("where,spin,name", [
+    ("put", 0.5, "p"),                  # the call is on the lane, its WAKE not sent yet
+    ("taken", 0.5, "t"),                # its answer is in the caller's buffer
+    ("watched", 0.001, "lane-slow"),    # the watch ended with no answer (it comes in 50 ms)
+    ("entered", 0.001, "lane-slow"),    # and the call was entered among those in flight
+])
+def test_interrupted_short_call_leaves_the_client_in_order(fake2: ScriptedDaemon,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           where: str, spin: float,
+                                                           name: str) -> None:
+    # A KeyboardInterrupt, as a signal handled between two of the short
+    # way's steps raises it: the interrupted call still ends (its answer
+    # in its buffer), and the calls after it go on, in order, with no
+    # in-flight slot or lane left taken.
+    real_put, real_take = _lane.Lane.put_call, _lane.Lane.take_call_ok_held
+    real_enter = collectived.Client._enter_short
+
+    def put(self: _lane.Lane, *a: object) -> int:
+        got = real_put(self, *a)  # type: ignore[arg-type]
+        if where == "put":
+            raise KeyboardInterrupt
+        return got
+
+    def take(self: _lane.Lane, rid: int, result: object, seconds: float) -> tuple[int, int, int]:
+        got = real_take(self, rid, result, seconds)
+        if where in ("taken", "watched"):
+            assert got[0] == (1 if where == "taken" else 0), got
+            raise KeyboardInterrupt
+        return got
+
+    def enter(self: collectived.Client, *a: object) -> object:
+        h = real_enter(self, *a)  # type: ignore[arg-type]
+        if where == "entered":
+            raise KeyboardInterrupt
+        return h
+
+    with collectived.Client(fake2.path, job="demo", timeout=5.0, spin=spin) as c:
+        monkeypatch.setattr(_lane.Lane, "put_call", put)
+        monkeypatch.setattr(_lane.Lane, "take_call_ok_held", take)
+        monkeypatch.setattr(collectived.Client, "_enter_short", enter)
+        x = np.ones(2, np.float32)
+        with pytest.raises(KeyboardInterrupt):
+            c.allreduce(x, name=name)
+        monkeypatch.undo()
+        for k in range(3):
+            y = np.full(3, k, np.int64)
+            assert c.allreduce(y).tolist() == [2 * k] * 3, k
+        assert x.tolist() == [2.0, 2.0]
+        assert [m.name for m in fake2.calls] == [name, "", "", ""]
+        assert not c._pending and c._lane_rid == 0
+        assert c._inflight is None or c._inflight._used == 0
+
+
 def test_slow_answer_reaches_a_caller_that_stopped_watching(fake2: ScriptedDaemon) -> None:
     # The answer comes 50 ms after the call, long after the caller's 1 ms
     # watch: the daemon rings the socket and the reader thread takes it.

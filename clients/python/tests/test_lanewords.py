@@ -51,7 +51,7 @@ def test_bad_arguments_are_refused(lane: mmap.mmap) -> None:
     lane.close()  # the mapping was given back
     short = lanewords.Words(mmap.mmap(-1, 4096))
     with pytest.raises(ValueError, match="lane mapping too short for its d2c slot"):
-        short.take_call_ok(0, 1, bytearray(0), 0)
+        short.take_call_ok(1, bytearray(0), 0)
 
 
 def test_store_load_and_poll(lane: mmap.mmap) -> None:
@@ -80,10 +80,12 @@ def test_watch_answer(lane: mmap.mmap) -> None:
 def test_take_call_ok(lane: mmap.mmap) -> None:
     w = lanewords.Words(lane)
     res = bytearray(4)
-    assert w.take_call_ok(0, 5, res, 1_000_000) == (0, 0, 0)  # nothing came
+    assert w.take_call_ok(5, res, 1_000_000) == (0, 0, 0)  # nothing came
     assert w.load(L.C_PARKED) == 1  # and the client said it sleeps
     call_ok(lane, 5, b"\x01\x02\x03\x04", seq=1)
-    assert w.take_call_ok(0, 5, res, 0) == (1, 7, 3) and bytes(res) == b"\x01\x02\x03\x04"
+    assert w.take_call_ok(5, res, 0) == (1, 7, 3) and bytes(res) == b"\x01\x02\x03\x04"
+    assert w.seen == 1  # moved with the answer taken
+    w.seen = 0
     # Not the plain answer expected: left for the client's checks, the
     # buffer untouched.
     res[:] = b"\x00" * 4
@@ -91,11 +93,11 @@ def test_take_call_ok(lane: mmap.mmap) -> None:
                                   (5, 2, b"\x09" * 4, res),       # seq moved by two
                                   (5, 1, b"\x09" * 8, res)):      # longer than the call's data
         call_ok(lane, rid, result, seq)
-        assert w.take_call_ok(0, 5, buf, 0) == (2, 0, 0), (rid, seq, result)
-        assert bytes(res) == b"\x00" * 4
+        assert w.take_call_ok(5, buf, 0) == (2, 0, 0), (rid, seq, result)
+        assert bytes(res) == b"\x00" * 4 and w.seen == 0
     err = P.encode(P.Error(5, 15, "mismatch"))
     lane[L.D2C:L.D2C + len(err)] = err
-    assert w.take_call_ok(0, 5, res, 0) == (2, 0, 0)
+    assert w.take_call_ok(5, res, 0) == (2, 0, 0)
     w.close()
 
 
@@ -123,10 +125,10 @@ def test_put_call_builds_the_vectors_frame(lane: mmap.mmap, v: dict) -> None:
     data = array.array(_TYPECODES[d["dtype"]], bytes.fromhex(d["data"]))
     w = lanewords.Words(lane)
     w.store(L.C_PARKED, 1)
-    assert w.put_call(1, d["id"], d["op"], d["reduce"], d["root"], d["name"].encode("utf-8"),
+    assert w.put_call(d["id"], d["op"], d["reduce"], d["root"], d["name"].encode("utf-8"),
                       data, d["dtype"] != P.DT_BYTES, 1 << 20) == 0
     assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
-    assert w.load(L.C2D_SEQ) == 1  # published
+    assert w.load(L.C2D_SEQ) == 1 == w.own  # published, and counted
     assert w.load(L.C_PARKED) == 0  # and the client said it watches for the answer
     w.close()
 
@@ -139,7 +141,8 @@ def test_put_call_of_numpy_arrays(lane: mmap.mmap) -> None:
                                        ("<f4", P.DT_FLOAT32), ("uint8", P.DT_BYTES))):
         x = np.arange(6, dtype=dtype).reshape(2, 3)  # any shape, if C-contiguous
         numeric = code != P.DT_BYTES
-        assert w.put_call(k + 1, 40 + k, P.OP_BROADCAST, P.RED_NONE, 1, b"n", x, numeric, 4096) == 0
+        assert w.put_call(40 + k, P.OP_BROADCAST, P.RED_NONE, 1, b"n", x, numeric, 4096) == 0
+        assert w.own == w.load(L.C2D_SEQ) == k + 1
         want = P.encode_call_head(P.CALL_FIXED_SIZE + 1 + x.nbytes, 40 + k, P.OP_BROADCAST, code,
                                   P.RED_NONE, 0, 1, 6, b"n") + x.tobytes()
         assert bytes(lane[L.C2D:L.C2D + len(want)]) == want, dtype
@@ -149,12 +152,12 @@ def test_put_call_of_numpy_arrays(lane: mmap.mmap) -> None:
 def test_put_call_says_whether_the_daemon_sleeps(lane: mmap.mmap) -> None:
     w = lanewords.Words(lane)
     w.store(L.D_PARKED, 1)
-    assert w.put_call(1, 3, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64) == 1
+    assert w.put_call(3, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64) == 1
     w.store(L.D_PARKED, 0)
-    assert w.put_call(2, 4, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64) == 0
+    assert w.put_call(4, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64) == 0
     w.close()
     with pytest.raises(ValueError, match="lane is closed"):
-        w.put_call(3, 5, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64)
+        w.put_call(5, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", array.array("f", [1.0]), True, 64)
 
 
 def test_put_call_leaves_other_calls_to_the_client(lane: mmap.mmap) -> None:
@@ -179,11 +182,11 @@ def test_put_call_leaves_other_calls_to_the_client(lane: mmap.mmap) -> None:
     w = lanewords.Words(lane)
     w.store(L.C_PARKED, 1)
     for what, (name, data, numeric, max_data) in cases.items():
-        assert w.put_call(1, 9, P.OP_ALLREDUCE, P.RED_SUM, 0, name, data, numeric, max_data) == -1, what
-        assert w.load(L.C2D_SEQ) == 0 and w.load(L.C_PARKED) == 1, what
+        assert w.put_call(9, P.OP_ALLREDUCE, P.RED_SUM, 0, name, data, numeric, max_data) == -1, what
+        assert w.load(L.C2D_SEQ) == 0 == w.own and w.load(L.C_PARKED) == 1, what
         assert bytes(lane[L.C2D:L.C2D + 16]) == b"\x00" * 16, what
     # The largest that fits does go.
-    assert w.put_call(1, 9, P.OP_BROADCAST, P.RED_NONE, 0, b"", bytearray(room), False, 1 << 20) == 0
+    assert w.put_call(9, P.OP_BROADCAST, P.RED_NONE, 0, b"", bytearray(room), False, 1 << 20) == 0
     with pytest.raises(ValueError, match="does not fit its wire width"):
-        w.put_call(2, 9, 256, P.RED_SUM, 0, b"", f4, True, 4096)
+        w.put_call(9, 256, P.RED_SUM, 0, b"", f4, True, 4096)
     w.close()

@@ -653,20 +653,26 @@ class Client:
             data = _from_torch(x)[0]  # a tensor has no buffer interface; its NumPy view has
         if getattr(data, "nbytes", 0) > _SHORT_MAX:
             return _NOT_SHORT  # (NumPy's arrays say; put_call checks every buffer)
+        nb = name.encode("utf-8") if name else b""
+        spin = self._spin if timeout is None else min(self._spin, timeout)
         slots = self._inflight
         if slots is not None and not slots.acquire(0.0):
             return _NOT_SHORT
-        with self._lock:
-            free = not (self._pending or self._held or self._lane_rid or self._closed
-                        or self._broken is not None)
-            if free:
-                rid = self._lane_rid = next(self._ids)
-        if not free:
-            self._release_slot()
-            return _NOT_SHORT
-        nb = name.encode("utf-8") if name else b""
+        # Every step from here is inside the try, so that a KeyboardInterrupt
+        # between any two of them leaves the client in order (_short_interrupted);
+        # slot says whether the in-flight slot is still this call's to give back.
+        rid, slot = 0, True
         with lane.take_lock:
+            own, seen = lane.words.own, lane.words.seen
             try:
+                with self._lock:
+                    if not (self._pending or self._held or self._lane_rid or self._closed
+                            or self._broken is not None):
+                        rid = self._lane_rid = next(self._ids)
+                if not rid:
+                    slot = False
+                    self._release_slot()
+                    return _NOT_SHORT
                 with self._send_lock:
                     self._wait_lane_free(lane)
                     put = lane.put_call(rid, op, red, root, nb, data, numeric,
@@ -674,35 +680,75 @@ class Client:
                     if put > 0:
                         self._sock.sendall(_lane.WAKE_FRAME)
                         self.bytes_sent += len(_lane.WAKE_FRAME)
-                if put >= 0:
-                    code, gen, _ = lane.take_call_ok_held(
-                        rid, data, self._spin if timeout is None else min(self._spin, timeout))
+                if put < 0:
+                    self._end_lane_call(rid)
+                    slot = False
+                    self._release_slot()
+                    return _NOT_SHORT
+                code, gen, _ = lane.take_call_ok_held(rid, data, spin)
+                if code == 1:
+                    self._end_lane_call(rid)
+                    slot = False
+                    self._release_slot()
+                    self._generation = gen
+                    return x
+                slot = False  # the call's now, once entered: settling it gives the slot back
+                h = self._enter_short(rid, op, name, data, x)
             except CollectivedError:  # the wait for the lane broke the connection, and says why
-                self._release_slot()
+                if slot:
+                    self._release_slot()
                 raise
             except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
-                self._release_slot()
+                if slot:
+                    self._release_slot()
                 what = _describe_data(op, name, data)
                 lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
                 self._fail_all(lost)
                 raise lost from e
-            if put >= 0 and code != 1:
-                h = self._enter_short(rid, op, name, data, x)
-        if put < 0:
-            self._end_lane_call(rid)
-            self._release_slot()
-            return _NOT_SHORT
-        if code == 1:
-            self._end_lane_call(rid)
-            self._release_slot()
-            self._generation = gen
-            return x
+            except BaseException:  # KeyboardInterrupt, from a signal handled between two steps
+                self._short_interrupted(lane, own, seen, rid, slot, op, name, data, x)
+                raise
         if code == 2:
             try:
                 self._take_lane()
             except CollectivedError as e:
                 self._break(e)
         return h.wait(timeout)
+
+    def _short_interrupted(self, lane: _lane.Lane, own: int, seen: int, rid: int, slot: bool,
+                           op: int, name: str, data: Any, x: Any) -> None:
+        """An exception from outside (KeyboardInterrupt) stopped a call on
+        the short way, under the lane's take lock: leave the client as if
+        the call had not begun, or had ended, or had gone the general way,
+        so that the next call finds it in order (the lane's counts, which
+        the C extension moves with the frames, say which). A call put and
+        not answered is entered, and the client says it sleeps, so that
+        the reader thread takes its answer when the daemon rings; an answer
+        already there is taken now. ``slot``: the in-flight slot is still
+        the call's to give back."""
+        if lane.words.own == own or lane.words.seen != seen:  # not put, or its answer taken
+            if rid:
+                self._end_lane_call(rid)
+            if slot:
+                self._release_slot()
+            return
+        with self._lock:
+            entered = rid in self._pending
+        if not entered:
+            self._enter_short(rid, op, name, data, x)
+        try:
+            if not lane.free():  # the WAKE it needs may not have gone: one more does no harm
+                with self._send_lock:
+                    self._sock.sendall(_lane.WAKE_FRAME)
+                    self.bytes_sent += len(_lane.WAKE_FRAME)
+            if lane.sleep_reader():
+                msg = lane.take_held(self.info.max_frame)
+                if msg is not None:
+                    self._dispatch(msg, None)
+        except CollectivedError as e:
+            self._break(e)
+        except OSError:
+            pass  # the connection is gone: the reader thread finds out, and fails the call
 
     def _enter_short(self, rid: int, op: int, name: str, data: Any, x: Any) -> Handle:
         """A call on the short way whose plain answer was not taken:

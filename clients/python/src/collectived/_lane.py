@@ -60,16 +60,19 @@ class Lane:
         if len(mm) != SIZE:
             raise ProtocolError(f"lane mapping is {len(mm)} bytes, want {SIZE}")
         self._mm = mm
-        self._words = _lanewords.Words(mm)
-        self._own = 0   # calls put in the c2d slot
-        self._seen = 0  # answers taken from the d2c slot
+        #: The C extension's view of the lane's words. Its counts ``own``
+        #: (calls put in the c2d slot) and ``seen`` (answers taken from the
+        #: d2c slot) move in the same step as what they count (put_call,
+        #: take_call_ok), so that a signal handled between two Python
+        #: statements cannot part them; the client reads them directly.
+        self.words = _lanewords.Words(mm)
         self._take_lock = threading.Lock()
         #: answers taken from the lane so far.
         self.answers = 0
         # The reader thread sleeps on the socket whenever no caller polls:
         # the daemon is to ring it. A polling caller clears the word while
         # it polls.
-        self._words.store(C_PARKED, 1)
+        self.words.store(C_PARKED, 1)
 
     def fits(self, frame_len: int) -> bool:
         return frame_len <= FRAME_MAX
@@ -77,16 +80,16 @@ class Lane:
     def free(self) -> bool:
         """Whether the daemon has taken every call put on the lane (only
         then may anything but WAKE go on the socket)."""
-        return self._words.load(C2D_TAKEN) == self._own
+        return self.words.load(C2D_TAKEN) == self.words.own
 
     def wait_free(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for :meth:`free`."""
         deadline = time.monotonic() + timeout
-        taken = self._words.load(C2D_TAKEN)
-        while taken != self._own:
+        taken = self.words.load(C2D_TAKEN)
+        while taken != self.words.own:
             if time.monotonic() >= deadline:
                 return False
-            taken = self._words.poll(C2D_TAKEN, taken, 1_000_000)
+            taken = self.words.poll(C2D_TAKEN, taken, 1_000_000)
         return True
 
     def put(self, prefix: bytes, data: Any) -> bool:
@@ -97,9 +100,10 @@ class Lane:
         self._mm[C2D:C2D + n] = prefix
         if m:
             self._mm[C2D + n:C2D + n + m] = data
-        self._own = (self._own + 1) & _MASK
-        self._words.store(C2D_SEQ, self._own)
-        return self._words.load(D_PARKED) != 0
+        own = (self.words.own + 1) & _MASK
+        self.words.own = own
+        self.words.store(C2D_SEQ, own)
+        return self.words.load(D_PARKED) != 0
 
     def put_call(self, rid: int, op: int, red: int, root: int, name: bytes, data: Any,
                  numeric: bool, max_data: int) -> int:
@@ -113,10 +117,7 @@ class Lane:
         if ``data`` is not a buffer this short way takes (not a writable
         C-contiguous buffer of a wire dtype, bytes where ``numeric``, empty,
         over ``max_data`` bytes, or too long for the slot)."""
-        own = (self._own + 1) & _MASK
-        got: int = self._words.put_call(own, rid, op, red, root, name, data, numeric, max_data)
-        if got >= 0:
-            self._own = own
+        got: int = self.words.put_call(rid, op, red, root, name, data, numeric, max_data)
         return got
 
     def poll(self, seconds: float) -> bool:
@@ -124,7 +125,8 @@ class Lane:
         sleeps on the socket again and look once more (so that the daemon
         either sees the sleeper and rings, or is seen; ``Words.watch_answer``).
         Returns whether an answer waits."""
-        return self._words.watch_answer(self._seen, int(seconds * 1e9)) != self._seen
+        seen = self.words.seen
+        return self.words.watch_answer(seen, int(seconds * 1e9)) != seen
 
     @property
     def take_lock(self) -> threading.Lock:
@@ -149,12 +151,18 @@ class Lane:
 
     def take_call_ok_held(self, rid: int, result: Any, seconds: float) -> tuple[int, int, int]:
         """:meth:`take_call_ok` for a caller that holds :attr:`take_lock`."""
-        got: tuple[int, int, int] = self._words.take_call_ok(self._seen, rid, result,
-                                                              int(seconds * 1e9))
+        got: tuple[int, int, int] = self.words.take_call_ok(rid, result, int(seconds * 1e9))
         if got[0] == 1:
-            self._seen = (self._seen + 1) & _MASK
             self.answers += 1
         return got
+
+    def sleep_reader(self) -> bool:
+        """Say the client sleeps on the socket again (``c_parked`` 1), as
+        a watch does when it ends, then look once more: whether an answer
+        is already there (the daemon, having seen the client watching, will
+        not ring for it: take it), else the daemon rings when it answers."""
+        self.words.store(C_PARKED, 1)
+        return bool(self.words.load(D2C_SEQ) != self.words.seen)
 
     def take(self, max_frame: int) -> Optional[P.Message]:
         """Copy the answer out of the d2c slot and decode it, or None if
@@ -162,36 +170,40 @@ class Lane:
         the answer). The copy is checked, never the slot: the daemon could
         change the slot under it."""
         with self._take_lock:
-            n = self._words.load(D2C_SEQ)
-            if n == self._seen:
-                return None
-            if n != (self._seen + 1) & _MASK:
-                raise ProtocolError(f"lane: {(n - self._seen) & _MASK} answers put since the last "
-                                    "taken, want 1")
-            self._seen = n
-            hdr = bytes(self._mm[D2C:D2C + P.HEADER_SIZE])
-            try:
-                length, ftype, flags, fid = P.parse_header(hdr, max_frame)
-            except P.FrameError as e:
-                raise ProtocolError(f"lane: {e}") from e
-            if P.HEADER_SIZE + length > FRAME_MAX:
-                raise ProtocolError(f"lane: {P.TYPE_NAMES[ftype]} of {P.HEADER_SIZE + length} bytes "
-                                    f"does not fit the lane's {FRAME_MAX}")
-            if ftype not in (P.CALL_OK, P.ERROR):
-                raise ProtocolError(f"lane: {P.TYPE_NAMES[ftype]} (id {fid}): only CALL_OK and "
-                                    "ERROR may travel the lane")
-            payload = bytes(self._mm[D2C + P.HEADER_SIZE:D2C + P.HEADER_SIZE + length])
-            try:
-                msg = P.decode_payload(ftype, flags, fid, payload)
-            except P.FrameError as e:
-                raise ProtocolError(f"lane: {P.TYPE_NAMES[ftype]} (id {fid}): {e}") from e
-            self.answers += 1
-            return msg
+            return self.take_held(max_frame)
+
+    def take_held(self, max_frame: int) -> Optional[P.Message]:
+        """:meth:`take` for a caller that holds :attr:`take_lock`."""
+        n, seen = self.words.load(D2C_SEQ), self.words.seen
+        if n == seen:
+            return None
+        if n != (seen + 1) & _MASK:
+            raise ProtocolError(f"lane: {(n - seen) & _MASK} answers put since the last "
+                                "taken, want 1")
+        self.words.seen = n
+        hdr = bytes(self._mm[D2C:D2C + P.HEADER_SIZE])
+        try:
+            length, ftype, flags, fid = P.parse_header(hdr, max_frame)
+        except P.FrameError as e:
+            raise ProtocolError(f"lane: {e}") from e
+        if P.HEADER_SIZE + length > FRAME_MAX:
+            raise ProtocolError(f"lane: {P.TYPE_NAMES[ftype]} of {P.HEADER_SIZE + length} bytes "
+                                f"does not fit the lane's {FRAME_MAX}")
+        if ftype not in (P.CALL_OK, P.ERROR):
+            raise ProtocolError(f"lane: {P.TYPE_NAMES[ftype]} (id {fid}): only CALL_OK and "
+                                "ERROR may travel the lane")
+        payload = bytes(self._mm[D2C + P.HEADER_SIZE:D2C + P.HEADER_SIZE + length])
+        try:
+            msg = P.decode_payload(ftype, flags, fid, payload)
+        except P.FrameError as e:
+            raise ProtocolError(f"lane: {P.TYPE_NAMES[ftype]} (id {fid}): {e}") from e
+        self.answers += 1
+        return msg
 
     def close(self) -> None:
         """Release the words and unmap (idempotent). A poll still under way
         in another thread keeps the mapping until it ends."""
-        self._words.close()
+        self.words.close()
         try:
             self._mm.close()
         except BufferError:  # a poll holds it: the garbage collector unmaps it later

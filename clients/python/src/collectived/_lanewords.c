@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <sched.h>
 #include <stdint.h>
@@ -48,6 +49,13 @@ typedef struct {
 	int open;
 	int polling; /* polls under way: close waits for them to end */
 	int closing;
+	/* The client's counts of calls put in the c2d slot and answers taken
+	 * from the d2c slot. Kept here so that put_call and take_call_ok move
+	 * them in the same step as what they count: a signal handled between
+	 * two Python statements (KeyboardInterrupt) cannot part a count from
+	 * its frame, and the client can tell afterwards what was done. */
+	unsigned int own;
+	unsigned int seen;
 } Words;
 
 static int64_t now_ns(void)
@@ -246,9 +254,9 @@ static int wire_dtype(const char *fmt, Py_ssize_t itemsize)
 	return 0;
 }
 
-/* put_call(own, rid, op, reduce, root, name, data, numeric, max_data) -> int:
+/* put_call(rid, op, reduce, root, name, data, numeric, max_data) -> int:
  * a small call's frame, built here and put in the c2d slot, then published
- * as call number own (the client's count of calls put, this one included):
+ * as the next call (own + 1, and own moves with it):
  * a CALL of data inline, its dtype and count from data's buffer format,
  * saying first that the client does not sleep (c_parked 0: the caller
  * watches for the answer next, with take_call_ok). In Python building the
@@ -260,7 +268,8 @@ static int wire_dtype(const char *fmt, Py_ssize_t itemsize)
  * bytes, or the frame would not fit the slot. The client's general path takes those, and names what is wrong. */
 static PyObject *Words_put_call(Words *self, PyObject *args)
 {
-	unsigned long own, root;
+	unsigned long root;
+	uint32_t own = (uint32_t)(self->own + 1);
 	unsigned long long rid;
 	int op, red, numeric, dtype;
 	const char *name;
@@ -269,10 +278,9 @@ static PyObject *Words_put_call(Words *self, PyObject *args)
 	Py_buffer view;
 	uint32_t *seqw, *parked, *cparked;
 	unsigned char *f;
-	if (!PyArg_ParseTuple(args, "kKiiky#Opn", &own, &rid, &op, &red, &root, &name, &name_len, &data, &numeric,
-			      &max_data))
+	if (!PyArg_ParseTuple(args, "Kiiky#Opn", &rid, &op, &red, &root, &name, &name_len, &data, &numeric, &max_data))
 		return NULL;
-	if (own > UINT32_MAX || root > UINT32_MAX || op < 0 || op > 255 || red < 0 || red > 255) {
+	if (root > UINT32_MAX || op < 0 || op > 255 || red < 0 || red > 255) {
 		PyErr_SetString(PyExc_ValueError, "put_call: a field does not fit its wire width");
 		return NULL;
 	}
@@ -313,21 +321,23 @@ static PyObject *Words_put_call(Words *self, PyObject *args)
 	/* The caller watches for the answer next (take_call_ok): a daemon that
 	 * answers before the watch begins need not ring the reader thread. */
 	__atomic_store_n(cparked, 0, __ATOMIC_SEQ_CST);
-	__atomic_store_n(seqw, (uint32_t)own, __ATOMIC_SEQ_CST);
+	__atomic_store_n(seqw, own, __ATOMIC_SEQ_CST);
+	self->own = own;
 	return PyLong_FromLong(__atomic_load_n(parked, __ATOMIC_SEQ_CST) != 0);
 }
 
-/* take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): a
+/* take_call_ok(rid, result, spin_ns) -> (code, generation, seq): a
  * small call's whole wait in one step, the caller's side of the lane:
- * watch_answer, then, if the answer is the plain one expected (the next seq, a
- * CALL_OK for request rid, a result exactly as long as the writable buffer
- * result), it is copied into result and code is 1. Anything else that
+ * watch_answer past seen, then, if the answer is the plain one expected
+ * (the next seq, a CALL_OK for request rid, a result exactly as long as
+ * the writable buffer result), it is copied into result, seen moves to it,
+ * and code is 1. Anything else that
  * waits is left in the slot, code 2, for the client's own checks (which
  * name what is wrong); 0 if nothing came. The checks here only decide
  * what to leave: the client reports. Reads the slot once into a copy. */
 static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 {
-	unsigned long seen;
+	uint32_t seen = self->seen;
 	unsigned long long rid;
 	long long spin;
 	Py_buffer res;
@@ -336,7 +346,7 @@ static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 	int code = 0;
 	uint32_t gen = 0;
 	uint64_t cseq = 0;
-	if (!PyArg_ParseTuple(args, "kKw*L", &seen, &rid, &res, &spin))
+	if (!PyArg_ParseTuple(args, "Kw*L", &rid, &res, &spin))
 		return NULL;
 	if (!(seqw = word(self, L_D2C_SEQ)) || !(parked = word(self, L_C_PARKED)) || self->view.len < L_D2C + L_SLOT) {
 		if (!PyErr_Occurred())
@@ -346,12 +356,12 @@ static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 	}
 	self->polling++;
 	Py_BEGIN_ALLOW_THREADS
-	n = watch_answer(parked, seqw, (uint32_t)seen, spin);
-	if (n != (uint32_t)seen) {
+	n = watch_answer(parked, seqw, seen, spin);
+	if (n != seen) {
 		code = 2;
 		memcpy(copy, (const unsigned char *)self->view.buf + L_D2C, HDR);
 		len = le32(copy);
-		if (n == (uint32_t)seen + 1 && copy[4] == T_CALL_OK && copy[5] == 0 && copy[6] == 0 && copy[7] == 0 &&
+		if (n == seen + 1 && copy[4] == T_CALL_OK && copy[5] == 0 && copy[6] == 0 && copy[7] == 0 &&
 		    le64(copy + 8) == rid && len >= 16 && len <= L_SLOT - HDR && (Py_ssize_t)(len - 16) == res.len) {
 			memcpy(copy + HDR, (const unsigned char *)self->view.buf + L_D2C + HDR, len);
 			if (le32(copy + HDR + 4) == 0) {
@@ -363,6 +373,8 @@ static PyObject *Words_take_call_ok(Words *self, PyObject *args)
 		}
 	}
 	Py_END_ALLOW_THREADS
+	if (code == 1)
+		self->seen = seen + 1;
 	PyBuffer_Release(&res);
 	self->polling--;
 	if (self->closing && self->polling == 0)
@@ -390,14 +402,20 @@ static PyMethodDef Words_methods[] = {
 	 "watch_answer(seen, spin_ns) -> int: say the client polls, watch d2c_seq until it is not seen or spin_ns "
 	 "passed, say it sleeps and look once more; the GIL is released"},
 	{"put_call", (PyCFunction)Words_put_call, METH_VARARGS,
-	 "put_call(own, rid, op, reduce, root, name, data, numeric, max_data) -> int: build a CALL of data inline in "
-	 "the c2d slot and publish it as call own; 1 if the daemon sleeps (send WAKE), 0 if not, -1 (nothing put) if "
+	 "put_call(rid, op, reduce, root, name, data, numeric, max_data) -> int: build a CALL of data inline in "
+	 "the c2d slot and publish it as call own + 1 (own moves); 1 if the daemon sleeps (send WAKE), 0 if not, -1 (nothing put) if "
 	 "data is not for this short way"},
 	{"take_call_ok", (PyCFunction)Words_take_call_ok, METH_VARARGS,
-	 "take_call_ok(seen, rid, result, spin_ns) -> (code, generation, seq): watch for a call's answer and take it "
-	 "into result if it is the plain CALL_OK expected (1); 2 if something else waits, 0 if nothing came"},
+	 "take_call_ok(rid, result, spin_ns) -> (code, generation, seq): watch for a call's answer past seen and take "
+	 "it into result if it is the plain CALL_OK expected (1, seen moves); 2 if something else waits, 0 if nothing came"},
 	{"close", (PyCFunction)Words_close, METH_NOARGS, "close(): release the mapping (idempotent)"},
 	{NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Words_members[] = {
+	{"own", T_UINT, offsetof(Words, own), 0, "calls put in the c2d slot (put_call moves it; the client's other puts too)"},
+	{"seen", T_UINT, offsetof(Words, seen), 0, "answers taken from the d2c slot (take_call_ok moves it; the client's other takes too)"},
+	{NULL, 0, 0, 0, NULL},
 };
 
 static PyTypeObject WordsType = {
@@ -410,6 +428,7 @@ static PyTypeObject WordsType = {
 	.tp_init = (initproc)Words_init,
 	.tp_dealloc = (destructor)Words_dealloc,
 	.tp_methods = Words_methods,
+	.tp_members = Words_members,
 };
 
 static struct PyModuleDef wordsmodule = {
