@@ -14,6 +14,7 @@ import pytest
 
 import collectived
 from collectived import _lane
+from collectived import _protocol as P
 
 import trainer_fns as T
 from scripted_daemon import ScriptedDaemon
@@ -146,6 +147,39 @@ def test_answer_on_the_socket_is_taken_too(laned: collectived.Client,
     assert fake2.lane_calls == 1 and laned.lane_answers == 0
 
 
+def test_call_through_scratch_on_the_short_way(fake2: ScriptedDaemon) -> None:
+    # 16 KiB does not fit the lane's slot: the data goes through a scratch
+    # segment, the call on the lane; a slow answer (the reader thread takes
+    # it) is copied back too, and the segment is reused, not made again.
+    with collectived.Client(fake2.path, job="demo", timeout=5.0, spin=0.001) as c:
+        x = np.arange(4096, dtype=np.float32)
+        assert c.allreduce(x) is x and (x == 2 * np.arange(4096)).all()
+        before = c.bytes_sent
+        for k, name in enumerate(("", "lane-slow", "")):
+            x[:] = k
+            assert c.allreduce(x, name=name) is x
+            assert (x == 2 * k).all(), name
+        assert c.bytes_sent - before == 3 * len(_lane.WAKE_FRAME)  # nothing else on the socket
+        assert fake2.lane_calls == 4 and c.lane_answers == 4
+        assert all(m.flags & P.CALL_SHM and m.offset == 0 for m in fake2.calls)
+        assert len({m.segment for m in fake2.calls}) == 1 and len(c._scratch) == 1
+        assert not c._scratch[0].busy
+
+
+def test_arrays_in_shared_segments_keep_to_zero_copy(fake2: ScriptedDaemon) -> None:
+    # A client with segments of its own leaves calls too long for the slot
+    # to the general path, which refers to such an array where it is.
+    with collectived.Client(fake2.path, job="demo", timeout=5.0) as c:
+        z = c.zeros(4096, "float32")
+        z[:] = 3
+        assert c.allreduce(z) is z and (z == 6).all()
+        y = np.ones(4096, np.float32)  # not in a segment: copied through scratch
+        assert c.allreduce(y) is y and (y == 2).all()
+        zc, yc = fake2.calls[-2:]
+        assert zc.flags & P.CALL_SHM and zc.segment in c._segments and zc.offset == 0
+        assert yc.flags & P.CALL_SHM and yc.segment not in c._segments
+
+
 def test_rings_that_find_nothing_do_no_harm(laned: collectived.Client,
                                             fake2: ScriptedDaemon) -> None:
     # Every answer is followed by a ring the caller did not ask for: the
@@ -166,10 +200,11 @@ def test_rings_that_find_nothing_do_no_harm(laned: collectived.Client,
     ("watched", 0.001, "lane-slow"),    # the watch ended with no answer (it comes in 50 ms)
     ("entered", 0.001, "lane-slow"),    # and the call was entered among those in flight
 ])
+@pytest.mark.parametrize("n", [2, 4096])  # inline, and through a scratch segment
 def test_interrupted_short_call_leaves_the_client_in_order(fake2: ScriptedDaemon,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            where: str, spin: float,
-                                                           name: str) -> None:
+                                                           name: str, n: int) -> None:
     # A KeyboardInterrupt, as a signal handled between two of the short
     # way's steps raises it: the interrupted call still ends (its answer
     # in its buffer), and the calls after it go on, in order, with no
@@ -200,17 +235,18 @@ def test_interrupted_short_call_leaves_the_client_in_order(fake2: ScriptedDaemon
         monkeypatch.setattr(_lane.Lane, "put_call", put)
         monkeypatch.setattr(_lane.Lane, "take_call_ok_held", take)
         monkeypatch.setattr(collectived.Client, "_enter_short", enter)
-        x = np.ones(2, np.float32)
+        x = np.ones(n, np.float32)
         with pytest.raises(KeyboardInterrupt):
             c.allreduce(x, name=name)
         monkeypatch.undo()
         for k in range(3):
             y = np.full(3, k, np.int64)
             assert c.allreduce(y).tolist() == [2 * k] * 3, k
-        assert x.tolist() == [2.0, 2.0]
+        assert (x == 2).all()
         assert [m.name for m in fake2.calls] == [name, "", "", ""]
         assert not c._pending and c._lane_rid == 0
         assert c._inflight is None or c._inflight._used == 0
+        assert not any(s.busy for s in c._scratch)
 
 
 def test_slow_answer_reaches_a_caller_that_stopped_watching(fake2: ScriptedDaemon) -> None:

@@ -190,3 +190,32 @@ def test_put_call_leaves_other_calls_to_the_client(lane: mmap.mmap) -> None:
     with pytest.raises(ValueError, match="does not fit its wire width"):
         w.put_call(9, 256, P.RED_SUM, 0, b"", f4, True, 4096)
     w.close()
+
+
+def test_put_call_through_a_scratch_segment(lane: mmap.mmap) -> None:
+    # Data too long for the slot goes through the client's scratch segment:
+    # copied there, and the CALL refers to it (SHM, offset 0), byte for byte
+    # what the client's encoder makes of the same call.
+    np = pytest.importorskip("numpy")
+    w = lanewords.Words(lane)
+    scratch = mmap.mmap(-1, 1 << 16)
+    x = np.arange(2000, dtype=np.float64)  # 16000 bytes
+    assert w.put_call(21, P.OP_ALLREDUCE, P.RED_MAX, 0, b"bucket", x, True, 1 << 18,
+                      memoryview(scratch), 7) == 0
+    call = P.Call(21, P.OP_ALLREDUCE, P.DT_FLOAT64, P.RED_MAX, 2000, 0, "bucket",
+                  flags=P.CALL_SHM, segment=7, offset=0)
+    want = P.encode_call_prefix(call)
+    assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
+    assert bytes(scratch[:x.nbytes]) == x.tobytes()
+    assert w.own == w.load(L.C2D_SEQ) == 1
+    # Longer than the scratch segment, or than max_data: left to the client.
+    assert w.put_call(22, P.OP_ALLREDUCE, P.RED_MAX, 0, b"", np.zeros(9000), True, 1 << 18,
+                      memoryview(scratch), 7) == -1
+    assert w.put_call(22, P.OP_ALLREDUCE, P.RED_MAX, 0, b"", x, True, 8192,
+                      memoryview(scratch), 7) == -1
+    assert w.own == 1
+    # The scratch segment is the client's own: one it cannot write is a bug, said.
+    with pytest.raises(BufferError):
+        w.put_call(22, P.OP_ALLREDUCE, P.RED_MAX, 0, b"", x, True, 1 << 18, b"read-only", 7)
+    w.close()
+    scratch.close()

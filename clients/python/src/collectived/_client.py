@@ -246,6 +246,25 @@ class _Scratch:
     busy: bool = False
 
 
+def _freeing(sc: _Scratch) -> Callable[[], None]:
+    """What frees scratch segment ``sc`` for reuse once its call is settled."""
+    def cleanup() -> None:
+        sc.busy = False
+    return cleanup
+
+
+def _free_scratch(sc: Optional[_Scratch]) -> None:
+    if sc is not None:
+        sc.busy = False
+
+
+def _from_scratch(sc: _Scratch, data: Any) -> None:
+    """A call's result, in scratch segment ``sc``, copied back into its
+    (C-contiguous) buffer ``data``."""
+    dst = memoryview(data).cast("B")
+    dst[:] = sc.view[:len(dst)]
+
+
 class Client:
     """A connection to the collectived daemon of this node.
 
@@ -651,16 +670,25 @@ class Client:
         data = x
         if type(x).__module__.startswith("torch") and hasattr(x, "is_contiguous"):
             data = _from_torch(x)[0]  # a tensor has no buffer interface; its NumPy view has
-        if getattr(data, "nbytes", 0) > _SHORT_MAX:
-            return _NOT_SHORT  # (NumPy's arrays say; put_call checks every buffer)
+        n = getattr(data, "nbytes", 0)  # NumPy's arrays say; put_call looks at every buffer
+        sc: Optional[_Scratch] = None
+        if n > _SHORT_MAX:
+            # Too long for the slot: through a scratch segment, as the
+            # general path copies it, unless the client has segments of its
+            # own, which the general path refers to in place (zero copy).
+            if n > _lane.POLL_MAX_BYTES or self._segments or self._pending or self._lane_rid:
+                return _NOT_SHORT
+            sc = self._take_scratch(n)
         nb = name.encode("utf-8") if name else b""
         spin = self._spin if timeout is None else min(self._spin, timeout)
         slots = self._inflight
         if slots is not None and not slots.acquire(0.0):
+            _free_scratch(sc)
             return _NOT_SHORT
         # Every step from here is inside the try, so that a KeyboardInterrupt
         # between any two of them leaves the client in order (_short_interrupted);
-        # slot says whether the in-flight slot is still this call's to give back.
+        # slot says whether the in-flight slot (and the scratch segment, if
+        # any, while busy) are still this call's to give back.
         rid, slot = 0, True
         with lane.take_lock:
             own, seen = lane.words.own, lane.words.seen
@@ -672,11 +700,16 @@ class Client:
                 if not rid:
                     slot = False
                     self._release_slot()
+                    _free_scratch(sc)
                     return _NOT_SHORT
                 with self._send_lock:
                     self._wait_lane_free(lane)
-                    put = lane.put_call(rid, op, red, root, nb, data, numeric,
-                                        self.info.inline_limit)
+                    if sc is None:
+                        put = lane.put_call(rid, op, red, root, nb, data, numeric,
+                                            self.info.inline_limit)
+                    else:
+                        put = lane.put_call(rid, op, red, root, nb, data, numeric,
+                                            _lane.POLL_MAX_BYTES, sc.view, sc.id)
                     if put > 0:
                         self._sock.sendall(_lane.WAKE_FRAME)
                         self.bytes_sent += len(_lane.WAKE_FRAME)
@@ -684,29 +717,35 @@ class Client:
                     self._end_lane_call(rid)
                     slot = False
                     self._release_slot()
+                    _free_scratch(sc)
                     return _NOT_SHORT
-                code, gen, _ = lane.take_call_ok_held(rid, data, spin)
+                code, gen, _ = lane.take_call_ok_held(rid, data if sc is None else _NO_RESULT, spin)
                 if code == 1:
                     self._end_lane_call(rid)
+                    if sc is not None:
+                        _from_scratch(sc, data)
+                        sc.busy = False
                     slot = False
                     self._release_slot()
                     self._generation = gen
                     return x
                 slot = False  # the call's now, once entered: settling it gives the slot back
-                h = self._enter_short(rid, op, name, data, x)
+                h = self._enter_short(rid, op, name, data, x, sc)
             except CollectivedError:  # the wait for the lane broke the connection, and says why
                 if slot:
                     self._release_slot()
+                    _free_scratch(sc)
                 raise
             except (OSError, ValueError) as e:  # ValueError: the lane was closed under us
                 if slot:
                     self._release_slot()
+                    _free_scratch(sc)
                 what = _describe_data(op, name, data)
                 lost = ConnectionLostError(f"sending {what} to {self.path}: {e}", request=what)
                 self._fail_all(lost)
                 raise lost from e
             except BaseException:  # KeyboardInterrupt, from a signal handled between two steps
-                self._short_interrupted(lane, own, seen, rid, slot, op, name, data, x)
+                self._short_interrupted(lane, own, seen, rid, slot, op, name, data, x, sc)
                 raise
         if code == 2:
             try:
@@ -716,7 +755,8 @@ class Client:
         return h.wait(timeout)
 
     def _short_interrupted(self, lane: _lane.Lane, own: int, seen: int, rid: int, slot: bool,
-                           op: int, name: str, data: Any, x: Any) -> None:
+                           op: int, name: str, data: Any, x: Any,
+                           sc: Optional[_Scratch]) -> None:
         """An exception from outside (KeyboardInterrupt) stopped a call on
         the short way, under the lane's take lock: leave the client as if
         the call had not begun, or had ended, or had gone the general way,
@@ -729,13 +769,17 @@ class Client:
         if lane.words.own == own or lane.words.seen != seen:  # not put, or its answer taken
             if rid:
                 self._end_lane_call(rid)
+            if sc is not None and sc.busy:
+                if lane.words.own != own:
+                    _from_scratch(sc, data)  # the answer was taken: its result is there
+                sc.busy = False
             if slot:
                 self._release_slot()
             return
         with self._lock:
             entered = rid in self._pending
         if not entered:
-            self._enter_short(rid, op, name, data, x)
+            self._enter_short(rid, op, name, data, x, sc)
         try:
             if not lane.free():  # the WAKE it needs may not have gone: one more does no harm
                 with self._send_lock:
@@ -750,20 +794,27 @@ class Client:
         except OSError:
             pass  # the connection is gone: the reader thread finds out, and fails the call
 
-    def _enter_short(self, rid: int, op: int, name: str, data: Any, x: Any) -> Handle:
+    def _enter_short(self, rid: int, op: int, name: str, data: Any, x: Any,
+                     sc: Optional[_Scratch]) -> Handle:
         """A call on the short way whose plain answer was not taken:
         entered now among the requests in flight, as the general path's
-        are, for the reader thread or the general checks to settle. Called
-        under the lane's take lock."""
+        are, for the reader thread or the general checks to settle (the
+        scratch segment ``sc`` it went through, if any, is copied back and
+        freed then). Called under the lane's take lock."""
         buf = as_buffer(data)
         h = Handle(self, _describe(op, name, buf), x)
         h._keep = (data, x)
+        if sc is None:
+            on_ok, cleanup = self._on_call_ok(h, buf.view, None), None
+        else:
+            on_ok, cleanup = self._on_call_ok(h, None, (buf.view, sc)), _freeing(sc)
         with self._lock:
             err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
             if err is None:
-                self._pending[rid] = _Pending(P.CALL_OK, h, self._on_call_ok(h, buf.view, None))
+                self._pending[rid] = _Pending(P.CALL_OK, h, on_ok, cleanup)
         if err is not None:
             self._release_slot()
+            _free_scratch(sc)
             h._finish(error=ConnectionLostError(f"connection unusable: {err}", request=h.what))
         return h
 
@@ -886,10 +937,7 @@ class Client:
         segment for reuse once its call is settled."""
         sc = self._take_scratch(buf.nbytes)
         sc.view[:buf.nbytes] = buf.view
-
-        def cleanup() -> None:
-            sc.busy = False
-        return sc, cleanup
+        return sc, _freeing(sc)
 
     def _find_segment(self, buf: Buffer) -> Optional[tuple[int, int]]:
         if not self._segments:

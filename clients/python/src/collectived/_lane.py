@@ -106,7 +106,7 @@ class Lane:
         return self.words.load(D_PARKED) != 0
 
     def put_call(self, rid: int, op: int, red: int, root: int, name: bytes, data: Any,
-                 numeric: bool, max_data: int) -> int:
+                 numeric: bool, max_data: int, scratch: Any = None, segment: int = 0) -> int:
         """Put a CALL of ``data`` inline, its frame built in C
         (``Words.put_call``), and publish it, saying the client watches for
         the answer (``c_parked`` 0: the caller is to call
@@ -116,8 +116,11 @@ class Lane:
         socket (send :data:`WAKE_FRAME`), 0 if not, and -1 with nothing put
         if ``data`` is not a buffer this short way takes (not a writable
         C-contiguous buffer of a wire dtype, bytes where ``numeric``, empty,
-        over ``max_data`` bytes, or too long for the slot)."""
-        got: int = self.words.put_call(rid, op, red, root, name, data, numeric, max_data)
+        over ``max_data`` bytes, or too long for the slot). With ``scratch``
+        (a writable mapping of the client's segment number ``segment``) the
+        data is copied there and the call refers to it."""
+        got: int = self.words.put_call(rid, op, red, root, name, data, numeric, max_data,
+                                       scratch, segment)
         return got
 
     def poll(self, seconds: float) -> bool:

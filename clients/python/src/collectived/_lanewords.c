@@ -35,6 +35,8 @@
 #define L_SLOT 4096
 #define HDR 16
 #define CALL_FIXED 17
+#define SEG_REF 16 /* a shared-memory CALL's segment, reserved and offset */
+#define CALL_SHM 0x01
 #define T_CALL 0x05
 #define T_CALL_OK 0x85
 #define DT_FLOAT32 1
@@ -254,31 +256,39 @@ static int wire_dtype(const char *fmt, Py_ssize_t itemsize)
 	return 0;
 }
 
-/* put_call(rid, op, reduce, root, name, data, numeric, max_data) -> int:
- * a small call's frame, built here and put in the c2d slot, then published
- * as the next call (own + 1, and own moves with it):
+/* put_call(rid, op, reduce, root, name, data, numeric, max_data[, scratch,
+ * segment]) -> int: a small call's frame, built here and put in the c2d
+ * slot, then published as the next call (own + 1, and own moves with it):
  * a CALL of data inline, its dtype and count from data's buffer format,
  * saying first that the client does not sleep (c_parked 0: the caller
  * watches for the answer next, with take_call_ok). In Python building the
- * frame and copying it in take several steps of a microsecond each. Returns 1 if the daemon sleeps on the socket (the
- * client must then send WAKE), 0 if not, and -1 with nothing put if the
- * call is not one for this short way: data is not a writable C-contiguous
- * buffer of a wire dtype (bytes only if not numeric), is empty, is longer
- * than max_data (the daemon's inline limit), the name is longer than 255
- * bytes, or the frame would not fit the slot. The client's general path takes those, and names what is wrong. */
+ * frame and copying it in take several steps of a microsecond each. With
+ * scratch (a writable mapping of the client's segment number segment) the
+ * data is copied there instead and the CALL refers to it (SHM, offset 0):
+ * the way for data too long for the slot.
+ *
+ * Returns 1 if the daemon sleeps on the socket (the client must then send
+ * WAKE), 0 if not, and -1 with nothing put if the call is not one for this
+ * short way: data is not a writable C-contiguous buffer of a wire dtype
+ * (bytes only if not numeric), is empty, is longer than max_data or than
+ * scratch, the name is longer than 255 bytes, or the frame would not fit
+ * the slot. The client's general path takes those, and names what is
+ * wrong. */
 static PyObject *Words_put_call(Words *self, PyObject *args)
 {
 	unsigned long root;
+	unsigned int segment = 0;
 	uint32_t own = (uint32_t)(self->own + 1);
 	unsigned long long rid;
-	int op, red, numeric, dtype;
+	int op, red, numeric, dtype, shm;
 	const char *name;
 	Py_ssize_t name_len, max_data, frame_len;
-	PyObject *data;
-	Py_buffer view;
+	PyObject *data, *scratch = Py_None;
+	Py_buffer view, sv;
 	uint32_t *seqw, *parked, *cparked;
 	unsigned char *f;
-	if (!PyArg_ParseTuple(args, "Kiiky#Opn", &rid, &op, &red, &root, &name, &name_len, &data, &numeric, &max_data))
+	if (!PyArg_ParseTuple(args, "Kiiky#Opn|OI", &rid, &op, &red, &root, &name, &name_len, &data, &numeric,
+			      &max_data, &scratch, &segment))
 		return NULL;
 	if (root > UINT32_MAX || op < 0 || op > 255 || red < 0 || red > 255) {
 		PyErr_SetString(PyExc_ValueError, "put_call: a field does not fit its wire width");
@@ -292,15 +302,22 @@ static PyObject *Words_put_call(Words *self, PyObject *args)
 	}
 	if (name_len > 255)
 		return PyLong_FromLong(-1);
+	shm = scratch != Py_None;
+	if (shm && PyObject_GetBuffer(scratch, &sv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+		return NULL; /* the client's own segment, not the caller's data: an error */
 	if (PyObject_GetBuffer(data, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
 		PyErr_Clear();
+		if (shm)
+			PyBuffer_Release(&sv);
 		return PyLong_FromLong(-1);
 	}
 	dtype = wire_dtype(view.format, view.itemsize);
-	frame_len = HDR + CALL_FIXED + name_len + view.len;
+	frame_len = HDR + CALL_FIXED + name_len + (shm ? SEG_REF : view.len);
 	if (dtype == 0 || (numeric && dtype == DT_BYTES) || view.len == 0 || view.len > max_data ||
-	    frame_len > L_SLOT) {
+	    frame_len > L_SLOT || (shm && view.len > sv.len)) {
 		PyBuffer_Release(&view);
+		if (shm)
+			PyBuffer_Release(&sv);
 		return PyLong_FromLong(-1);
 	}
 	f = (unsigned char *)self->view.buf + L_C2D;
@@ -311,12 +328,21 @@ static PyObject *Words_put_call(Words *self, PyObject *args)
 	f[16] = (unsigned char)op;
 	f[17] = (unsigned char)dtype;
 	f[18] = (unsigned char)red;
-	f[19] = 0; /* flags: data inline */
+	f[19] = shm ? CALL_SHM : 0;
 	put_le32(f + 20, (uint32_t)root);
 	put_le64(f + 24, (uint64_t)(view.len / view.itemsize));
 	f[32] = (unsigned char)name_len;
 	memcpy(f + HDR + CALL_FIXED, name, name_len);
-	memcpy(f + HDR + CALL_FIXED + name_len, view.buf, view.len);
+	if (shm) {
+		/* Through the client's scratch segment, from its offset 0. */
+		memcpy(sv.buf, view.buf, view.len);
+		PyBuffer_Release(&sv);
+		put_le32(f + HDR + CALL_FIXED + name_len, segment);
+		put_le32(f + HDR + CALL_FIXED + name_len + 4, 0);
+		put_le64(f + HDR + CALL_FIXED + name_len + 8, 0);
+	} else {
+		memcpy(f + HDR + CALL_FIXED + name_len, view.buf, view.len);
+	}
 	PyBuffer_Release(&view);
 	/* The caller watches for the answer next (take_call_ok): a daemon that
 	 * answers before the watch begins need not ring the reader thread. */
@@ -402,8 +428,9 @@ static PyMethodDef Words_methods[] = {
 	 "watch_answer(seen, spin_ns) -> int: say the client polls, watch d2c_seq until it is not seen or spin_ns "
 	 "passed, say it sleeps and look once more; the GIL is released"},
 	{"put_call", (PyCFunction)Words_put_call, METH_VARARGS,
-	 "put_call(rid, op, reduce, root, name, data, numeric, max_data) -> int: build a CALL of data inline in "
-	 "the c2d slot and publish it as call own + 1 (own moves); 1 if the daemon sleeps (send WAKE), 0 if not, -1 (nothing put) if "
+	 "put_call(rid, op, reduce, root, name, data, numeric, max_data[, scratch, segment]) -> int: build a CALL of "
+	 "data inline (or copied into scratch, the client's segment number segment) in the c2d slot and publish it as "
+	 "call own + 1 (own moves); 1 if the daemon sleeps (send WAKE), 0 if not, -1 (nothing put) if "
 	 "data is not for this short way"},
 	{"take_call_ok", (PyCFunction)Words_take_call_ok, METH_VARARGS,
 	 "take_call_ok(rid, result, spin_ns) -> (code, generation, seq): watch for a call's answer past seen and take "
