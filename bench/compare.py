@@ -51,9 +51,10 @@ SIDECAR_SIZE = report.MIB64
 SIDECAR_BLOCK = 1
 WORLD2_ONLY = {RING_ONLY}
 # Calls in flight together (`collectived bench --in-flight K`, Gloo's
-# async_op=True), as a trainer overlapping its gradient buckets makes them:
-# world 2, these systems, a few sizes, fewer iterations (each is K calls).
-IN_FLIGHT_SYSTEMS = ["collectived", PYTHON_TRAINERS, "gloo"]
+# async_op=True, OpenMPI's MPI_Iallreduce), as a trainer overlapping its
+# gradient buckets makes them: world 2, these systems, a few sizes, fewer
+# iterations (each is K calls).
+IN_FLIGHT_SYSTEMS = ["collectived", PYTHON_TRAINERS, "mpi-tcp", "gloo"]
 IN_FLIGHT_SIZES = "4,64KiB,1MiB"
 IN_FLIGHT_ITERS = (200, 50)  # timed, warmup; quick: a quarter
 IN_FLIGHT_TAG = "@in-flight"
@@ -156,7 +157,8 @@ def measure_system(system, world, sizes_groups, bins, timeout, in_flight=1):
             got = runners.collectived(bins["collectived"], 2, 1, sizes, iters, warmup, timeout, ring_only=True,
                                       prewarm=prewarm)
         elif system in ("mpi-tcp", "mpi-shm"):
-            got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout, prewarm)
+            got = runners.mpi(bins["mpi"], system, world, sizes, iters, warmup, timeout, prewarm,
+                              in_flight=in_flight)
         elif system == "gloo":
             got = runners.gloo("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), world, sizes,
                                iters, warmup, timeout, prewarm, in_flight=in_flight)

@@ -386,21 +386,23 @@ def in_flight_name(system, k):
 
 def in_flight_rows(res):
     """Per size of the in-flight measurement (world 2): the time of the k
-    calls together for collectived's Go and Python trainers and for Gloo;
-    collectived's ratios to Gloo, and to k calls of its own one at a time
-    (k times its median in the main tables, when that size is there)."""
+    calls together for collectived's Go and Python trainers, for Gloo and
+    for OpenMPI over TCP; collectived's ratios to each peer, and to k calls
+    of its own one at a time (k times its median in the main tables, when
+    that size is there)."""
     f = res.get("in_flight")
     if not f:
         return []
     k, out = f["k"], []
     for size in f["sizes"]:
-        g = row(res, in_flight_name("gloo", k), 2, size)
-        r = {"size": size, "gloo": g and g["median_us"]}
+        g, m = row(res, in_flight_name("gloo", k), 2, size), row(res, in_flight_name("mpi-tcp", k), 2, size)
+        r = {"size": size, "gloo": g and g["median_us"], "mpi-tcp": m and m["median_us"]}
         for s in ("collectived", PYTHON_TRAINERS):
             x, one = row(res, in_flight_name(s, k), 2, size), row(res, s, 2, size)
             r[s] = {"us": x and x["median_us"], "gloo": _ratio(x and x["median_us"], r["gloo"]),
+                    "mpi-tcp": _ratio(x and x["median_us"], r["mpi-tcp"]),
                     "one": _ratio(x and x["median_us"], one and one["median_us"] * k)}
-        if any(r[s]["us"] for s in ("collectived", PYTHON_TRAINERS)) or r["gloo"]:
+        if any(r[s]["us"] for s in ("collectived", PYTHON_TRAINERS)) or r["gloo"] or r["mpi-tcp"]:
             out.append(r)
     return out
 
@@ -410,10 +412,13 @@ def _in_flight_table(res, md):
     if not rows:
         return ""
     k = res["in_flight"]["k"]
-    cols = ["size", f"Go trainers, {k} calls µs", "÷ Gloo", f"÷ {k} one at a time", f"Python trainers, {k} calls µs",
-            "÷ Gloo", f"÷ {k} one at a time", f"Gloo, {k} calls µs"]
-    lines = [[size_name(r["size"])] + sum(([_fmt(r[s]["us"], ".1f"), _fmt(r[s]["gloo"]), _fmt(r[s]["one"])]
-                                           for s in ("collectived", PYTHON_TRAINERS)), []) + [_fmt(r["gloo"], ".1f")]
+    cols = ["size"] + sum(([f"{who}, {k} calls µs", "÷ Gloo", "÷ OpenMPI TCP", f"÷ {k} one at a time"]
+                           for who in ("Go trainers", "Python trainers")), []) + \
+        [f"Gloo, {k} calls µs", f"OpenMPI TCP, {k} calls µs"]
+    lines = [[size_name(r["size"])]
+             + sum(([_fmt(r[s]["us"], ".1f"), _fmt(r[s]["gloo"]), _fmt(r[s]["mpi-tcp"]), _fmt(r[s]["one"])]
+                    for s in ("collectived", PYTHON_TRAINERS)), [])
+             + [_fmt(r["gloo"], ".1f"), _fmt(r["mpi-tcp"], ".1f")]
              for r in rows]
     return _table(cols, lines, md)
 
@@ -428,7 +433,8 @@ def _in_flight_section(res):
     return ["## Calls in flight together", "",
             f"World 2. Each timed iteration starts {f['k']} allreduces at once, each on a buffer of its own, and "
             f"waits for all of them (`collectived bench --in-flight {f['k']}`; Gloo `all_reduce(async_op=True)` "
-            "and `wait()`), as a trainer overlapping its gradient buckets with its backward pass makes them; the "
+            "and `wait()`; OpenMPI `MPI_Iallreduce` and `MPI_Waitall`, `bench/mpi_allreduce.c` with its IN_FLIGHT "
+            "argument), as a trainer overlapping its gradient buckets with its backward pass makes them; the "
             f"{f['k']} calls are timed as one ({f['iters']} timed iterations after {f['warmup']} untimed, "
             "median over rounds). \"÷ one at a time\" compares with "
             f"{f['k']} times the same system's median in the tables above: below 1, calls in flight together "

@@ -180,10 +180,12 @@ MPI_TRANSPORTS = {
 }
 
 
-def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0) -> list[dict]:
+def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0, in_flight=1) -> list[dict]:
+    """bench/mpi_allreduce.c under mpirun. in_flight: that many
+    MPI_Iallreduce started together per timed iteration, timed as one."""
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", world,
             "--mca", "oob_tcp_if_include", "lo", *MPI_TRANSPORTS[transport],
-            binary, ",".join(map(str, sizes)), iters, warmup, prewarm]
+            binary, ",".join(map(str, sizes)), iters, warmup, prewarm] + ([in_flight] if in_flight != 1 else [])
     rows = _parse_times(run(argv, timeout=timeout), world, transport)
     _expect(rows, sizes, transport)
     return rows

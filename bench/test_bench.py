@@ -405,13 +405,14 @@ class RoundsTest(unittest.TestCase):
     def test_in_flight_items_in_world2_only(self):
         base = ["collectived", "ring-only", "tcp", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"]
         self.assertEqual(compare.round_items(compare.SYSTEMS, 2, True, 4),
-                         base + ["collectived@in-flight", "collectived-py@in-flight", "gloo@in-flight"])
+                         base + ["collectived@in-flight", "collectived-py@in-flight", "mpi-tcp@in-flight",
+                                 "gloo@in-flight"])
         self.assertEqual(compare.round_items(compare.SYSTEMS, 4, True, 4),
                          ["collectived", "collectived-py", "mpi-tcp", "mpi-shm", "gloo"])
-        self.assertEqual(compare.round_items(["collectived", "mpi-tcp"], 2, False, 4),
-                         ["collectived", "mpi-tcp", "collectived@in-flight"])
-        with self.assertRaisesRegex(ValueError, "mpi-tcp: no in-flight measurement"):
-            compare.measure_system("mpi-tcp", 2, [([4], 1, 0, 0)], {}, 10, in_flight=4)
+        self.assertEqual(compare.round_items(["collectived", "mpi-shm"], 2, False, 4),
+                         ["collectived", "mpi-shm", "collectived@in-flight"])
+        with self.assertRaisesRegex(ValueError, "mpi-shm: no in-flight measurement"):
+            compare.measure_system("mpi-shm", 2, [([4], 1, 0, 0)], {}, 10, in_flight=4)
 
     def test_sidecar_pair_runs_back_to_back_in_every_rotation(self):
         items = compare.round_items(compare.SYSTEMS, 2, True)
@@ -556,11 +557,22 @@ class MPIProgramTest(unittest.TestCase):
         self.assertTrue(all(r["iters"] == 5 and r["median_us"] > 0 for r in rows))
         self.assertTrue(runners.COMMANDS[n].endswith("mpi_allreduce_test 4,4096 5 1 20"), runners.COMMANDS[n])
 
+    def test_calls_in_flight_are_checked_and_timed_together(self):
+        # IN_FLIGHT 3: three MPI_Iallreduce per timed iteration, each buffer
+        # checked after the last (the program aborts on a wrong sum).
+        n = len(runners.COMMANDS)
+        rows = runners.mpi(self.bin, "mpi-tcp", 2, [4, 65536], 4, 1, 120, prewarm=10, in_flight=3)
+        self.assertEqual([r["bytes"] for r in rows], [4, 65536])
+        self.assertTrue(all(r["iters"] == 4 and r["median_us"] > 0 for r in rows))
+        self.assertTrue(runners.COMMANDS[n].endswith("mpi_allreduce_test 4,65536 4 1 10 3"), runners.COMMANDS[n])
+
     def test_bad_counts_are_refused_by_name(self):
         for args, want in ((["4", "0", "1"], 'ITERS "0": want a whole number from 1 to 100000000'),
                            (["4", "5", "x"], 'WARMUP "x": want a whole number from 0 to 100000000'),
                            (["4", "5", "1", "-3"], 'PREWARM "-3": want a whole number from 0 to 100000000'),
-                           (["4", "100000001", "1"], 'ITERS "100000001": want a whole number from 1 to 100000000')):
+                           (["4", "100000001", "1"], 'ITERS "100000001": want a whole number from 1 to 100000000'),
+                           (["4", "5", "1", "0", "65"], 'IN_FLIGHT "65": want a whole number from 1 to 64'),
+                           (["4", "5", "1", "0", "0"], 'IN_FLIGHT "0": want a whole number from 1 to 64')):
             p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", self.bin] + args,
                                capture_output=True, text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0, args)
@@ -835,14 +847,15 @@ class PyTrainerRealTest(unittest.TestCase):
 
 
 class InFlightReportTest(unittest.TestCase):
-    """Calls in flight together: collectived's Go and Python trainers and Gloo, in a section of their own."""
+    """Calls in flight together: collectived's Go and Python trainers, Gloo and OpenMPI TCP, in a section of
+    their own."""
 
     def res(self):
         res = fake_res()
         k = 4
         res["in_flight"] = {"k": k, "sizes": [4, 65536], "iters": 200, "warmup": 50}
         for system, size, us in (("collectived", 4, 120.0), ("collectived-py", 4, 360.0), ("gloo", 4, 900.0),
-                                 ("collectived", 65536, 400.0), ("gloo", 65536, 4000.0)):
+                                 ("mpi-tcp", 4, 60.0), ("collectived", 65536, 400.0), ("gloo", 65536, 4000.0)):
             res["rows"].append({"system": report.in_flight_name(system, k), "world": 2, "bytes": size,
                                 "median_us": us, "p99_us": us * 2, "algbw_GBps": 0.0, "busbw_GBps": 0.0,
                                 "iters": 200})
@@ -858,7 +871,10 @@ class InFlightReportTest(unittest.TestCase):
         self.assertAlmostEqual(c["one"], 120.0 / (4 * 30.0))  # fake_res: collectived 4 B world 2 is 30 µs
         self.assertAlmostEqual(p["gloo"], 360.0 / 900.0)
         self.assertAlmostEqual(p["one"], 360.0 / (4 * 60.0))
-        self.assertEqual(rows[1]["collectived-py"], {"us": None, "gloo": None, "one": None})  # not measured
+        self.assertAlmostEqual(c["mpi-tcp"], 120.0 / 60.0)
+        self.assertAlmostEqual(p["mpi-tcp"], 360.0 / 60.0)
+        self.assertIsNone(rows[1]["collectived"]["mpi-tcp"])  # OpenMPI not measured at 64 KiB
+        self.assertEqual(rows[1]["collectived-py"], {"us": None, "gloo": None, "mpi-tcp": None, "one": None})
         self.assertIsNone(rows[1]["collectived"]["one"])  # no 64 KiB row in the main tables
 
     def test_section_in_the_report_and_absent_without_the_measurement(self):
@@ -866,8 +882,9 @@ class InFlightReportTest(unittest.TestCase):
         sec = md[md.index("## Calls in flight together"):]
         sec = sec[:sec.index("\n## ", 5)]
         self.assertIn("--in-flight 4", sec)
-        self.assertIn("| 4 B | 120.0 | 0.13 | 1.00 | 360.0 | 0.40 | 1.50 | 900.0 |", sec)
-        self.assertIn("| 64 KiB | 400.0 | 0.10 | - | - | - | - | 4000.0 |", sec)
+        self.assertIn("| 4 B | 120.0 | 0.13 | 2.00 | 1.00 | 360.0 | 0.40 | 6.00 | 1.50 | 900.0 | 60.0 |", sec)
+        self.assertIn("| 64 KiB | 400.0 | 0.10 | - | - | - | - | - | - | 4000.0 | - |", sec)
+        self.assertIn("MPI_Iallreduce", sec)
         self.assertIn("Calls in flight together (4), world 2", report.in_flight_text(self.res()))
         self.assertNotIn("## Calls in flight together", report.markdown(fake_res(), "bench"))
         self.assertEqual(report.in_flight_text(fake_res()), "")
