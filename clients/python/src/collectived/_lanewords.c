@@ -6,9 +6,12 @@
  * or each side can miss the other and a call waits for its timeout. This
  * module is those operations, as sequentially consistent 32-bit atomics
  * (the C client's lane_load and lane_store), a poll of one word with the
- * GIL released, and take_call_ok: a small call's wait and, when the answer
- * is the plain one expected, its taking, in one step (in Python each of
- * those steps costs microseconds, and a small call is little else). What
+ * GIL released, and the two halves of a small call on the client's short
+ * way: put_call, its frame built from the caller's array and put on the
+ * lane, and take_call_ok, its wait and, when the answer is the plain one
+ * expected, its taking, each in one step (in Python each of those steps
+ * costs microseconds, and a small call is little else). The counts of
+ * calls put and answers taken live here too, moved by those steps. What
  * the protocol means, and every check that reports an error, lives in the
  * client in Python.
  *
