@@ -180,6 +180,19 @@ def test_arrays_in_shared_segments_keep_to_zero_copy(fake2: ScriptedDaemon) -> N
         assert yc.flags & P.CALL_SHM and yc.segment not in c._segments
 
 
+def test_short_calls_beside_another_threads_requests_2x2(world_2x2: World) -> None:
+    # A monitoring thread's STATUS requests (on the socket, back to back)
+    # between the calling thread's small calls, against real daemons: every
+    # result right and every status answered. A call made while a status
+    # is in flight takes the general path (about half of them here), the
+    # others the short way on the lane.
+    n = 1500
+    for r in world_2x2.run(T.calls_beside_status, (n,)):
+        assert r["bad"] == [] and r["errors"] == [], r
+        assert r["statuses"] > 0, r
+        assert r["lane_answers"] >= n // 10, r
+
+
 def test_rings_that_find_nothing_do_no_harm(laned: collectived.Client,
                                             fake2: ScriptedDaemon) -> None:
     # Every answer is followed by a ring the caller did not ask for: the

@@ -261,3 +261,38 @@ def lane_use(c: collectived.Client) -> dict:
 
     step("unwaited", unwaited)
     return out
+
+
+def calls_beside_status(c: collectived.Client, n: int) -> dict:
+    """Small calls on the short way in this thread while another thread
+    asks the daemon for its status (a request on the socket, which must
+    wait for the lane's call to be taken and never take its answer)."""
+    import threading
+
+    stop = threading.Event()
+    statuses: list = []
+    errors: list = []
+
+    def ask() -> None:
+        try:
+            while not stop.is_set():
+                statuses.append(c.status()["job"])
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(repr(e))
+
+    t = threading.Thread(target=ask)
+    t.start()
+    x = np.zeros(4, np.float32)
+    bad = []
+    try:
+        for k in range(n):
+            x[:] = k + c.rank
+            c.allreduce(x)
+            want = sum(k + r for r in range(c.size))
+            if not (x == want).all():
+                bad.append((k, x.tolist(), want))
+    finally:
+        stop.set()
+        t.join(30)
+    return {"bad": bad[:3], "errors": errors, "statuses": len(statuses),
+            "lane_answers": c.lane_answers}
