@@ -653,14 +653,17 @@ class Client:
 
     def _short_call(self, op: int, red: int, root: int, name: str, x: Any, numeric: bool,
                     timeout: Optional[float]) -> Any:
-        """The shortest way for the commonest call, a small allreduce or
-        broadcast waited for at once with nothing else in flight: its frame
-        is built and put on the lane in C (``Lane.put_call``), and its
-        answer taken in C (``Lane.take_call_ok``). It makes no handle and
-        enters no request in flight unless the answer is not the plain one
-        taken within the spin (then ``_enter_short`` does, before the
-        reader thread can take it). Each of the general path's steps costs
-        a microsecond or more in Python (docs/TUNING.md, section 31).
+        """The shortest way for the commonest call, an allreduce or
+        broadcast of at most 256 KiB waited for at once with nothing else in
+        flight: its frame is built and put on the lane in C
+        (``Lane.put_call``; its data inline if it fits the slot, else copied
+        into the scratch segment, unless the client has segments of its
+        own), and its answer taken in C (``Lane.take_call_ok``). It makes
+        no handle and enters no request in flight unless the answer is not
+        the plain one taken within the spin (then ``_enter_short`` does,
+        before the reader thread can take it). Each of the general path's
+        steps costs a microsecond or more in Python (docs/TUNING.md,
+        section 31).
         Returns ``x``, or ``_NOT_SHORT`` with nothing sent if the call is
         not one for this way (the general path takes it, and says what is
         wrong with it, if anything)."""
