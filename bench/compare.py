@@ -454,18 +454,20 @@ def sidecar_summary(res):
 def aggregate(res):
     """One figure per (system, world, size): the median over rounds of each
     round's median (and of its p99), so one disturbed round does not decide
-    a ratio; every round's own figures stay in the row."""
+    a ratio; every round's own figures stay in the row. The bandwidths of
+    calls in flight together count all their bytes, as each round's do."""
     by = {}
     for rnd in res["per_round"]:
         for r in rnd["rows"]:
             by.setdefault((r["system"], r["world"], r["bytes"]), []).append(r)
     for (system, w, size), rs in by.items():
         med = statistics.median(r["median_us"] for r in rs)
-        alg = size / (med * 1e3)
+        k = rs[0].get("in_flight") or 1
+        alg = size * k / (med * 1e3)
         res["rows"].append({"system": system, "world": w, "bytes": size, "iters": rs[0]["iters"],
                             "median_us": med, "p99_us": statistics.median(r["p99_us"] for r in rs),
                             "algbw_GBps": alg, "busbw_GBps": alg * 2 * (w - 1) / w if w > 1 else 0.0,
-                            "path": rs[0].get("path"),
+                            "path": rs[0].get("path"), **({"in_flight": k} if k != 1 else {}),
                             "rounds": [{k: r.get(k) for k in ("median_us", "p99_us", "busbw_GBps", "load_before",
                                                               "load_after")} for r in rs]})
     sidecar_summary(res)

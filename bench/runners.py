@@ -70,16 +70,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stats(bytes_: int, times_ns: list[int], world: int) -> dict:
-    """Median and p99 of per-call times, the same arithmetic as collectived's bench."""
+def stats(bytes_: int, times_ns: list[int], world: int, in_flight: int = 1) -> dict:
+    """Median and p99 of per-call times, the same arithmetic as collectived's
+    bench. in_flight: each time is that many calls of bytes_ together, and
+    the bandwidths count all their bytes (as `collectived bench --in-flight`
+    does)."""
     ts = sorted(times_ns)
     n = len(ts)
     med = ts[n // 2] if n % 2 else (ts[n // 2 - 1] + ts[n // 2]) / 2
     p99 = ts[min(n - 1, int(n * 0.99))]
-    alg = bytes_ / med  # bytes per ns = GB/s
+    alg = bytes_ * in_flight / med  # bytes per ns = GB/s
     bus = alg * 2 * (world - 1) / world if world > 1 else 0.0
-    return {"bytes": bytes_, "world": world, "iters": n, "median_us": med / 1e3, "p99_us": p99 / 1e3,
-            "algbw_GBps": alg, "busbw_GBps": bus}
+    out = {"bytes": bytes_, "world": world, "iters": n, "median_us": med / 1e3, "p99_us": p99 / 1e3,
+           "algbw_GBps": alg, "busbw_GBps": bus}
+    if in_flight != 1:
+        out["in_flight"] = in_flight
+    return out
 
 
 def _json_lines(out: str, what: str):
@@ -95,8 +101,8 @@ def _json_lines(out: str, what: str):
             raise RunError(f"{what}: printed {line[:200]!r}: {e}") from e
 
 
-def _parse_times(out: str, world: int, what: str) -> list[dict]:
-    return [stats(r["bytes"], r["times_ns"], world) for r in _json_lines(out, f"{what}: rank 0")]
+def _parse_times(out: str, world: int, what: str, in_flight: int = 1) -> list[dict]:
+    return [stats(r["bytes"], r["times_ns"], world, in_flight) for r in _json_lines(out, f"{what}: rank 0")]
 
 
 def _expect(rows, sizes, what):
@@ -186,7 +192,7 @@ def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0, in_f
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", world,
             "--mca", "oob_tcp_if_include", "lo", *MPI_TRANSPORTS[transport],
             binary, ",".join(map(str, sizes)), iters, warmup, prewarm] + ([in_flight] if in_flight != 1 else [])
-    rows = _parse_times(run(argv, timeout=timeout), world, transport)
+    rows = _parse_times(run(argv, timeout=timeout), world, transport, in_flight)
     _expect(rows, sizes, transport)
     return rows
 
@@ -204,14 +210,14 @@ def gloo(python, script, world, sizes, iters, warmup, timeout, prewarm=0, in_fli
     COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
         try:
-            return _gloo_ranks(tmp, base, world, sizes, env, timeout, procs)
+            return _gloo_ranks(tmp, base, world, sizes, env, timeout, procs, in_flight)
         finally:
             for _, out, err in procs:
                 out.close()
                 err.close()
 
 
-def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs) -> list[dict]:
+def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs, in_flight=1) -> list[dict]:
     """Starts the ranks (appending to procs, whose files the caller closes)
     and returns rank 0's rows."""
     for r in range(world):
@@ -243,7 +249,7 @@ def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs) -> list[dict]:
                 q.wait()
         raise RunError("gloo: " + "\n".join(failed))
     procs[0][1].seek(0)
-    rows = _parse_times(procs[0][1].read(), world, "gloo")
+    rows = _parse_times(procs[0][1].read(), world, "gloo", in_flight)
     _expect(rows, sizes, "gloo")
     return rows
 

@@ -60,6 +60,15 @@ class StatsTest(unittest.TestCase):
         self.assertAlmostEqual(s["algbw_GBps"], 1000 / 2500)
         self.assertAlmostEqual(s["busbw_GBps"], 1000 / 2500 * 2 * 3 / 4)
 
+    def test_calls_in_flight_count_all_their_bytes(self):
+        # As `collectived bench --in-flight` counts them: 4 calls of 1000 bytes in 2 µs.
+        s = runners.stats(1000, [2000, 2000, 2000], 2, in_flight=4)
+        self.assertAlmostEqual(s["algbw_GBps"], 4000 / 2000)
+        self.assertEqual((s["in_flight"], s["median_us"]), (4, 2.0))
+        self.assertNotIn("in_flight", runners.stats(1000, [2000], 2))
+        rows = runners._parse_times('{"bytes": 8, "times_ns": [10]}\n', 2, "x", 3)
+        self.assertAlmostEqual(rows[0]["busbw_GBps"], 24 / 10)
+
     def test_p99_of_200_calls_is_second_largest(self):
         s = runners.stats(4, list(range(1, 201)), 2)
         self.assertEqual(s["p99_us"], 199 / 1e3)
@@ -392,6 +401,20 @@ class AggregateTest(unittest.TestCase):
         self.assertAlmostEqual(r["busbw_GBps"], 1000 / 20e3)
         self.assertEqual([x["median_us"] for x in r["rounds"]], [10.0, 30.0, 20.0])
 
+    def test_calls_in_flight_count_all_their_bytes(self):
+        # Every system's in-flight rows, collectived's (from its bench) and
+        # a peer's (from runners.stats), on one definition: the k calls' bytes.
+        rounds = []
+        for med in (10.0, 20.0, 30.0):
+            rows = [{"system": report.in_flight_name(s, 4), "world": 2, "bytes": 1000, "iters": 5,
+                     "median_us": med, "p99_us": med, "in_flight": 4} for s in ("collectived", "gloo")]
+            rounds.append({"rows": rows, "tcp_bidir": None})
+        res = {"rows": [], "tcp_bidir": None, "per_round": rounds}
+        compare.aggregate(res)
+        for r in res["rows"]:
+            self.assertAlmostEqual(r["busbw_GBps"], 4 * 1000 / 20e3, msg=r["system"])
+            self.assertEqual(r["in_flight"], 4)
+
 
 class RoundsTest(unittest.TestCase):
     def test_ring_only_runs_next_to_collectived_in_world2_only(self):
@@ -563,7 +586,9 @@ class MPIProgramTest(unittest.TestCase):
         n = len(runners.COMMANDS)
         rows = runners.mpi(self.bin, "mpi-tcp", 2, [4, 65536], 4, 1, 120, prewarm=10, in_flight=3)
         self.assertEqual([r["bytes"] for r in rows], [4, 65536])
-        self.assertTrue(all(r["iters"] == 4 and r["median_us"] > 0 for r in rows))
+        self.assertTrue(all(r["iters"] == 4 and r["median_us"] > 0 and r["in_flight"] == 3 for r in rows))
+        for r in rows:  # the three calls' bytes, as collectived's bench counts them
+            self.assertAlmostEqual(r["algbw_GBps"], 3 * r["bytes"] / (r["median_us"] * 1e3))
         self.assertTrue(runners.COMMANDS[n].endswith("mpi_allreduce_test 4,65536 4 1 10 3"), runners.COMMANDS[n])
 
     def test_bad_counts_are_refused_by_name(self):
