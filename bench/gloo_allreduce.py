@@ -91,7 +91,7 @@ def main() -> int:
             print(f"gloo rank {a.rank}: {n * 4} bytes: wrong sum after the timed calls", file=sys.stderr)
             return 1
         if a.rank == 0:
-            print(json.dumps({"bytes": n * 4, "times_ns": times}), flush=True)
+            print(json.dumps({"bytes": n * 4, "in_flight": a.in_flight, "times_ns": times}), flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -101,15 +101,22 @@ def _json_lines(out: str, what: str):
             raise RunError(f"{what}: printed {line[:200]!r}: {e}") from e
 
 
-def _parse_times(out: str, world: int, what: str, in_flight: int = 1) -> list[dict]:
-    return [stats(r["bytes"], r["times_ns"], world, in_flight) for r in _json_lines(out, f"{what}: rank 0")]
+def _parse_times(out: str, world: int, what: str) -> list[dict]:
+    return [stats(r["bytes"], r["times_ns"], world, r.get("in_flight", 1))
+            for r in _json_lines(out, f"{what}: rank 0")]
 
 
-def _expect(rows, sizes, what):
+def _expect(rows, sizes, what, in_flight=1):
+    """The rows are the sizes asked for, each timing in_flight calls
+    together (as the program says it did: a program that ignored the
+    request would be timing something else)."""
     got = [r["bytes"] for r in rows]
     want = [max(4, s // 4 * 4) for s in sizes]
     if got != want:
         raise RunError(f"{what}: reported sizes {got}, want {want}")
+    calls = [r.get("in_flight", 1) for r in rows]
+    if any(k != in_flight for k in calls):
+        raise RunError(f"{what}: reported {calls} calls in flight, want {in_flight}")
 
 
 # --- collectived -----------------------------------------------------------
@@ -140,7 +147,7 @@ def collectived(binary, nodes, local, sizes, iters, warmup, timeout, extra_confi
         bad = [r["bytes"] for r in rows if r.get("path") != "ring"]
         if bad:
             raise RunError(f"{what}: sizes {bad} did not report \"path\": \"ring\"")
-    _expect(rows, sizes, what)
+    _expect(rows, sizes, what, in_flight)
     return rows
 
 
@@ -192,8 +199,8 @@ def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0, in_f
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", world,
             "--mca", "oob_tcp_if_include", "lo", *MPI_TRANSPORTS[transport],
             binary, ",".join(map(str, sizes)), iters, warmup, prewarm] + ([in_flight] if in_flight != 1 else [])
-    rows = _parse_times(run(argv, timeout=timeout), world, transport, in_flight)
-    _expect(rows, sizes, transport)
+    rows = _parse_times(run(argv, timeout=timeout), world, transport)
+    _expect(rows, sizes, transport, in_flight)
     return rows
 
 
@@ -249,8 +256,8 @@ def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs, in_flight=1) -> li
                 q.wait()
         raise RunError("gloo: " + "\n".join(failed))
     procs[0][1].seek(0)
-    rows = _parse_times(procs[0][1].read(), world, "gloo", in_flight)
-    _expect(rows, sizes, "gloo")
+    rows = _parse_times(procs[0][1].read(), world, "gloo")
+    _expect(rows, sizes, "gloo", in_flight)
     return rows
 
 

@@ -66,8 +66,14 @@ class StatsTest(unittest.TestCase):
         self.assertAlmostEqual(s["algbw_GBps"], 4000 / 2000)
         self.assertEqual((s["in_flight"], s["median_us"]), (4, 2.0))
         self.assertNotIn("in_flight", runners.stats(1000, [2000], 2))
-        rows = runners._parse_times('{"bytes": 8, "times_ns": [10]}\n', 2, "x", 3)
+        rows = runners._parse_times('{"bytes": 8, "in_flight": 3, "times_ns": [10]}\n', 2, "x")
         self.assertAlmostEqual(rows[0]["busbw_GBps"], 24 / 10)
+        runners._expect(rows, [8], "x", 3)
+        # A program that timed another number of calls than asked is caught, by name.
+        with self.assertRaisesRegex(runners.RunError, r"gloo: reported \[3\] calls in flight, want 4"):
+            runners._expect(rows, [8], "gloo", 4)
+        with self.assertRaisesRegex(runners.RunError, r"mpi-tcp: reported \[1\] calls in flight, want 3"):
+            runners._expect(runners._parse_times('{"bytes": 8, "times_ns": [10]}', 2, "x"), [8], "mpi-tcp", 3)
 
     def test_p99_of_200_calls_is_second_largest(self):
         s = runners.stats(4, list(range(1, 201)), 2)
@@ -563,6 +569,24 @@ class RingOnlyRealTest(unittest.TestCase):
         self.assertEqual([(x["bytes"], x["path"], x["iters"], len(x["block_medians_us"])) for x in c + r],
                          [(4, "inline", 3, 3), (65536, "copied", 3, 3), (4, "ring", 3, 3), (65536, "ring", 3, 3)])
         self.assertTrue(all(x["median_us"] > 0 and x["verified"] for x in c + r))
+
+
+def _torch_python() -> bool:
+    """Whether the Python bench/compare runs Gloo with (Debian's, with
+    python3-torch) can import torch."""
+    return subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0
+
+
+@unittest.skipUnless(_torch_python(), "no torch in /usr/bin/python3 (scripts/setup.sh installs python3-torch)")
+class GlooProgramTest(unittest.TestCase):
+    def test_calls_in_flight_are_timed_together_and_said(self):
+        # gloo_allreduce.py --in-flight 3: the rows say 3, and the
+        # bandwidths count the three calls' bytes, as collectived's do.
+        rows = runners.gloo("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), 2, [4, 4096], 3, 1, 300,
+                            in_flight=3)
+        self.assertEqual([(r["bytes"], r["in_flight"], r["iters"]) for r in rows], [(4, 3, 3), (4096, 3, 3)])
+        for r in rows:
+            self.assertAlmostEqual(r["algbw_GBps"], 3 * r["bytes"] / (r["median_us"] * 1e3))
 
 
 @unittest.skipUnless(shutil.which("mpirun") and shutil.which("mpicc"), "OpenMPI not installed")
