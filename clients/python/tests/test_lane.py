@@ -193,6 +193,32 @@ def test_short_calls_beside_another_threads_requests_2x2(world_2x2: World) -> No
         assert r["lane_answers"] >= n // 10, r
 
 
+@pytest.mark.parametrize("fault,cause", [
+    (ValueError("lane is closed"), "lane is closed"),               # closed under the call
+    (BrokenPipeError(32, "Broken pipe"), r"\[Errno 32\] Broken pipe"),  # the socket, for its WAKE
+])
+def test_short_call_that_cannot_be_sent_ends_the_connection(fake2: ScriptedDaemon,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            fault: BaseException, cause: str) -> None:
+    # A failure to put the call on the lane is the connection's, as a failed
+    # send on the general path is: a ConnectionLostError naming the call,
+    # the path and the cause; the calls after it fail as well, with no slot
+    # left taken.
+    def put(self: _lane.Lane, *a: object) -> int:
+        raise fault
+
+    with collectived.Client(fake2.path, job="demo", timeout=5.0) as c:
+        monkeypatch.setattr(_lane.Lane, "put_call", put)
+        with pytest.raises(collectived.ConnectionLostError,
+                           match=rf"allreduce\(name='x', count=2\): sending allreduce\(name='x', count=2\) "
+                                 rf"to {re.escape(fake2.path)}: {cause}"):
+            c.allreduce(np.ones(2, np.float32), name="x")
+        monkeypatch.undo()
+        with pytest.raises(collectived.ConnectionLostError, match="connection unusable"):
+            c.allreduce(np.ones(2, np.float32))
+        assert c._inflight is None or c._inflight._used == 0
+
+
 def test_rings_that_find_nothing_do_no_harm(laned: collectived.Client,
                                             fake2: ScriptedDaemon) -> None:
     # Every answer is followed by a ring the caller did not ask for: the

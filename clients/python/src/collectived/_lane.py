@@ -119,9 +119,7 @@ class Lane:
         over ``max_data`` bytes, or too long for the slot). With ``scratch``
         (a writable mapping of the client's segment number ``segment``) the
         data is copied there and the call refers to it."""
-        got: int = self.words.put_call(rid, op, red, root, name, data, numeric, max_data,
-                                       scratch, segment)
-        return got
+        return int(self.words.put_call(rid, op, red, root, name, data, numeric, max_data, scratch, segment))
 
     def poll(self, seconds: float) -> bool:
         """Watch for an answer for up to ``seconds``, then say the client
