@@ -129,8 +129,11 @@
 // AllReduce, small: every rank's whole buffer circulates once (N-1
 // steps, one frame each), then every rank folds the N buffers itself.
 //
-// Broadcast: the root sends its buffer in segments; rank root+k receives
-// each segment and relays it to next, except rank root-1, which ends the
+// Broadcast: first the description check of a barrier (N-1 steps of an
+// empty frame, agree in ops.go), so that no rank, the root least of all,
+// returns before every rank's call was found equal; then, as step N-1,
+// the root sends its buffer in segments; rank root+k receives each
+// segment and relays it to next, except rank root-1, which ends the
 // chain.
 //
 // AllGather: N-1 steps; in step s rank r sends block r-s and receives

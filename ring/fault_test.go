@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -655,4 +656,78 @@ func TestFaultSegmentSizesDiffer(t *testing.T) {
 	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1 << 20}
 	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error { return r.AllReduce(d, make([]byte, d.Bytes())) })
 	expectAll(t, rings, errs, ErrBadFrame, "must be the same on every rank")
+}
+
+// A broadcast whose calls differ in any field fails on every rank with
+// ErrMismatch, the root included, and no rank's buffer is changed: the
+// root used to send and return before any rank had compared the calls
+// (issue 24, cases 1 and 2), so that two ranks each naming itself root
+// both succeeded with their own data, and a root whose peers made an
+// allreduce succeeded while they failed.
+func TestBroadcastMismatchFailsEveryRank(t *testing.T) {
+	const count = 16
+	base := collective.Desc{Op: collective.OpBroadcast, DType: collective.Float32, Count: count}
+	for _, n := range []int{2, 3, 4} {
+		for root := 0; root < n; root++ {
+			cases := []struct {
+				name string
+				desc func(i int) collective.Desc // rank i's call
+			}{
+				{"every rank its own root", func(i int) collective.Desc { d := base; d.Root = uint32(i); return d }},
+				{"root alone broadcasts", func(i int) collective.Desc {
+					d := base
+					d.Root = uint32(root)
+					if i != root {
+						d.Op, d.Root, d.Reduce = collective.OpAllReduce, 0, collective.Sum
+					}
+					return d
+				}},
+				{"root's count differs", func(i int) collective.Desc {
+					d := base
+					d.Root = uint32(root)
+					if i == root {
+						d.Count--
+					}
+					return d
+				}},
+				{"root's name differs", func(i int) collective.Desc {
+					d := base
+					d.Root = uint32(root)
+					if i == root {
+						d.Name = "b"
+					}
+					return d
+				}},
+				{"last rank's root differs", func(i int) collective.Desc {
+					d := base
+					d.Root = uint32(root)
+					if i == (root+n-1)%n {
+						d.Root = uint32((root + 1) % n)
+					}
+					return d
+				}},
+			}
+			for _, c := range cases {
+				t.Run(fmt.Sprintf("n=%d/root=%d/%s", n, root, c.name), func(t *testing.T) {
+					rings, _ := faultWorldOver(t, n, true, nil, func(cfg *Config) { cfg.OpTimeout = 20 * time.Second })
+					startAll(t, rings)
+					bufs := make([][]byte, n)
+					errs := opOnReal(t, rings, 30*time.Second, func(i int, r *Ring) error {
+						d := c.desc(i)
+						bufs[i] = bytes.Repeat([]byte{byte(i + 1)}, int(d.Bytes()))
+						if d.Op == collective.OpAllReduce {
+							return r.AllReduce(d, bufs[i])
+						}
+						return r.Broadcast(d, bufs[i])
+					})
+					expectAll(t, rings, errs, ErrMismatch)
+					for i, b := range bufs {
+						if !bytes.Equal(b, bytes.Repeat([]byte{byte(i + 1)}, len(b))) {
+							t.Errorf("rank %d: its buffer changed although the calls did not match", i)
+						}
+					}
+				})
+			}
+		}
+	}
 }

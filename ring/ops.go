@@ -350,16 +350,47 @@ func (r *Ring) Broadcast(d collective.Desc, buf []byte) error {
 	var err error
 	if r.size > 1 {
 		if err = r.healthy(); err == nil {
+			err = r.agree()
+		}
+		if err == nil {
 			err = r.broadcast(buf, int(d.Root))
 		}
 	}
 	return r.end(err)
 }
 
+// agree runs the description check of an op whose data alone would not
+// prove that every rank called it: N-1 steps of an empty frame each way
+// round, as a barrier. A rank sends in step s only after it received in
+// step s-1, and every receiver compares the frame's description and seq
+// with its own call, so when rank r has received its last frame, the
+// calls of ranks r+1, ..., r-1, r have been found equal pairwise along
+// the chain: every rank's call equals every other's. Without it a
+// broadcast root sends and returns at once, and a root whose peers made
+// another call (another root, op, count or name) would be answered
+// before any rank had compared the calls (docs/MATCHING.md).
+func (r *Ring) agree() error {
+	for s := 0; s < r.size-1; s++ {
+		r.setStep(s)
+		if err := r.send(kindData, nil, 0); err != nil {
+			return err
+		}
+		b, err := r.recv(kindData)
+		if err != nil {
+			return err
+		}
+		if err := r.expectLen(b, 0); err != nil {
+			return err
+		}
+		r.release(b)
+	}
+	return nil
+}
+
 func (r *Ring) broadcast(buf []byte, root int) error {
 	seg := r.cfg.SegmentBytes
 	nseg := max(1, (len(buf)+seg-1)/seg)
-	r.setStep(0)
+	r.setStep(r.size - 1) // after agree's steps
 	relay := mod(r.rank+1, r.size) != root
 	for j := 0; j < nseg; j++ {
 		lo, hi := min(j*seg, len(buf)), min((j+1)*seg, len(buf))
@@ -479,20 +510,8 @@ func (r *Ring) Barrier(d collective.Desc) error {
 	}
 	var err error
 	if r.size > 1 {
-		err = r.healthy()
-		for s := 0; s < r.size-1 && err == nil; s++ {
-			r.setStep(s)
-			if err = r.send(kindData, nil, 0); err != nil {
-				break
-			}
-			var b *rxBuf
-			if b, err = r.recv(kindData); err != nil {
-				break
-			}
-			err = r.expectLen(b, 0)
-			if err == nil {
-				r.release(b)
-			}
+		if err = r.healthy(); err == nil {
+			err = r.agree()
 		}
 	}
 	return r.end(err)
