@@ -40,13 +40,14 @@ type Daemon struct {
 
 	mu       sync.Mutex
 	slots    []slot
-	ring     *ring.Ring // the current generation's ring, nil while forming
-	gen      uint32     // the current (or last) generation
-	proposal uint32     // the generation to propose for the next ring
-	state    string     // "forming", "up", "failed", "stopped"
-	lastErr  error      // the last ring or formation failure
-	lost     error      // a trainer left mid-collective: fail collective k with this
-	inflight inflight   // the collective being waited for or run
+	match    *matcher[*ipc.Request] // which call joins which collective (match.go)
+	ring     *ring.Ring             // the current generation's ring, nil while forming
+	gen      uint32                 // the current (or last) generation
+	proposal uint32                 // the generation to propose for the next ring
+	state    string                 // "forming", "up", "failed", "stopped"
+	lastErr  error                  // the last ring or formation failure
+	lost     error                  // a trainer left mid-collective: fail collective k with this
+	inflight inflight               // the collective being waited for or run
 	closed   bool
 
 	// The hot lane (hotlane.go).
@@ -89,6 +90,7 @@ func New(cfg Config) (*Daemon, error) {
 		log:    cfg.logger().With("job", cfg.Job, "node", cfg.Rank),
 		notify: make(chan struct{}, 1),
 		slots:  make([]slot, cfg.LocalSize),
+		match:  newMatcher[*ipc.Request](cfg.LocalSize),
 		state:  "forming",
 	}
 
@@ -142,7 +144,7 @@ func (d *Daemon) Close() error {
 		d.mu.Unlock()
 		d.cancel()
 		if r != nil {
-			r.Abort(fmt.Errorf("[shutdown] node %d is shutting down", d.cfg.Rank))
+			r.Abort(failKind(ring.ErrShutdown, "node %d is shutting down", d.cfg.Rank))
 		}
 		d.wake()
 		errSrv := d.srv.Close()

@@ -30,34 +30,24 @@
 //
 // # Generations
 //
-// A ring failure (a peer lost, a timeout, a mismatch, a trainer lost
-// mid-collective) fails the collective in flight and every call queued
-// behind it with the original cause. The daemon then re-forms the ring as a
-// new generation, whose collectives are numbered from 0 again; trainers stay
-// attached throughout and their next call joins the new generation.
+// docs/MATCHING.md states the rules and match.go implements them (a pure
+// type, checked by the model test). In short: a trainer's k-th call is
+// its call of collective k; a failure (a peer lost, a timeout, a
+// mismatch, a trainer lost mid-collective) fails collective k on every
+// trainer, at once for those that made it and as a debt paid by the next
+// call of those that had not; calls queued behind it go on in the next
+// generation, whose collectives the ring numbers from 0 again. Every
+// generation starts with the nodes agreeing on how many collectives the
+// world has finished, so a node that missed a failure owes it too.
 //
-// Every trainer fails exactly its call of the failed collective k: calls
-// already made fail at once; a trainer attached at the failure that had
-// not yet made its k-th call owes one failure, which its next call
-// receives instead of joining the new generation; so does a slot still
-// empty (a trainer may attach late) when the collective had begun
-// somewhere, which the failure's cause tells. A debt owed by an attached
-// trainer leaves with it: its replacement starts afresh.
-// Without this a late call of collective k would meet other trainers'
-// calls of k+1 in the new generation — a mismatch at best, silently wrong
-// training at worst. The exception is a failure caused by a lost trainer:
-// the job then restarts trainers, so the lost trainer's slot and slots
-// left empty start afresh (attached trainers that had not called still
-// owe their call).
+// # Failure kinds across nodes
 //
-// # Failure messages across nodes
-//
-// A failure that the core detects itself (a local mismatch, a lost trainer,
-// a local timeout) aborts the ring with a reason that starts with a tag in
-// brackets, e.g. "[mismatch] ...". The ring carries the reason to every node,
-// where the tag selects the error code the trainers see; the message they
-// read has the tags removed. The tag is a convention between daemons of one
-// version; ring/ does not interpret it. Ring ranks in a message are
-// followed by a legend naming each one's node, address and world ranks,
-// and by the node at fault when the ring knows it (ring.Error.Culprit).
+// A failure the core detects itself (a local mismatch, a lost trainer, a
+// local timeout, a shutdown) wraps the ring's sentinel for its kind
+// (ring.ErrMismatch, ErrCallerLost, ErrTimeout, ErrShutdown) and aborts
+// the ring with it; the abort frame carries the kind as a code, and every
+// node picks the trainers' error code with errors.Is. Ring ranks in a
+// message are followed by a legend naming each one's node, address and
+// world ranks, read from the ring error's fields, and by the node at
+// fault when the ring knows it (ring.Error.Culprit).
 package daemon

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -33,7 +31,7 @@ const (
 // one after another until the ring fails, then form the next generation.
 func (d *Daemon) engine() {
 	var heads []call
-	var failed []call
+	var failed []failed[*ipc.Request]
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	pause := retryFormMin
@@ -41,15 +39,24 @@ func (d *Daemon) engine() {
 		r, err := d.form()
 		if err != nil {
 			if d.ctx.Err() != nil {
-				d.failAll(failed[:0], ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
+				d.failAll(ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
 				return
 			}
-			// Calls that arrived while the ring could not form learn why
-			// now rather than at their timeout.
-			failed = d.failAll(failed[:0], ipc.Errorf(ipc.CodePeerLost, "node %d: ring generation %d could not form: %v", d.cfg.Rank, d.nextGen(), err))
+			if r != nil {
+				// A peer failed collective 0 of the generation this node
+				// was still starting (a mismatch among its trainers, say):
+				// that collective failed here too, with its cause.
+				failed = d.fail(r, 0, nil, failed, err)
+				continue
+			}
+			// Calls that have waited their bound while the ring could not
+			// form fail now, each a collective of its own; the rest wait
+			// for the next attempt.
+			failed = d.expire(failed, err)
+			wait := min(pause, d.untilExpiry())
 			select {
 			case <-d.ctx.Done():
-			case <-time.After(pause):
+			case <-time.After(max(wait, time.Millisecond)):
 			}
 			pause = min(2*pause, retryFormMax)
 			continue
@@ -65,9 +72,11 @@ func (d *Daemon) engine() {
 				heads = heads[:0]
 				break
 			}
+			clear(heads)
 			heads = heads[:0]
 		}
 		if d.ctx.Err() != nil {
+			d.failAll(ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
 			return
 		}
 	}
@@ -83,10 +92,14 @@ func (d *Daemon) nextGen() uint32 {
 }
 
 // form builds the next generation's ring. A world of one forms at once.
+// It gives up when a waiting call's bound passes first, so that the call
+// is failed on time. When Start fails because a peer failed collective 0
+// of the new generation, it returns the ring with the error: the caller
+// fails that collective.
 func (d *Daemon) form() (*ring.Ring, error) {
 	proposal := d.nextGen()
 	d.setState("forming", nil)
-	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.ConnectTimeout)
+	ctx, cancel := context.WithTimeout(d.ctx, min(d.cfg.ConnectTimeout, max(d.untilExpiry(), 100*time.Millisecond)))
 	defer cancel()
 	links, err := d.rv.Form(ctx, proposal)
 	if err != nil {
@@ -95,6 +108,9 @@ func (d *Daemon) form() (*ring.Ring, error) {
 		return nil, err
 	}
 	rc := d.cfg.RingConfig(proposal, d.log)
+	d.mu.Lock()
+	rc.Finished, rc.Fresh = d.match.finished, d.match.fresh
+	d.mu.Unlock()
 	r, err := ring.New(rc, ring.Links{Next: links.Next, Prev: links.Prev, NextAddr: links.NextAddr, PrevAddr: links.PrevAddr})
 	if err != nil {
 		closeLinks(links.Next, links.Prev)
@@ -102,22 +118,96 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	}
 	gen, err := r.Start()
 	if err != nil {
-		r.Close()
 		d.setState("forming", err)
+		// A peer that has started aborts it only for collective 0's
+		// failure (its own op, or its kind: a mismatch or timeout found
+		// before its ring op began, a trainer lost).
+		if errors.Is(err, ring.ErrAborted) && startedElsewhere(err) && d.ctx.Err() == nil {
+			return r, err
+		}
+		r.Close()
 		return nil, err
 	}
 	d.mu.Lock()
 	d.ring, d.gen, d.proposal = r, gen, gen+1
 	d.lender = nil // a link lent by the last ring went with it
 	closed := d.closed
+	behind := d.match.finished
+	owed := d.match.formed(r.Finished(), r.Restarted(), func(l int, k uint64) *ipc.Error {
+		return ipc.Errorf(ipc.CodePeerLost, "this call is world rank %d's call of collective number %d, which failed on another node while this node was out of the ring (it had finished %d collectives, the ring %d)",
+			d.worldRank(l), k, behind, r.Finished())
+	}, nil)
 	d.mu.Unlock()
+	for _, f := range owed {
+		f.c.Fail(f.err)
+	}
 	if closed {
 		r.Close()
 		return nil, ErrShutdown
 	}
 	d.setState("up", nil)
-	d.log.Info("ring formed", "generation", gen, "next", links.NextAddr, "prev", links.PrevAddr)
+	d.log.Info("ring formed", "generation", gen, "next", links.NextAddr, "prev", links.PrevAddr, "finished", r.Finished())
+	if len(owed) > 0 || behind < r.Finished() {
+		d.log.Warn("this node was behind the ring: its trainers owe the collectives it missed", "had_finished", behind, "ring_finished", r.Finished())
+	}
 	return r, nil
+}
+
+// bound is how long a collective may wait for its calls: the collective
+// timeout, or the first-call timeout for a generation's first.
+func (d *Daemon) bound(seq uint64) time.Duration {
+	if seq == 0 {
+		return max(d.cfg.CollectiveTimeout, d.cfg.FirstCallTimeout)
+	}
+	return d.cfg.CollectiveTimeout
+}
+
+// untilExpiry is how long until the oldest waiting call has waited the
+// bound of a generation's first collective (which the next collective
+// is, while the ring is down); the connect timeout when none waits.
+func (d *Daemon) untilExpiry() time.Duration {
+	d.mu.Lock()
+	_, oldest, any := d.match.heads()
+	d.mu.Unlock()
+	if !any {
+		return d.cfg.ConnectTimeout
+	}
+	return time.Until(oldest.Add(d.bound(0)))
+}
+
+// expire fails, while the ring cannot form, the collectives whose first
+// call has waited its bound, one after another, with PEER_LOST: each is
+// a collective this node has finished, failed, and the ring's next
+// generation tells the other nodes so (matcher.formed).
+func (d *Daemon) expire(scratch []failed[*ipc.Request], cause error) []failed[*ipc.Request] {
+	bound := d.bound(0)
+	for {
+		d.mu.Lock()
+		_, oldest, any := d.match.heads()
+		if !any || time.Since(oldest) < bound {
+			d.mu.Unlock()
+			return scratch[:0]
+		}
+		missing := d.missingLocked()
+		if missing == "" {
+			missing = "none here"
+		}
+		// PEER_LOST, as the other nodes' trainers are told when the next
+		// generation forms (matcher.formed): one code for one collective.
+		e := ipc.Errorf(ipc.CodePeerLost, "collective number %d failed after waiting %v on node %d for the ring, which could not form (not called here: %s): %v",
+			d.match.finished, bound, d.cfg.Rank, missing, cause)
+		scratch = d.match.fail(nil, failure{at: time.Now(), begun: true,
+			err: func(int) *ipc.Error { return e },
+			owed: func(l int) *ipc.Error {
+				return ipc.Errorf(e.Code, "this call is world rank %d's call of a collective which failed before it arrived: %s", d.worldRank(l), e.Message)
+			}}, scratch[:0])
+		d.mu.Unlock()
+		d.log.Error("collective timed out while the ring could not form", "err", e.Message)
+		for _, f := range scratch {
+			f.c.Fail(f.err)
+		}
+		clear(scratch)
+	}
 }
 
 // waitLocal waits until every local trainer has made call seq, warning
@@ -127,10 +217,7 @@ func (d *Daemon) form() (*ring.Ring, error) {
 // meanwhile on its own goroutine (hotlane.go) advance seq, which it
 // returns; one of them that failed is returned as its own failure.
 func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.Timer) ([]call, uint64, error) {
-	timeout := d.cfg.CollectiveTimeout
-	if seq == 0 {
-		timeout = max(timeout, d.cfg.FirstCallTimeout)
-	}
+	timeout := d.bound(seq)
 	nextWarn := d.cfg.StallWarning
 	started := false
 	for {
@@ -171,10 +258,10 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			d.mu.Unlock()
 			return heads, seq, err
 		}
-		ready, oldest, any := d.headsLocked()
+		ready, oldest, any := d.match.heads()
 		if ready {
-			heads = d.popHeadsLocked(heads)
-			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].req.Desc, since: oldest}
+			heads = d.match.popHeads(heads)
+			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].c.Desc, since: oldest}
 			d.mu.Unlock()
 			return heads, seq, nil
 		}
@@ -200,11 +287,14 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		}
 		d.mu.Unlock()
 
-		// The timeout counts from the first local call only: a node whose
-		// trainers never call is failed by the nodes that did, whose
-		// collective times out inside the ring.
-		if any && waited >= timeout {
-			return heads, seq, fmt.Errorf("[timeout] collective %d of generation %d timed out after %v on node %d: not called by %s",
+		// The timeout counts from the first call of the collective this
+		// node knows of: a local one, or a neighbour's announcement that
+		// it is inside the collective. So the node whose trainers are late
+		// times out itself, naming them, even when none of its trainers
+		// has called, and the callers elsewhere hear that within their
+		// bound (docs/MATCHING.md, timeouts).
+		if begun && waited >= timeout {
+			return heads, seq, failKind(ring.ErrTimeout, "collective %d of generation %d timed out after %v on node %d: not called by %s",
 				seq, r.Generation(), timeout, d.cfg.Rank, missing)
 		}
 		if begun && waited >= nextWarn {
@@ -234,9 +324,11 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		// neighbour's announcement a few times per warning interval.
 		wait := max(d.cfg.StallWarning/4, 10*time.Millisecond)
 		if begun {
-			wait = nextWarn - waited
-			if any {
-				wait = min(wait, timeout-waited)
+			wait = min(nextWarn, timeout) - waited
+			if !any {
+				// A neighbour's announcement may end (it failed or went
+				// on): look again a few times per warning interval.
+				wait = min(wait, max(d.cfg.StallWarning/4, 10*time.Millisecond))
 			}
 		}
 		resetTimer(timer, max(wait, time.Millisecond))
@@ -271,10 +363,10 @@ func resetTimer(t *time.Timer, d time.Duration) {
 // execute runs collective seq on the given calls, one per local rank in
 // local-rank order, and replies to them.
 func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
-	desc := calls[0].req.Desc
+	desc := calls[0].c.Desc
 	for l := 1; l < len(calls); l++ {
-		if other := calls[l].req.Desc; !other.Equal(desc) {
-			return fmt.Errorf("[mismatch] collective %d of generation %d: %s called %s but %s called %s",
+		if other := calls[l].c.Desc; !other.Equal(desc) {
+			return failKind(ring.ErrMismatch, "collective %d of generation %d: %s called %s but %s called %s",
 				seq, r.Generation(), d.describeWorldRank(d.worldRank(0)), desc, d.describeWorldRank(d.worldRank(l)), other)
 		}
 	}
@@ -285,7 +377,7 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 		// the result back into each, segment by segment as it goes.
 		d.localBufs = d.localBufs[:0]
 		for _, c := range calls {
-			d.localBufs = append(d.localBufs, c.req.Buf)
+			d.localBufs = append(d.localBufs, c.c.Buf)
 		}
 		err = r.AllReduceLocal(desc, d.localBufs)
 		clear(d.localBufs) // do not keep trainers' buffers reachable
@@ -298,27 +390,28 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 		if rootNode == d.cfg.Rank {
 			src = rootLocal
 		}
-		buf := calls[src].req.Buf
+		buf := calls[src].c.Buf
 		if err = r.Broadcast(rd, buf); err == nil {
 			for l := range calls {
 				if l != src {
-					copy(calls[l].req.Buf, buf)
+					copy(calls[l].c.Buf, buf)
 				}
 			}
 		}
 	case collective.OpBarrier:
 		err = r.Barrier(desc)
 	default:
-		err = fmt.Errorf("[internal] collective %d: op %s reached the engine", seq, desc.Op)
+		err = failKind(errInternal, "collective %d: op %s reached the engine", seq, desc.Op)
 	}
 	if err != nil {
 		return err
 	}
 	gen := r.Generation()
 	for _, c := range calls {
-		c.req.Reply(gen, seq)
+		c.c.Reply(gen, seq)
 	}
 	d.mu.Lock()
+	d.match.completed()
 	d.inflight = inflight{}
 	// Before the engine goes idle again, so before any hot lane call.
 	d.afterLarge = !(desc.Op == collective.OpAllReduce && r.Small(desc))
@@ -326,10 +419,12 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 	return nil
 }
 
-// fail ends a generation: the calls of collective seq get cause, the calls
-// queued behind it fail as aborted with the same cause, and the ring is
-// aborted (so that the other nodes learn of a cause found here) and closed.
-func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause error) []call {
+// fail ends a generation: the calls of collective seq get cause, those
+// not yet made are owed (matcher.fail), and the ring is aborted (so that
+// the other nodes learn of a cause found here) and closed. Calls queued
+// behind collective seq are left queued: they are their trainers' calls
+// of the next collectives, which the next generation runs.
+func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*ipc.Request], cause error) []failed[*ipc.Request] {
 	gen := r.Generation()
 	if r.Err() == nil {
 		r.Abort(cause)
@@ -337,136 +432,69 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads, scratch []call, cause err
 	// Close waits for the abort to reach the neighbours (up to AbortWait);
 	// the trainers hear of the failure first.
 	defer r.Close()
-	d.mu.Lock()
-	d.ring = nil
-	d.inflight = inflight{}
-	d.lost = nil
-	// A slot made its call of collective seq if that call is in heads, or,
-	// when the failure came while waiting for local calls, if it arrived
-	// before the failure. Calls that arrived later were made after it and
-	// are not this collective's (they wait for the next generation, or take
-	// the owed failure below).
 	failedAt := r.FailedAt()
 	if failedAt.IsZero() {
 		failedAt = time.Now() // the core's own failure, found just now
 	}
-	called := make([]bool, len(d.slots))
-	for _, c := range heads {
-		if l, ok := c.req.Session().Value().(int); ok {
-			called[l] = true
-		}
-	}
-	if len(heads) == 0 {
-		for l := range d.slots {
-			if q := d.slots[l].queue; len(q) > 0 && q[0].at.Before(failedAt) {
-				heads = append(heads, q[0])
-				d.slots[l].queue = append(q[:0], q[1:]...)
-				called[l] = true
-			}
-		}
-	}
+	d.mu.Lock()
+	d.ring = nil
+	d.inflight = inflight{}
+	d.lost = nil
 	closed := d.closed
 	e := d.callError(seq, gen, cause, closed)
-	// After a trainer was lost (here or on another node) the job restarts
-	// trainers, so slots left empty start afresh; after any other failure
-	// a trainer still to attach will make its call of collective seq.
-	msg := cause.Error()
-	lostTrainer := hasTag(msg, "[trainer-lost]")
-	// Only a collective that some trainer somewhere had called can be owed:
-	// a failure while the whole ring was idle (a node died between
-	// collectives) fails nobody's call.
-	started := len(heads) > 0 || startedElsewhere(cause)
-	scratch = scratch[:0]
-	for l := range d.slots {
-		sl := &d.slots[l]
-		switch {
-		case called[l]:
-			// Everything this trainer queued behind its failed call was
-			// sent before it could learn of the failure: it fails too.
-			scratch = append(scratch, sl.queue...)
-			clear(sl.queue)
-			sl.queue = sl.queue[:0]
-		case sl.lostMid || (sl.session == nil && (!started || lostTrainer)):
-			// Nothing owed: calls made after the failure stay queued for
-			// the next generation. A trainer attached when the ring failed
-			// always owes its call, even when this node cannot tell whether
-			// the collective had begun elsewhere (it saw its neighbour die
-			// while idle): a spurious error is loud, but letting its late
-			// call meet other trainers' next calls would silently combine
-			// different steps.
-		case len(sl.queue) > 0:
-			// Its call of collective seq arrived after the failure.
-			owed := sl.queue[0]
-			sl.queue = append(sl.queue[:0], sl.queue[1:]...)
-			owed.req.Fail(ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
-				d.worldRank(l), seq, gen, e.Message))
-		default:
-			sl.owed = ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
+	scratch = d.match.fail(heads, failure{
+		at:      failedAt,
+		begun:   startedElsewhere(cause),
+		restart: errors.Is(cause, ring.ErrCallerLost) || errors.Is(cause, ring.ErrPeerClosed) || errors.Is(cause, ring.ErrPeerHung),
+		err:     func(int) *ipc.Error { return e },
+		owed: func(l int) *ipc.Error {
+			return ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
 				d.worldRank(l), seq, gen, e.Message)
-			sl.owedBy = sl.session
-		}
-		sl.lostMid = false
-	}
+		},
+	}, scratch[:0])
 	d.mu.Unlock()
 
-	for _, c := range heads {
-		c.req.Fail(e)
-	}
-	if len(scratch) > 0 {
-		ab := ipc.Errorf(ipc.CodeAborted, "call queued behind collective %d of generation %d, which failed: %s", seq, gen, e.Message)
-		for _, c := range scratch {
-			c.req.Fail(ab)
-		}
+	for _, f := range scratch {
+		f.c.Fail(f.err)
 	}
 	if !closed {
 		d.log.Error("collective failed; re-forming the ring", "seq", seq, "generation", gen, "err", cause)
 		d.setState("failed", cause)
 	}
-	for i := range scratch {
-		scratch[i] = call{}
-	}
+	clear(scratch)
 	return scratch[:0]
 }
 
-// failAll fails every queued call with e.
-func (d *Daemon) failAll(scratch []call, e *ipc.Error) []call {
+// failAll fails every queued call with e: the daemon is stopping.
+func (d *Daemon) failAll(e *ipc.Error) {
 	d.mu.Lock()
-	scratch = d.drainLocked(scratch[:0])
+	calls := d.match.drain(nil)
 	d.mu.Unlock()
-	for _, c := range scratch {
-		c.req.Fail(e)
+	for _, c := range calls {
+		c.c.Fail(e)
 	}
-	for i := range scratch {
-		scratch[i] = call{}
-	}
-	return scratch[:0]
 }
 
-// callError turns a failure into the error a trainer sees: the code chosen
-// by the cause's kind, the message naming the collective and the cause.
+// callError turns a failure into the error a trainer sees: the code
+// chosen by the cause's kind (errors.Is on the sentinels the core and
+// the ring wrap, which abort frames carry between nodes as codes), the
+// message naming the collective and the cause.
 func (d *Daemon) callError(seq uint64, gen uint32, cause error, closed bool) *ipc.Error {
 	code := ipc.CodePeerLost
-	msg := cause.Error()
 	switch {
-	case closed || errors.Is(cause, ErrShutdown) || hasTag(msg, "[shutdown]"):
+	case closed || errors.Is(cause, ErrShutdown) || errors.Is(cause, ring.ErrShutdown):
 		code = ipc.CodeShutdown
-	case hasTag(msg, "[mismatch]") || errors.Is(cause, ring.ErrMismatch):
+	case errors.Is(cause, ring.ErrMismatch):
 		code = ipc.CodeMismatch
-	case hasTag(msg, "[trainer-lost]"):
+	case errors.Is(cause, ring.ErrCallerLost):
 		code = ipc.CodeTrainerLost
-	case hasTag(msg, "[timeout]") || errors.Is(cause, ring.ErrTimeout):
+	case errors.Is(cause, ring.ErrTimeout):
 		code = ipc.CodeTimeout
-	case hasTag(msg, "[internal]"):
+	case errors.Is(cause, errInternal):
 		code = ipc.CodeInternal
 	}
-	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s%s", seq, gen, d.cfg.Rank, untag(msg), d.explainRing(cause))
+	return ipc.Errorf(code, "collective %d of generation %d failed on node %d: %s%s", seq, gen, d.cfg.Rank, cause.Error(), d.explainRing(cause))
 }
-
-// tags are the kinds the core writes into its failures' text (see doc.go);
-// they choose the error code and are dropped from what trainers read.
-var tags = strings.NewReplacer("[shutdown] ", "", "[mismatch] ", "", "[trainer-lost] ", "", "[timeout] ", "", "[internal] ", "")
-
-func untag(msg string) string { return tags.Replace(msg) }
 
 // explainRing adds what trainers need to read a ring error: which node
 // was at fault when the ring knows (the culprit the failure's origin found
@@ -495,25 +523,27 @@ func (d *Daemon) explainRing(cause error) string {
 	if re.PeerRank >= 0 && re.PeerRank != d.cfg.Rank && errors.Is(cause, ring.ErrTimeout) && !errors.Is(cause, ring.ErrAborted) {
 		s += fmt.Sprintf(" [%s sent nothing for this collective: its trainers may not have called it; see its status or log]", d.describeNode(re.PeerRank))
 	}
-	return s + d.ringRankLegend(cause.Error())
+	return s + d.ringRankLegend(re)
 }
 
-// ringRankRe finds the ring ranks in a ring error's text.
-var ringRankRe = regexp.MustCompile(`(world |local )?rank (\d+)`)
-
-// ringRankLegend names every ring rank msg mentions: " [ring rank 0 is
-// node 0 ADDR (world ranks 0-1), this node; ring rank 1 is ...]".
-func (d *Daemon) ringRankLegend(msg string) string {
+// ringRankLegend names every ring rank the ring error names (the
+// reporting rank, its peer, the failure's origin and culprit, and those
+// of an earlier failure it wraps), read from the error's fields: " [ring
+// rank 0 is node 0 ADDR (world ranks 0-1), this node; ring rank 1 is
+// ...]".
+func (d *Daemon) ringRankLegend(re *ring.Error) string {
 	var seen []int
-	for _, m := range ringRankRe.FindAllStringSubmatch(msg, -1) {
-		if m[1] != "" {
-			continue
+	for e := re; e != nil; {
+		for _, n := range [...]int{e.Rank, e.PeerRank, e.Origin, e.Culprit} {
+			if n >= 0 && n < len(d.cfg.Peers) && !slices.Contains(seen, n) {
+				seen = append(seen, n)
+			}
 		}
-		n, err := strconv.Atoi(m[2])
-		if err != nil || n < 0 || n >= len(d.cfg.Peers) || slices.Contains(seen, n) {
-			continue
+		inner, ok := e.Err.(*ring.Error)
+		if !ok {
+			break
 		}
-		seen = append(seen, n)
+		e = inner
 	}
 	if len(seen) == 0 {
 		return ""
@@ -535,15 +565,14 @@ func (d *Daemon) ringRankLegend(msg string) string {
 }
 
 // startedElsewhere tells whether the failed collective had begun on some
-// node: the ring knows whether a rank was inside an op when it failed, and
-// the core's own tags (a mismatch, a local timeout, a trainer lost
-// mid-collective), which travel in abort reasons, are raised only once
+// node: the ring knows whether a rank was inside an op when it failed,
+// and the core's own kinds (a mismatch, a timeout, a trainer lost
+// mid-collective), which abort frames carry as codes, arise only once
 // calls were made.
 func startedElsewhere(cause error) bool {
 	var re *ring.Error
 	if errors.As(cause, &re) && re.InOp() {
 		return true
 	}
-	msg := cause.Error()
-	return hasTag(msg, "[mismatch]") || hasTag(msg, "[timeout]") || hasTag(msg, "[trainer-lost]")
+	return errors.Is(cause, ring.ErrMismatch) || errors.Is(cause, ring.ErrTimeout) || errors.Is(cause, ring.ErrCallerLost)
 }

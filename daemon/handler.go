@@ -1,11 +1,11 @@
 package daemon
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/ring"
 )
 
 // handler is the daemon as the Unix-socket server sees it. Its methods run
@@ -65,6 +65,7 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 	}
 	sl := &d.slots[l]
 	sl.session, sl.pid, sl.label = s, int32(hello.PID), hello.Label
+	d.match.attach(l, s)
 	s.SetValue(l)
 	if L == 1 {
 		s.SetOnPark(func() { d.parked(s) })
@@ -101,22 +102,19 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 		return
 	}
 	sl := &d.slots[l]
-	if owed := sl.owed; owed != nil {
-		sl.owed, sl.owedBy = nil, nil
-		sl.calls++
-		sl.last = desc
+	sl.calls++
+	sl.last = desc
+	if owed := d.match.payDebt(l); owed != nil {
 		d.mu.Unlock()
 		r.Fail(owed)
 		return
 	}
-	sl.calls++
-	sl.last = desc
 	at := time.Now()
-	if d.canInlineLocked(sl, desc) {
+	if d.canInlineLocked(l, desc) {
 		d.runInline(s, sl, r, at) // releases d.mu
 		return
 	}
-	sl.queue = append(sl.queue, call{req: r, at: at})
+	d.match.enqueue(l, r, at)
 	d.mu.Unlock()
 	d.wake()
 }
@@ -135,24 +133,14 @@ func (h handler) Disconnected(s *ipc.Session, cause error) {
 		d.mu.Unlock()
 		return
 	}
-	pending := len(sl.queue) > 0
-	for l2 := range d.slots {
-		if len(d.slots[l2].queue) > 0 {
-			pending = true
-		}
-	}
 	inRing := d.inflight.active && d.inflight.phase == phaseRing
 	var lost error
-	if pending || inRing {
-		lost = fmt.Errorf("[trainer-lost] world rank %d (node %d, local rank %d, pid %d) disconnected mid-collective: %v",
+	if d.match.detach(l, s, inRing) {
+		lost = failKind(ring.ErrCallerLost, "world rank %d (node %d, local rank %d, pid %d) disconnected mid-collective: %v",
 			d.worldRank(l), d.cfg.Rank, l, sl.pid, cause)
 		if d.lost == nil {
 			d.lost = lost
 		}
-		sl.lostMid, sl.owed = true, nil
-	}
-	if sl.owedBy == s {
-		sl.owed, sl.owedBy = nil, nil // its debt leaves with it
 	}
 	sl.session = nil
 	pid := sl.pid

@@ -1,11 +1,11 @@
 package daemon
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/ring"
 )
 
 // The hot lane: on a node with one trainer, a small allreduce runs on the
@@ -38,10 +38,10 @@ type inlineFailure struct {
 // small calls repays but a small call between large ones does not: 4 B
 // after 256 KiB took 0.68 of the time through the engine instead
 // (docs/TUNING.md, section 28).
-func (d *Daemon) canInlineLocked(sl *slot, desc collective.Desc) bool {
+func (d *Daemon) canInlineLocked(l int, desc collective.Desc) bool {
 	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 && !d.afterLarge &&
 		d.idle && d.ring != nil && d.ring.Small(desc) && d.idleRing == d.ring && d.lost == nil &&
-		len(sl.queue) == 0 && d.ring.Err() == nil
+		d.match.queueLen(l) == 0 && d.ring.Err() == nil
 }
 
 // runInline runs collective d.idleSeq for req on the calling (session)
@@ -65,13 +65,14 @@ func (d *Daemon) runInline(s *ipc.Session, sl *slot, req *ipc.Request, at time.T
 			req.Fail(ipc.Errorf(ipc.CodeShutdown, "collectived node %d is shutting down", d.cfg.Rank))
 			return
 		}
-		d.inlineFail = &inlineFailure{c: call{req: req, at: at}, err: err}
+		d.inlineFail = &inlineFailure{c: call{c: req, at: at}, err: err}
 		d.mu.Unlock()
 		d.wake()
 		return
 	}
 	d.inlineDone++
 	d.hotRuns++
+	d.match.completed()
 	d.inflight = inflight{}
 	// The engine is still asleep, idle: the next collective is ours to
 	// take too.
@@ -92,8 +93,8 @@ func (d *Daemon) trainerGone(s *ipc.Session, l int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	sl := &d.slots[l]
-	sl.lostMid, sl.owed = true, nil
-	return fmt.Errorf("[trainer-lost] world rank %d (node %d, local rank %d, pid %d) disconnected mid-collective: its connection closed while its call was in the ring",
+	d.match.detach(l, s, true)
+	return failKind(ring.ErrCallerLost, "world rank %d (node %d, local rank %d, pid %d) disconnected mid-collective: its connection closed while its call was in the ring",
 		d.worldRank(l), d.cfg.Rank, l, sl.pid)
 }
 

@@ -98,7 +98,7 @@ func (d *Daemon) Status() Status {
 	for l := range d.slots {
 		s := &d.slots[l]
 		ts := TrainerStatus{LocalRank: l, WorldRank: d.worldRank(l), Attached: s.session != nil,
-			PID: s.pid, Label: s.label, Calls: s.calls, Queued: len(s.queue)}
+			PID: s.pid, Label: s.label, Calls: s.calls, Queued: d.match.queueLen(l)}
 		if s.session != nil {
 			ts.Lane = s.session.HasLane()
 		}

@@ -2,10 +2,7 @@ package daemon
 
 import (
 	"net"
-	"strings"
 )
-
-func hasTag(msg, tag string) bool { return strings.Contains(msg, tag) }
 
 func closeLinks(sets ...[]net.Conn) {
 	for _, set := range sets {

@@ -20,17 +20,20 @@ func dialTrainer(t *testing.T, w *world, node int) *cvd.Client {
 	return c
 }
 
-// TestQueuedCallsAbortedWithCause: a trainer with a second call queued
-// behind a collective that fails gets the failure on the first and ABORTED
-// naming the original cause on the second, whatever the cause (the other
-// trainer disagreeing, or disconnecting mid-collective); then the ring
-// re-forms and both trainers' next calls meet in a new generation.
-func TestQueuedCallsAbortedWithCause(t *testing.T) {
+// TestQueuedCallsGoOn: a trainer with a second call queued behind a
+// collective that fails gets the failure on the first, whatever the
+// cause (the other trainer disagreeing, or disconnecting mid-collective);
+// the second is its call of the next collective, which runs in the new
+// generation with the other trainer's next call. Failing it too (as
+// ABORTED, before) would fail two calls of one trainer and one of the
+// other, and their later calls would meet out of step
+// (docs/MATCHING.md).
+func TestQueuedCallsGoOn(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault func(t *testing.T, b *cvd.Client) // makes collective 0 fail
 		code  error
-		cause string // in both errors
+		cause string
 	}{
 		{"mismatch", func(t *testing.T, b *cvd.Client) {
 			if err := cvd.AllReduce(b, make([]float32, 8), cvd.Sum); !errors.Is(err, cvd.ErrMismatch) {
@@ -47,7 +50,8 @@ func TestQueuedCallsAbortedWithCause(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			queued, err := cvd.AllReduceAsync(a, make([]float32, 4), cvd.Sum)
+			x := []float32{1}
+			queued, err := cvd.AllReduceAsync(a, x, cvd.Sum)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,29 +65,17 @@ func TestQueuedCallsAbortedWithCause(t *testing.T) {
 				t.Fatalf("first call: %v, want %v naming %q", err, tc.code, tc.cause)
 			}
 			t.Logf("first call: %v", err)
-			err = queued.Wait()
-			t.Logf("queued call: %v", err)
-			if !errors.Is(err, cvd.ErrAborted) || !strings.Contains(err.Error(), "queued behind collective 0 of generation 0") ||
-				!strings.Contains(err.Error(), tc.cause) {
-				t.Fatalf("queued call: %v, want ABORTED naming collective 0 and %q", err, tc.cause)
-			}
 
-			// The world goes on in a new generation.
+			// The world goes on in a new generation: a's queued call meets
+			// b's next call.
 			if tc.name == "trainer lost" {
 				b = dialTrainer(t, w, 0)
 			}
-			errs := make(chan error, 1)
-			go func() { errs <- cvd.AllReduce(b, []float32{2}, cvd.Sum) }()
-			x := []float32{1}
-			h, err := cvd.AllReduceAsync(a, x, cvd.Sum)
-			if err == nil {
-				err = h.Wait()
-			}
-			if err != nil || x[0] != 3 || h.Generation() == 0 {
-				t.Fatalf("next call: %v, got %v in generation %d, want 3 in a new generation", err, x[0], h.Generation())
-			}
-			if err := <-errs; err != nil {
+			if err := cvd.AllReduce(b, []float32{2}, cvd.Sum); err != nil {
 				t.Fatalf("other trainer's next call: %v", err)
+			}
+			if err := queued.Wait(); err != nil || x[0] != 3 || queued.Generation() == 0 {
+				t.Fatalf("queued call: %v, got %v in generation %d, want 3 in a new generation", err, x[0], queued.Generation())
 			}
 		})
 	}

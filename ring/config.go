@@ -14,6 +14,17 @@ type Config struct {
 	// Generation is this rank's proposal; Start adopts the maximum
 	// proposal of all ranks.
 	Generation uint32
+	// Finished is how many collectives this rank's owner has finished
+	// (completed or failed) in earlier generations; Start adopts the
+	// maximum of all ranks' as Ring.Finished. An owner that failed a
+	// collective its peers never learnt of is ahead by it, and they
+	// learn so here (docs/MATCHING.md, the generation rule).
+	Finished uint64
+	// Fresh tells the other ranks that this rank's owner has just
+	// started (it has formed no generation yet). Fresh ranks beside ones
+	// that are not (Ring.Restarted) are daemons restarted into a running
+	// job, which restarts the job's trainers.
+	Fresh bool
 	// SegmentBytes is the pipeline segment: the largest data frame payload
 	// and the size of each receive buffer. A multiple of 8.
 	SegmentBytes int

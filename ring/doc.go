@@ -86,7 +86,10 @@
 //	             aux = origin rank | original failure's code << 32
 //	                   | (culprit rank + 1, 0: none) << 40
 //	3 heartbeat  both ways; no payload
-//	4 start      as data; generation = the sender's running maximum proposal
+//	4 start      as data; generation = the sender's running maximum proposal;
+//	             aux = its running maximum finished count (Config.Finished);
+//	             count bit 0 / bit 1 = some rank it heard from (itself too)
+//	             is / is not fresh (Config.Fresh)
 //
 // aux of an allgather data frame is the length of the block it belongs
 // to. A reader checks magic, version, kind, reserved bytes, the sender
@@ -105,8 +108,9 @@
 // # Protocol flow
 //
 // Start: N-1 steps; in each, every rank sends a start frame with the
-// largest generation it knows and takes the maximum with what it
-// receives. All ranks end with the maximum proposal; seq restarts at 0.
+// largest generation and finished count it knows and takes the maximum
+// with what it receives. All ranks end with the maximum proposal and
+// count; seq restarts at 0.
 //
 // AllReduce, large (len > SmallBytes and count >= N): reduce-scatter
 // then allgather, 2(N-1) steps. The count is cut into N chunks (the first

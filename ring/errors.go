@@ -25,6 +25,13 @@ var (
 	ErrBusy = errors.New("another op is in progress on this ring")
 	// ErrNotStarted is returned by an op called before Start succeeded.
 	ErrNotStarted = errors.New("ring not started")
+
+	// Causes the ring's owner gives Abort, carried by abort frames as
+	// codes of their own, so that every rank tells them apart with
+	// errors.Is rather than by reading the reason text. An owner's
+	// mismatch or timeout wraps ErrMismatch or ErrTimeout.
+	ErrCallerLost = errors.New("a caller left mid-collective")
+	ErrShutdown   = errors.New("shutting down")
 )
 
 // Error is the failure of a ring, as seen by one rank, in the manner of
@@ -131,6 +138,8 @@ const (
 	codeBadFrame
 	codeGeneration
 	codeOther
+	codeCallerLost
+	codeShutdown
 )
 
 var codeSentinels = [...]error{
@@ -142,6 +151,8 @@ var codeSentinels = [...]error{
 	codeBadFrame:   ErrBadFrame,
 	codeGeneration: ErrGeneration,
 	codeOther:      nil,
+	codeCallerLost: ErrCallerLost,
+	codeShutdown:   ErrShutdown,
 }
 
 func codeOf(err error) abortCode {
@@ -164,6 +175,10 @@ func codeOf(err error) abortCode {
 		return codeBadFrame
 	case errors.Is(err, ErrGeneration):
 		return codeGeneration
+	case errors.Is(err, ErrCallerLost):
+		return codeCallerLost
+	case errors.Is(err, ErrShutdown):
+		return codeShutdown
 	case errors.Is(err, ErrAborted):
 		return codeExternal
 	}

@@ -199,13 +199,21 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 	return nil
 }
 
-// startFrame sends this rank's generation proposal.
-func (r *Ring) startFrame(gen uint32) error {
+// A start frame's count bits: some rank the sender heard from (itself
+// included) was fresh (Config.Fresh), or was not.
+const (
+	startFresh    = 1
+	startNotFresh = 2
+)
+
+// startFrame sends the largest generation proposal and finished count
+// this rank knows of.
+func (r *Ring) startFrame(gen uint32, finished, seen uint64) error {
 	i := int(r.sendCount % r.nstreams)
 	if err := r.healthy(); err != nil {
 		return err
 	}
-	h := header{Kind: kindStart, Generation: gen, Sender: uint32(r.rank), Step: uint32(r.step)}
+	h := header{Kind: kindStart, Generation: gen, Sender: uint32(r.rank), Step: uint32(r.step), Aux: finished, Count: seen}
 	r.tx[i].reqs <- txReq{hdr: h}
 	r.outstanding[i]++
 	r.sendCount++

@@ -39,16 +39,21 @@ func (r *Ring) Start() (generation uint32, err error) {
 		if err := r.Err(); err != nil {
 			return 0, err
 		}
+		r.finished = r.cfg.Finished
 		r.started.Store(true)
 		return r.gen.Load(), nil
 	}
 	r.desc, r.fp, r.seq = collective.Desc{}, 0, 0
 	r.sendCount, r.recvCount = 0, 0
 	r.route(true) // start frames are empty
-	gen := r.cfg.Generation
+	gen, finished := r.cfg.Generation, r.cfg.Finished
+	seen := uint64(startNotFresh)
+	if r.cfg.Fresh {
+		seen = startFresh
+	}
 	for s := 0; s < r.size-1 && err == nil; s++ {
 		r.setStep(s)
-		if err = r.startFrame(gen); err != nil {
+		if err = r.startFrame(gen, finished, seen); err != nil {
 			break
 		}
 		var b *rxBuf
@@ -56,6 +61,8 @@ func (r *Ring) Start() (generation uint32, err error) {
 			break
 		}
 		gen = max(gen, b.hdr.Generation)
+		finished = max(finished, b.hdr.Aux)
+		seen |= b.hdr.Count & (startFresh | startNotFresh)
 		r.release(b)
 	}
 	if derr := r.drainWrites(); err == nil {
@@ -69,8 +76,25 @@ func (r *Ring) Start() (generation uint32, err error) {
 		return 0, r.Err()
 	}
 	r.gen.Store(gen)
+	r.finished, r.freshSeen = finished, seen
 	r.started.Store(true)
 	return gen, nil
+}
+
+// Restarted reports whether Start found fresh ranks (Config.Fresh) beside
+// ranks that are not: daemons restarted into a running job. A ring whose
+// ranks are all fresh is a job starting.
+func (r *Ring) Restarted() bool {
+	return r.started.Load() && r.freshSeen == startFresh|startNotFresh
+}
+
+// Finished is the largest Config.Finished of all ranks, as Start agreed
+// it; before Start it is this rank's own.
+func (r *Ring) Finished() uint64 {
+	if !r.started.Load() {
+		return r.cfg.Finished
+	}
+	return r.finished
 }
 
 // AllReduce reduces buf in place across all ranks: afterwards every

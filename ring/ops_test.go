@@ -268,3 +268,26 @@ func TestStatus(t *testing.T) {
 		t.Errorf("after abort: %+v", st)
 	}
 }
+
+// Start agrees on the largest finished count as it does on the
+// generation: a rank that failed collectives its peers never learnt of
+// tells them how many.
+func TestStartAgreesOnFinished(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			rings, _ := faultWorldOver(t, n, true, nil, func(c *Config) { c.Finished = uint64(c.Rank*7 + 3) })
+			want := uint64((n-1)*7 + 3)
+			for i, r := range rings {
+				if got := r.Finished(); got != uint64(i*7+3) {
+					t.Errorf("rank %d before Start: Finished %d, want its own %d", i, got, i*7+3)
+				}
+			}
+			startAll(t, rings)
+			for i, r := range rings {
+				if got := r.Finished(); got != want {
+					t.Errorf("rank %d: Finished %d after Start, want the largest, %d", i, got, want)
+				}
+			}
+		})
+	}
+}

@@ -96,6 +96,9 @@ type Ring struct {
 	peerLast uint64
 
 	gen atomic.Uint32
+	// finished is Start's agreed Config.Finished (set before started).
+	finished  uint64
+	freshSeen uint64 // startFresh | startNotFresh, as Start saw them
 	// What is under way, for errors raised outside the op goroutine.
 	curOp   atomic.Uint32
 	curSeq  atomic.Uint64
