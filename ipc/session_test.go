@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -215,6 +216,43 @@ func TestSharedMemoryCall(t *testing.T) {
 	c.c.Close()
 	h.waitGone(t)
 	waitFds(t, base)
+}
+
+// A shared-memory call whose span (offset, count times the element size)
+// does not lie within its segment is BAD_SEGMENT, not fatal, with a
+// message naming the span and the segment's size; a span that ends at the
+// segment's end, an empty one included, is in range.
+func TestSegmentSpanOutOfRange(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	c := dial(t, srv.Path())
+	c.attach()
+	seg, _ := c.alloc(8192)
+	size := seg.Size
+	cases := []struct {
+		count, offset uint64
+		want          string // "" : in range
+	}{
+		{size / 4, 0, ""},
+		{1, size - 4, ""},
+		{0, size, ""},
+		{size/4 + 1, 0, fmt.Sprintf("%d bytes at offset 0, segment %d has %d bytes", size+4, seg.Segment, size)},
+		{2, size - 4, fmt.Sprintf("8 bytes at offset %d, segment %d has %d bytes", size-4, seg.Segment, size)},
+		{1, size, fmt.Sprintf("4 bytes at offset %d, segment %d has %d bytes", size, seg.Segment, size)},
+		{0, size + 4, fmt.Sprintf("0 bytes at offset %d, segment %d has %d bytes", size+4, seg.Segment, size)},
+		// offset + length wraps past 2^64: still outside, not a small span.
+		{2, 1<<64 - 4, fmt.Sprintf("8 bytes at offset %d, segment %d has %d bytes", uint64(1<<64-4), seg.Segment, size)},
+	}
+	for _, tc := range cases {
+		call := Call{Desc: descInt32(tc.count, ""), SHM: true, Segment: seg.Segment, Offset: tc.offset}
+		f := c.roundTrip(call.Encode(c.id()), -1)
+		if tc.want == "" {
+			if f.Type != TypeCallOK {
+				t.Fatalf("count %d at offset %d: %s (%v), want CALL_OK", tc.count, tc.offset, f.Type, c.errorOf(f))
+			}
+			continue
+		}
+		c.expectError(f, CodeBadSegment, false, tc.want)
+	}
 }
 
 func TestQuotaAndBusy(t *testing.T) {
