@@ -303,9 +303,6 @@ func (c *Conn) read(spin int64) (Frame, error) {
 }
 
 func (c *Conn) readFrame() (Frame, error) {
-	if err := c.checkUnclaimed(); err != nil {
-		return Frame{}, err
-	}
 	for c.w-c.r < HeaderSize {
 		if err := c.fill(HeaderSize); err != nil {
 			return Frame{}, err
@@ -322,20 +319,22 @@ func (c *Conn) readFrame() (Frame, error) {
 		return Frame{}, Fatalf(CodeBadFrame, "%s (id %d) is a request, not a daemon frame", h.Type, h.ID)
 	}
 	f := Frame{Header: h, FD: -1}
+	claimed, has := inFD{}, false
 	if h.Type.CarriesFD() {
 		// The fd came with the frame's first byte, which we hold.
 		if len(c.fds) == 0 || c.fds[0].start > c.off || c.fds[0].end <= c.off {
 			if !c.fdLost() {
-				return Frame{}, Fatalf(CodeBadFD, "%s (id %d) arrived without an fd", h.Type, h.ID)
+				return Frame{}, &frameFault{h.ID, Fatalf(CodeBadFD, "%s (id %d) arrived without an fd", h.Type, h.ID)}
 			}
 			if c.side == ClientSide {
 				// The segment it names is the daemon's, and is left
 				// behind: the connection cannot go on in step.
-				return Frame{}, Fatalf(CodeBadFD, "%s (id %d): its fd could not be received: this process is out of file descriptors (MSG_CTRUNC)", h.Type, h.ID)
+				return Frame{}, &frameFault{h.ID, Fatalf(CodeBadFD, "%s (id %d): its fd could not be received: this process is out of file descriptors (MSG_CTRUNC)", h.Type, h.ID)}
 			}
 			f.FDLost = true
 		} else {
-			f.FD = c.fds[0].fd
+			claimed, has = c.fds[0], true
+			f.FD = claimed.fd
 			c.fds = c.fds[1:]
 		}
 	}
@@ -351,22 +350,35 @@ func (c *Conn) readFrame() (Frame, error) {
 	f.Payload = c.buf[c.r+HeaderSize : c.r+total : c.r+total]
 	c.r += total
 	c.off += uint64(total)
+	if err := c.checkStray(h, claimed, has); err != nil {
+		if f.FD >= 0 {
+			unix.Close(f.FD)
+		}
+		return Frame{}, err
+	}
 	return f, nil
 }
 
-// checkUnclaimed fails if an fd arrived only with bytes of frames already
-// read: no frame can claim it any more.
-func (c *Conn) checkUnclaimed() error {
-	if len(c.fds) > 0 && c.fds[0].end <= c.off {
-		n := 0
-		for _, f := range c.fds {
-			if f.end <= c.off {
-				n++
-			}
+// checkStray fails the frame h, just read, if fds came with it that it
+// does not carry: fds of the recvmsg that gave it its own (one sendmsg
+// sent them all, and a frame carries at most one), or fds whose recvmsg
+// returned only bytes of the frames read so far, which no later frame can
+// claim. Checking before the frame is handed out means a frame with a
+// stray fd fails itself, and nothing of it is done.
+func (c *Conn) checkStray(h Header, claimed inFD, has bool) error {
+	n := 0
+	for _, fd := range c.fds {
+		if fd.end <= c.off || (has && fd.start == claimed.start && fd.end == claimed.end) {
+			n++
 		}
-		return Fatalf(CodeBadFD, "%d fd(s) arrived with frames that carry none (only %s carry one, attached to the sendmsg that begins with its first byte)", n, c.fdTypes)
 	}
-	return nil
+	if n == 0 {
+		return nil
+	}
+	if h.Type.CarriesFD() {
+		return &frameFault{h.ID, Fatalf(CodeBadFD, "%s (id %d) arrived with %d fds; it carries exactly one", h.Type, h.ID, n+1)}
+	}
+	return &frameFault{h.ID, Fatalf(CodeBadFD, "%s (id %d) arrived with %d fd(s) and carries none: only %s carry one, attached to the sendmsg that begins with the frame's first byte", h.Type, h.ID, n, c.fdTypes)}
 }
 
 // fill reads once from the socket, making room for need bytes from c.r.

@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -135,4 +136,43 @@ func truncateMessage(s string) string {
 		n--
 	}
 	return s[:n]
+}
+
+// frameFault is a fatal *Error caused by one frame whose header was read
+// and passed its checks: the ERROR frame carries that frame's id, so that
+// a client knows which of its requests was at fault (docs/PROTOCOL.md,
+// "ERROR"). Faults of no one frame (credentials, a malformed header, the
+// hello timeout) stay on id 0.
+type frameFault struct {
+	id  uint64
+	err *Error
+}
+
+func (f *frameFault) Error() string { return f.err.Error() }
+
+// Unwrap gives the *Error, so errors.As and errors.Is see through it.
+func (f *frameFault) Unwrap() error { return f.err }
+
+// faultOf makes err, if it is an *Error, the fault of the frame with id;
+// an error already tied to a frame keeps its frame.
+func faultOf(id uint64, err error) error {
+	var ff *frameFault
+	if errors.As(err, &ff) {
+		return err
+	}
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	return &frameFault{id: id, err: e}
+}
+
+// faultID is the id an ERROR frame for err carries: the id of the frame
+// that caused it, or 0.
+func faultID(err error) uint64 {
+	var ff *frameFault
+	if errors.As(err, &ff) {
+		return ff.id
+	}
+	return 0
 }

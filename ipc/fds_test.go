@@ -88,8 +88,10 @@ func TestRegisterRefusesBadFds(t *testing.T) {
 	waitFds(t, base)
 }
 
-// Fds where the protocol has none are fatal BAD_FD; another client goes
-// on, and every fd the daemon received is closed.
+// Fds where the protocol has none are fatal BAD_FD, answered to the frame
+// that came with them (its id), which is not acted on; another client goes
+// on, and every fd the daemon received is closed. A truncated control
+// message cannot be laid at one frame's door: its ERROR has id 0.
 func TestStrayFdsAreFatal(t *testing.T) {
 	srv, h := startServer(t, nil)
 	other := dial(t, srv.Path())
@@ -104,21 +106,13 @@ func TestStrayFdsAreFatal(t *testing.T) {
 		{"fd on CALL", func(c *client) Frame {
 			fd := memfd(t, 4096, unix.F_SEAL_SHRINK)
 			defer unix.Close(fd)
-			f := c.roundTrip((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(5), fd)
-			if f.Type == TypeCallOK { // the call itself was fine and may be answered first
-				f = c.read()
-			}
-			return f
-		}, "1 fd(s) arrived with frames that carry none"},
+			return c.roundTrip((&Call{Desc: descInt32(1, ""), Data: make([]byte, 4)}).Encode(5), fd)
+		}, "CALL (id 5) arrived with 1 fd(s) and carries none: only REGISTER carry one"},
 		{"fd on HELLO", func(c *client) Frame {
 			fd := memfd(t, 4096, unix.F_SEAL_SHRINK)
 			defer unix.Close(fd)
-			if f := c.roundTrip(Hello{Version: 1, LocalRank: -1, Job: "job"}.Encode(1), fd); f.Type != TypeHelloOK {
-				t.Fatalf("HELLO: %s", f.Type)
-			}
-			c.c.SetMaxFrame(minMaxFrame)
-			return c.read()
-		}, "arrived with frames that carry none"},
+			return c.roundTrip(Hello{Version: 1, LocalRank: -1, Job: "job"}.Encode(5), fd)
+		}, "HELLO (id 5) arrived with 1 fd(s) and carries none"},
 		{"REGISTER without fd", func(c *client) Frame {
 			return c.roundTrip(Register{Size: 4096}.Encode(5), -1)
 		}, "REGISTER (id 5) arrived without an fd"},
@@ -129,11 +123,21 @@ func TestStrayFdsAreFatal(t *testing.T) {
 			if _, _, err := c.uc.WriteMsgUnix(Register{Size: 4096}.Encode(5), unix.UnixRights(a, b), nil); err != nil {
 				t.Fatal(err)
 			}
-			if f := c.read(); f.Type != TypeRegisterOK {
-				t.Fatalf("REGISTER: %s", f.Type)
+			return c.read()
+		}, "REGISTER (id 5) arrived with 2 fds; it carries exactly one"},
+		{"REGISTER and a stray fd in two sendmsgs", func(c *client) Frame {
+			a, b := memfd(t, 4096, unix.F_SEAL_SHRINK), memfd(t, 4096, unix.F_SEAL_SHRINK)
+			defer unix.Close(a)
+			defer unix.Close(b)
+			reg := Register{Size: 4096}.Encode(5)
+			if _, _, err := c.uc.WriteMsgUnix(reg[:HeaderSize], unix.UnixRights(a), nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := c.uc.WriteMsgUnix(reg[HeaderSize:], unix.UnixRights(b), nil); err != nil {
+				t.Fatal(err)
 			}
 			return c.read()
-		}, "1 fd(s) arrived with frames that carry none"},
+		}, "REGISTER (id 5) arrived with 2 fds; it carries exactly one"},
 		{"200 fds (MSG_CTRUNC)", func(c *client) Frame {
 			fds := make([]int, 200)
 			for i := range fds {
@@ -160,9 +164,15 @@ func TestStrayFdsAreFatal(t *testing.T) {
 			if tc.name != "fd on HELLO" {
 				c.attach()
 			}
-			c.expectError(tc.run(c), CodeBadFD, true, tc.want)
+			f := tc.run(c)
+			if want := uint64(5); f.ID != want && tc.name != "200 fds (MSG_CTRUNC)" {
+				t.Errorf("ERROR carries id %d, want the frame's %d", f.ID, want)
+			}
+			c.expectError(f, CodeBadFD, true, tc.want)
 			c.c.Close()
-			h.waitGone(t)
+			if tc.name != "fd on HELLO" { // never admitted
+				h.waitGone(t)
+			}
 			waitFds(t, base)
 			if f := other.inlineCall(other.id(), make([]byte, 4), ""); f.Type != TypeCallOK {
 				t.Fatalf("other client: %s", f.Type)

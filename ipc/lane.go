@@ -162,13 +162,13 @@ func (l *Lane) Take(buf []byte, max uint32) (Frame, error) {
 		return Frame{}, err
 	}
 	if int(h.Length) > LaneFrameMax-HeaderSize {
-		return Frame{}, Fatalf(CodeBadFrame, "lane: %s (id %d) of %d bytes does not fit the lane's %d", h.Type, h.ID, h.Length, LaneFrameMax-HeaderSize)
+		return Frame{}, &frameFault{h.ID, Fatalf(CodeBadFrame, "lane: %s (id %d) of %d bytes does not fit the lane's %d", h.Type, h.ID, h.Length, LaneFrameMax-HeaderSize)}
 	}
 	switch {
 	case l.side == DaemonSide && h.Type != TypeCall:
-		return Frame{}, Fatalf(CodeBadFrame, "lane: %s (id %d): only CALL may travel the lane", h.Type, h.ID)
+		return Frame{}, &frameFault{h.ID, Fatalf(CodeBadFrame, "lane: %s (id %d): only CALL may travel the lane", h.Type, h.ID)}
 	case l.side == ClientSide && h.Type != TypeCallOK && h.Type != TypeError:
-		return Frame{}, Fatalf(CodeBadFrame, "lane: %s (id %d): only CALL_OK and ERROR may travel the lane", h.Type, h.ID)
+		return Frame{}, &frameFault{h.ID, Fatalf(CodeBadFrame, "lane: %s (id %d): only CALL_OK and ERROR may travel the lane", h.Type, h.ID)}
 	}
 	end := HeaderSize + int(h.Length)
 	return Frame{Header: h, Payload: buf[HeaderSize:end:end], FD: -1}, nil

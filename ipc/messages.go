@@ -59,7 +59,8 @@ func appendString8(b []byte, s string) []byte {
 
 // DecodeHello parses a HELLO payload. A wrong magic is BAD_FRAME; another
 // version is VERSION (checked before the rest, whose layout may differ in
-// that version); a local rank below -1 is RANK_RANGE. All are fatal.
+// that version); a job or label that is not UTF-8 is BAD_REQUEST; a local
+// rank below -1 is RANK_RANGE. All are fatal.
 func DecodeHello(p []byte) (Hello, error) {
 	var m Hello
 	if len(p) < 4 || string(p[:4]) != Magic {
@@ -94,11 +95,13 @@ func DecodeHello(p []byte) (Hello, error) {
 	if len(rest) != 0 {
 		return m, Fatalf(CodeBadFrame, "HELLO: %d bytes after the label", len(rest))
 	}
+	// Well formed but invalid, as a CALL's name that is not UTF-8:
+	// BAD_REQUEST, fatal only because HELLO refused ends the connection.
 	if !validUTF8(job) {
-		return m, Fatalf(CodeBadFrame, "HELLO: job name is not UTF-8")
+		return m, Fatalf(CodeBadRequest, "HELLO: job name %q is not UTF-8", job)
 	}
 	if !validUTF8(label) {
-		return m, Fatalf(CodeBadFrame, "HELLO: label is not UTF-8")
+		return m, Fatalf(CodeBadRequest, "HELLO: label %q is not UTF-8", label)
 	}
 	if !m.Observer && m.LocalRank < -1 {
 		return m, Fatalf(CodeRankRange, "HELLO: local rank %d is negative (use -1 for any free rank)", m.LocalRank)

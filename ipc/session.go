@@ -214,14 +214,15 @@ func (s *Session) run() {
 				}
 				continue
 			}
-			s.fatal(err)
+			s.fatal(faultOf(f.ID, err))
 			return
 		}
 	}
 }
 
 // fatal ends the session for err: a protocol fault is sent to the client
-// first, a transport error just recorded.
+// first, with the id of the frame that caused it (faultOf), a transport
+// error just recorded.
 func (s *Session) fatal(err error) {
 	if !s.setCause(err) {
 		return
@@ -231,7 +232,7 @@ func (s *Session) fatal(err error) {
 		fatal := *e
 		fatal.Fatal = true
 		s.log.Warn("closing connection", "code", e.Code.String(), "err", e.Message)
-		s.conn.WriteFinal(fatal.Append(s.wbuf[:0], 0))
+		s.conn.WriteFinal(fatal.Append(s.wbuf[:0], faultID(err)))
 	} else {
 		s.log.Debug("connection ended", "err", err)
 	}
@@ -258,20 +259,20 @@ func (s *Session) handshake() error {
 		closeFD(f.FD)
 	}
 	if f.Type != TypeHello {
-		return Fatalf(CodeBadFrame, "the first frame must be HELLO, got %s (id %d)", f.Type, f.ID)
+		return faultOf(f.ID, Fatalf(CodeBadFrame, "the first frame must be HELLO, got %s (id %d)", f.Type, f.ID))
 	}
 	hello, err := DecodeHello(f.Payload)
 	if err != nil {
-		return err
+		return faultOf(f.ID, err)
 	}
 	s.hello = hello
 	ok, err := s.h.Hello(s, hello)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
-			return err
+			return faultOf(f.ID, err)
 		}
-		return Fatalf(CodeInternal, "hello: %v", err)
+		return faultOf(f.ID, Fatalf(CodeInternal, "hello: %v", err))
 	}
 	s.admitted = true
 	ok.Version = hello.Version // the client's: the daemon speaks every version from MinVersion

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -217,6 +218,43 @@ func TestSharedMemoryCall(t *testing.T) {
 	waitFds(t, base)
 }
 
+// A shared-memory call whose span (offset, count times the element size)
+// does not lie within its segment is BAD_SEGMENT, not fatal, with a
+// message naming the span and the segment's size; a span that ends at the
+// segment's end, an empty one included, is in range.
+func TestSegmentSpanOutOfRange(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	c := dial(t, srv.Path())
+	c.attach()
+	seg, _ := c.alloc(8192)
+	size := seg.Size
+	cases := []struct {
+		count, offset uint64
+		want          string // "" : in range
+	}{
+		{size / 4, 0, ""},
+		{1, size - 4, ""},
+		{0, size, ""},
+		{size/4 + 1, 0, fmt.Sprintf("%d bytes at offset 0, segment %d has %d bytes", size+4, seg.Segment, size)},
+		{2, size - 4, fmt.Sprintf("8 bytes at offset %d, segment %d has %d bytes", size-4, seg.Segment, size)},
+		{1, size, fmt.Sprintf("4 bytes at offset %d, segment %d has %d bytes", size, seg.Segment, size)},
+		{0, size + 4, fmt.Sprintf("0 bytes at offset %d, segment %d has %d bytes", size+4, seg.Segment, size)},
+		// offset + length wraps past 2^64: still outside, not a small span.
+		{2, 1<<64 - 4, fmt.Sprintf("8 bytes at offset %d, segment %d has %d bytes", uint64(1<<64-4), seg.Segment, size)},
+	}
+	for _, tc := range cases {
+		call := Call{Desc: descInt32(tc.count, ""), SHM: true, Segment: seg.Segment, Offset: tc.offset}
+		f := c.roundTrip(call.Encode(c.id()), -1)
+		if tc.want == "" {
+			if f.Type != TypeCallOK {
+				t.Fatalf("count %d at offset %d: %s (%v), want CALL_OK", tc.count, tc.offset, f.Type, c.errorOf(f))
+			}
+			continue
+		}
+		c.expectError(f, CodeBadSegment, false, tc.want)
+	}
+}
+
 func TestQuotaAndBusy(t *testing.T) {
 	pg := int64(os.Getpagesize())
 	srv, h := startServer(t, func(c *ServerConfig) { c.ShmQuota = 4 * pg })
@@ -319,23 +357,26 @@ func TestMalformedFrames(t *testing.T) {
 		hello bool
 		frame []byte
 		want  string
+		id    uint64 // the ERROR's: the frame's once its header passed
 	}{
-		{"unknown type", true, Header{Type: 0x07, ID: 3}.Append(nil), "unknown frame type 0x07"},
-		{"reply type", true, Header{Type: TypeCallOK, Length: 16, ID: 3}.Append(make([]byte, 0)), "CALL_OK (id 3) is a daemon frame"},
-		{"reserved", true, func() []byte { b := AppendEmpty(nil, TypeStatus, 3); b[6] = 1; return b }(), "reserved header field"},
-		{"flags", true, func() []byte { b := AppendEmpty(nil, TypeStatus, 3); b[5] = 1; return b }(), "flags 0x01"},
+		{"unknown type", true, Header{Type: 0x07, ID: 3}.Append(nil), "unknown frame type 0x07", 0},
+		{"reply type", true, Header{Type: TypeCallOK, Length: 16, ID: 3}.Append(make([]byte, 0)), "CALL_OK (id 3) is a daemon frame", 0},
+		{"reserved", true, func() []byte { b := AppendEmpty(nil, TypeStatus, 3); b[6] = 1; return b }(), "reserved header field", 0},
+		{"flags", true, func() []byte { b := AppendEmpty(nil, TypeStatus, 3); b[5] = 1; return b }(), "flags 0x01", 0},
 		{"short FREE", true, func() []byte {
 			b := Header{Type: TypeFree, Length: 4, ID: 3}.Append(nil)
 			return append(b, 1, 0, 0, 0)
-		}(), "FREE: payload is 4 bytes, want 8"},
-		{"id 0", true, AppendEmpty(nil, TypeStatus, 0), "STATUS uses id 0"},
+		}(), "FREE: payload is 4 bytes, want 8", 3},
+		{"id 0", true, AppendEmpty(nil, TypeStatus, 0), "STATUS uses id 0", 0},
 		{"inline length", true, func() []byte {
 			b := (&Call{Desc: descInt32(2, ""), Data: make([]byte, 8)}).Encode(3)
 			binary.LittleEndian.PutUint64(b[HeaderSize+8:], 3)
 			return b
-		}(), "inline data is 8 bytes, count 3 of int32 implies 12"},
-		{"over max_frame", true, Header{Type: TypeCall, Length: minMaxFrame + 1, ID: 3}.Append(nil), "length 65537 exceeds the limit of 65536"},
-		{"over pre-hello bound", false, Header{Type: TypeHello, Length: MaxHelloFrame + 1, ID: 1}.Append(nil), "length 4097 exceeds the limit of 4096"},
+		}(), "inline data is 8 bytes, count 3 of int32 implies 12", 3},
+		{"over max_frame", true, Header{Type: TypeCall, Length: minMaxFrame + 1, ID: 3}.Append(nil), "length 65537 exceeds the limit of 65536", 0},
+		{"over pre-hello bound", false, Header{Type: TypeHello, Length: MaxHelloFrame + 1, ID: 1}.Append(nil), "length 4097 exceeds the limit of 4096", 0},
+		{"second HELLO", true, Hello{Version: 1, LocalRank: -1, Job: "job"}.Encode(4), "second HELLO (id 4)", 4},
+		{"frame of a later version", true, AppendEmpty(nil, TypeLane, 6), "LANE (id 6) needs protocol version 2", 6},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -343,7 +384,11 @@ func TestMalformedFrames(t *testing.T) {
 			if tc.hello {
 				c.attach()
 			}
-			c.expectError(c.roundTrip(tc.frame, -1), CodeBadFrame, true, tc.want)
+			f := c.roundTrip(tc.frame, -1)
+			if f.ID != tc.id {
+				t.Errorf("ERROR carries id %d, want %d", f.ID, tc.id)
+			}
+			c.expectError(f, CodeBadFrame, true, tc.want)
 			if f := other.inlineCall(other.id(), make([]byte, 4), ""); f.Type != TypeCallOK {
 				t.Fatalf("other client: %s", f.Type)
 			}

@@ -249,3 +249,44 @@ func TestCallsDoNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// A fatal ERROR carries the id of the request that caused it, and ends the
+// connection: that request and every other one in flight fail with the
+// daemon's error, not with the end of the stream that follows it.
+func TestFatalErrorWithAnIDFailsEveryCall(t *testing.T) {
+	fatal := ipc.Fatalf(ipc.CodeBadFD, "CALL (id 3) arrived with 1 fd(s) and carries none")
+	path := scriptedDaemon(t, 1, func(conn *ipc.Conn, _ net.Conn) {
+		var ids []uint64
+		for len(ids) < 2 {
+			f, err := conn.ReadFrame()
+			if err != nil {
+				return
+			}
+			ids = append(ids, f.ID)
+		}
+		conn.WriteFinal(fatal.Encode(ids[1]))
+	})
+	c, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var hs []*collectived.Handle
+	for range 2 {
+		h, err := collectived.AllReduceAsync(c, []float32{1}, collectived.Sum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	for i, h := range hs {
+		err := h.Wait()
+		var e *ipc.Error
+		if !errors.As(err, &e) || e.Code != ipc.CodeBadFD || !e.Fatal || e.Message != fatal.Message {
+			t.Errorf("call %d: %v, want the daemon's fatal BAD_FD", i, err)
+		}
+	}
+	if err := c.Err(); !errors.Is(err, ipc.ErrBadFD) {
+		t.Errorf("Err() = %v, want the fatal BAD_FD", err)
+	}
+}

@@ -227,7 +227,10 @@ func (c *Client) forget(id uint64) bool {
 // dispatch hands one frame to the handle it answers. A non-nil result is
 // the end of the connection: a fatal ERROR from the daemon.
 func (c *Client) dispatch(f ipc.Frame) error {
-	if f.Type == ipc.TypeError && f.ID == 0 {
+	if f.Type == ipc.TypeError && (f.ID == 0 || f.Flags&ipc.FlagFatal != 0) {
+		// A fatal ERROR carries the id of the request that caused it, but
+		// it ends the connection: that request and every other in flight
+		// fail with it (fail), not with the EOF that follows.
 		e, derr := ipc.DecodeError(f.Flags, f.Payload)
 		if derr != nil {
 			return derr

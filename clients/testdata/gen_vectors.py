@@ -232,6 +232,17 @@ def build() -> None:
     error("error_bad_frame_conn_fatal", 0, 1, "frame type 0x07 unknown", True)
     error("error_peer_lost_max_id", U64_MAX, 17, "node 1 (127.0.0.1:7001) lost: EOF", False)
     error("error_internal_unknown_code", 9, 999, "codes beyond 22 still decode", False)
+    # Fatal errors caused by one request carry its id (PROTOCOL.md, "ERROR"); the
+    # frame itself fails, nothing of it done. ipc/conformance_test.go provokes each
+    # of these from the daemon and compares type, id, flags and code.
+    error("error_bad_fd_fatal", 5, 11,
+          "STATUS (id 5) arrived with 1 fd(s) and carries none: only REGISTER carry one, "
+          "attached to the sendmsg that begins with the frame's first byte", True)
+    error("error_bad_fd_two_fds_fatal", 6, 11,
+          "REGISTER (id 6) arrived with 2 fds; it carries exactly one", True)
+    error("error_bad_frame_request_fatal", 7, 1,
+          "CALL: inline data is 8 bytes, count 3 of int32 implies 12", True)
+    error("error_hello_job_not_utf8", 1, 12, 'HELLO: job name "\\xff" is not UTF-8', True)
 
     # ---- invalid frames -------------------------------------------------------
     good_hello = p_hello(b"CLVD", 1, 0, -1, 4242, b"demo", b"w0")
