@@ -27,6 +27,8 @@ func (h handler) Hello(s *ipc.Session, hello ipc.Hello) (ipc.HelloOK, error) {
 		LocalSize: uint32(L),
 		WorldSize: uint32(len(d.cfg.Peers) * L),
 		TimeoutMS: uint64(d.cfg.CollectiveTimeout / time.Millisecond),
+		// Sent only to clients of version 3 on (ipc encodes by version).
+		FirstCallTimeoutMS: uint64(d.cfg.FirstCallTimeout / time.Millisecond),
 	}
 	// A trainer that reconnects right after closing may find its rank still
 	// held by its own old connection, whose end the daemon is about to
@@ -87,7 +89,7 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 	desc := r.Desc
 	switch desc.Op {
 	case collective.OpAllGather:
-		r.Fail(ipc.Errorf(ipc.CodeUnsupported, "allgather through the daemon is not implemented in protocol versions 1 and 2"))
+		r.Fail(ipc.Errorf(ipc.CodeUnsupported, "allgather through the daemon is not implemented in protocol versions 1 to 3"))
 		return
 	case collective.OpBroadcast:
 		if int(desc.Root) >= len(d.cfg.Peers)*d.cfg.LocalSize {

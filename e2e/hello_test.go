@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/collectived/collectived/ipc"
@@ -33,14 +35,16 @@ func (r *rawClient) helloOK() ipc.HelloOK {
 // full, out of range) are fatal and say why. A rank freed by a closed
 // connection is given again.
 func TestHelloAgainstDaemon(t *testing.T) {
-	w := startWorld(t, 2, 2, "")
+	// A first-call timeout unlike the collective one, to see which is which.
+	w := startWorld(t, 2, 2, strings.Replace(fastTimeouts, "first_call: 20s", "first_call: 45s", 1))
 	sock := w.sockets[1]
 
 	first := dialRaw(t, sock)
 	first.helloAs(1, 4242, "first")
 	got := first.helloOK()
 	want := ipc.HelloOK{Version: ipc.Version, WorldRank: 3, WorldSize: 4, NodeRank: 1, NodeCount: 2, LocalRank: 1, LocalSize: 2,
-		InlineLimit: 64 << 10, MaxFrame: got.MaxFrame, MaxInFlight: 64, Generation: got.Generation, ShmQuota: 4 << 30, TimeoutMS: 20000}
+		InlineLimit: 64 << 10, MaxFrame: got.MaxFrame, MaxInFlight: 64, Generation: got.Generation, ShmQuota: 4 << 30, TimeoutMS: 20000,
+		FirstCallTimeoutMS: 45000}
 	if got != want {
 		t.Fatalf("HELLO_OK %+v\nwant      %+v", got, want)
 	}
@@ -63,6 +67,20 @@ func TestHelloAgainstDaemon(t *testing.T) {
 	outside := dialRaw(t, sock)
 	outside.helloAs(7, 99, "seventh")
 	outside.expectError(ipc.CodeRankRange, "local rank 7 outside [0, 2) on node 1", true)
+
+	// Clients of versions 1 and 2 get the 60 bytes they always got: the
+	// version 3 answer without its first_call_timeout_ms, in their version.
+	for v := uint16(ipc.MinVersion); v < 3; v++ {
+		old := dialRaw(t, sock)
+		old.send(ipc.Hello{Version: v, Observer: true, LocalRank: -1, PID: 1, Job: "e2e"}.Encode(1), -1)
+		typ, _, p := old.read()
+		obs := got
+		obs.Version, obs.WorldRank, obs.LocalRank, obs.FirstCallTimeoutMS = v, ipc.NoRank, ipc.NoRank, 0
+		if want := obs.Encode(1)[ipc.HeaderSize:]; typ != ipc.TypeHelloOK || len(p) != ipc.HelloOKSizeV1 || !bytes.Equal(p, want) {
+			t.Errorf("version %d observer: %s %x\nwant HELLO_OK %x", v, typ, p, want)
+		}
+		old.uc.Close()
+	}
 
 	first.uc.Close()
 	again := dialRaw(t, sock)

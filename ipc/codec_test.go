@@ -45,15 +45,36 @@ func TestRoundTrip(t *testing.T) {
 
 	ok := HelloOK{Version: 1, WorldRank: 5, WorldSize: 8, NodeRank: 1, NodeCount: 2, LocalRank: 1, LocalSize: 4,
 		InlineLimit: 65536, MaxFrame: 65536 + 4096, MaxInFlight: 16, Generation: 3, ShmQuota: 1 << 30, TimeoutMS: 90000}
-	_, p = splitFrame(t, ok.Encode(1))
-	if len(p) != HelloOKSize {
-		t.Fatalf("HELLO_OK payload %d bytes", len(p))
-	}
-	if got, err := DecodeHelloOK(p); err != nil || got != ok {
-		t.Errorf("DecodeHelloOK = %+v, %v; want %+v", got, err, ok)
-	}
 	if ok.Timeout() != 90*time.Second || (HelloOK{TimeoutMS: 1 << 63}).Timeout() <= 0 {
 		t.Errorf("Timeout() = %v", ok.Timeout())
+	}
+	if (HelloOK{FirstCallTimeoutMS: 1 << 63}).FirstCallTimeout() <= 0 {
+		t.Error("FirstCallTimeout() overflows")
+	}
+	for v := uint16(MinVersion); v <= Version; v++ {
+		m := ok
+		m.Version, m.FirstCallTimeoutMS = v, 600000
+		want := m
+		size := HelloOKSizeV3
+		if v < 3 {
+			// Older layouts have no room for it: it is neither sent nor decoded.
+			want.FirstCallTimeoutMS, size = 0, HelloOKSizeV1
+		}
+		_, p = splitFrame(t, m.Encode(1))
+		if len(p) != size || HelloOKSize(v) != size {
+			t.Fatalf("version %d: HELLO_OK payload %d bytes, HelloOKSize %d; want %d", v, len(p), HelloOKSize(v), size)
+		}
+		got, err := DecodeHelloOK(p)
+		if err != nil || got != want {
+			t.Errorf("version %d: DecodeHelloOK = %+v, %v; want %+v", v, got, err, want)
+		}
+		bound, stated := got.CallBound()
+		if v >= 3 && (bound != 10*time.Minute || !stated) || v < 3 && (bound != 90*time.Second || stated) {
+			t.Errorf("version %d: CallBound() = %v, %v", v, bound, stated)
+		}
+	}
+	if HelloOKSize(0) != 0 || HelloOKSize(Version+1) != 0 {
+		t.Errorf("HelloOKSize of unknown versions: %d, %d", HelloOKSize(0), HelloOKSize(Version+1))
 	}
 
 	_, p = splitFrame(t, Alloc{Size: 4096}.Encode(2))
@@ -225,8 +246,8 @@ func TestDecodeErrors(t *testing.T) {
 		want  string
 	}{
 		{hello(func(p []byte) []byte { p[0] = 'X'; return p }), CodeBadFrame, true, "magic"},
-		{hello(func(p []byte) []byte { p[4] = 3; return p }), CodeVersion, true, "version 3, daemon speaks 1 to 2"},
-		{hello(func(p []byte) []byte { p[4] = 0; return p }), CodeVersion, true, "version 0, daemon speaks 1 to 2"},
+		{hello(func(p []byte) []byte { p[4] = 4; return p }), CodeVersion, true, "version 4, daemon speaks 1 to 3"},
+		{hello(func(p []byte) []byte { p[4] = 0; return p }), CodeVersion, true, "version 0, daemon speaks 1 to 3"},
 		{hello(func(p []byte) []byte { p[6] = 2; return p }), CodeBadFrame, true, "flags 0x0002"},
 		{hello(func(p []byte) []byte { p[16] = 200; return p }), CodeBadFrame, true, "job length 200"},
 		{hello(func(p []byte) []byte { return append(p, 0) }), CodeBadFrame, true, "after the label"},
@@ -278,8 +299,8 @@ func TestDecodeErrors(t *testing.T) {
 		mut  func(*HelloOK)
 		want string
 	}{
-		{func(m *HelloOK) { m.Version = 3 }, "daemon answers in protocol version 3, client speaks 1 to 2"},
-		{func(m *HelloOK) { m.Version = 0 }, "daemon answers in protocol version 0, client speaks 1 to 2"},
+		{func(m *HelloOK) { m.Version = 4 }, "daemon answers in protocol version 4, client speaks 1 to 3"},
+		{func(m *HelloOK) { m.Version = 0 }, "daemon answers in protocol version 0, client speaks 1 to 3"},
 		{func(m *HelloOK) { m.MaxFrame = 1024 }, "max_frame 1024"},
 		{func(m *HelloOK) { m.InlineLimit = 4000 }, "inline_limit 4000"},
 		{func(m *HelloOK) { m.MaxInFlight = 0 }, "max_in_flight is 0"},
@@ -301,9 +322,31 @@ func TestDecodeErrors(t *testing.T) {
 		}
 		checkErr(t, err, code, true, c.want)
 	}
-	if _, err := DecodeHelloOK(make([]byte, 59)); err == nil {
-		t.Error("59-byte HELLO_OK accepted")
+	// The length is checked against the version's layout, and the error
+	// names both.
+	v3 := good
+	v3.Version, v3.FirstCallTimeoutMS = 3, 5000
+	_, p3 := splitFrame(t, v3.Encode(1))
+	_, p1 := splitFrame(t, good.Encode(1))
+	v2 := good
+	v2.Version = 2
+	_, p2 := splitFrame(t, v2.Encode(1))
+	for _, c := range []struct {
+		p    []byte
+		want string
+	}{
+		{p1[:59], "HELLO_OK: payload is 59 bytes, want 60 in protocol version 1"},
+		{append(p1[:60:60], make([]byte, 8)...), "HELLO_OK: payload is 68 bytes, want 60 in protocol version 1"},
+		{append(p2[:60:60], make([]byte, 8)...), "HELLO_OK: payload is 68 bytes, want 60 in protocol version 2"},
+		{p3[:60], "HELLO_OK: payload is 60 bytes, want 68 in protocol version 3"},
+		{append(p3[:68:68], 0), "HELLO_OK: payload is 69 bytes, want 68 in protocol version 3"},
+		{p3[:1], "HELLO_OK: payload is 1 bytes, too short for the version"},
+	} {
+		_, err := DecodeHelloOK(c.p)
+		checkErr(t, err, CodeBadFrame, true, c.want)
 	}
+	_, err = DecodeHelloOK(append([]byte{4, 0}, make([]byte, 66)...))
+	checkErr(t, err, CodeVersion, true, "daemon answers in protocol version 4")
 }
 
 func TestDecodeCallErrors(t *testing.T) {

@@ -41,14 +41,14 @@
 // Handler as a Request. The Handler, the daemon core, answers with
 // Request.Reply or Request.Fail from any goroutine; answers are queued to
 // the session's writer and never block the core. Operations the daemon
-// does not implement (allgather, in versions 1 and 2) are the Handler's
+// does not implement (allgather, in versions 1 to 3) are the Handler's
 // to refuse.
 //
 // # Lane
 //
-// A version-2 client may ask for a lane (LANE): a sealed memfd the session
-// makes and polls beside the socket, where a CALL and its answer meet
-// without a system call (lane.go has the layout and the handshake that
+// A client of version 2 or later may ask for a lane (LANE): a sealed
+// memfd the session makes and polls beside the socket, where a CALL and
+// its answer meet without a system call (lane.go has the layout and the handshake that
 // keeps a sleeping side from being missed). Conn.SetLane makes a read look
 // at it between frames; a frame waiting there ends the read with ErrRung,
 // and Lane.Take copies it out and checks it as Conn checks the socket's.

@@ -52,7 +52,7 @@ func (c Code) String() string {
 	return fmt.Sprintf("CODE(%d)", uint16(c))
 }
 
-// Known reports whether c is a code of the protocol (versions 1 and 2 have
+// Known reports whether c is a code of the protocol (versions 1 to 3 have
 // the same codes).
 func (c Code) Known() bool { return c != 0 && int(c) < len(codeNames) }
 

@@ -3,6 +3,7 @@ package ipc
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 )
 
 // Protocol constants (docs/PROTOCOL.md).
@@ -11,7 +12,7 @@ const (
 	Magic = "CLVD"
 	// Version is the newest protocol version this package speaks; a
 	// daemon also serves clients of every version from MinVersion.
-	Version = 2
+	Version = 3
 	// MinVersion is the oldest protocol version a daemon still serves.
 	MinVersion = 1
 	// HeaderSize is the length of every frame header.
@@ -29,6 +30,13 @@ const (
 	// NoRank is the world and local rank of an observer.
 	NoRank = 0xffffffff
 )
+
+// TimeoutMargin is the slack on a daemon's bound for a collective
+// (docs/PROTOCOL.md, "Timeouts"): its TIMEOUT reaches a waiting trainer
+// within the bound plus this. Clients wait two margins past the bound by
+// default, so that the daemon's error, which names who has not called,
+// always comes before their own. Every client uses the same number.
+const TimeoutMargin = 5 * time.Second
 
 // Type is a frame type. Requests are 0x01-0x7f; a successful reply is the
 // request's type with the high bit set; ERROR is 0xff.

@@ -54,7 +54,8 @@ func (h *testHandler) Hello(s *Session, m Hello) (HelloOK, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.pids = append(h.pids, s.PID())
-	ok := HelloOK{WorldSize: uint32(h.localSize), NodeCount: 1, LocalSize: uint32(h.localSize), Generation: 1, TimeoutMS: 60000}
+	ok := HelloOK{WorldSize: uint32(h.localSize), NodeCount: 1, LocalSize: uint32(h.localSize), Generation: 1, TimeoutMS: 60000,
+		FirstCallTimeoutMS: 600000}
 	if m.Observer {
 		return ok, nil
 	}

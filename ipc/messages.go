@@ -119,34 +119,68 @@ func cutString8(p []byte) (s, rest []byte, ok bool) {
 }
 
 // HelloOK accepts a connection (daemon to client). For an observer,
-// WorldRank and LocalRank are NoRank.
+// WorldRank and LocalRank are NoRank. Its layout depends on Version:
+// FirstCallTimeoutMS travels only in version 3 and later (it is 0 when
+// decoded from an older HELLO_OK, and left out when encoding one).
 type HelloOK struct {
-	Version     uint16
-	WorldRank   uint32
-	WorldSize   uint32
-	NodeRank    uint32
-	NodeCount   uint32
-	LocalRank   uint32
-	LocalSize   uint32
-	InlineLimit uint32
-	MaxFrame    uint32
-	MaxInFlight uint32
-	Generation  uint32
-	ShmQuota    uint64
-	TimeoutMS   uint64 // the daemon's collective timeout
+	Version            uint16
+	WorldRank          uint32
+	WorldSize          uint32
+	NodeRank           uint32
+	NodeCount          uint32
+	LocalRank          uint32
+	LocalSize          uint32
+	InlineLimit        uint32
+	MaxFrame           uint32
+	MaxInFlight        uint32
+	Generation         uint32
+	ShmQuota           uint64
+	TimeoutMS          uint64 // the daemon's collective timeout
+	FirstCallTimeoutMS uint64 // version 3: its timeout for the first collective of a generation
 }
 
 // Timeout is TimeoutMS as a Duration, saturating at the largest Duration.
-func (m HelloOK) Timeout() time.Duration {
-	if m.TimeoutMS > uint64(math.MaxInt64/int64(time.Millisecond)) {
-		return math.MaxInt64
-	}
-	return time.Duration(m.TimeoutMS) * time.Millisecond
+func (m HelloOK) Timeout() time.Duration { return millis(m.TimeoutMS) }
+
+// FirstCallTimeout is FirstCallTimeoutMS as a Duration, saturating at the
+// largest Duration; 0 before version 3.
+func (m HelloOK) FirstCallTimeout() time.Duration { return millis(m.FirstCallTimeoutMS) }
+
+// CallBound is the daemon's bound on a call of unknown place in its
+// generation, max(timeout_ms, first_call_timeout_ms), and whether the
+// HELLO_OK states it (version 3): an older one states only timeout_ms,
+// which does not bound the first call of a generation.
+func (m HelloOK) CallBound() (time.Duration, bool) {
+	return max(m.Timeout(), m.FirstCallTimeout()), m.Version >= 3
 }
 
-// HelloOKSize is the HELLO_OK payload length.
-const HelloOKSize = 60
+func millis(ms uint64) time.Duration {
+	if ms > uint64(math.MaxInt64/int64(time.Millisecond)) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
 
+// HELLO_OK payload lengths: versions 1 and 2 end with timeout_ms, version 3
+// adds first_call_timeout_ms.
+const (
+	HelloOKSizeV1 = 60
+	HelloOKSizeV3 = HelloOKSizeV1 + 8
+)
+
+// HelloOKSize is the HELLO_OK payload length in protocol version v, 0 for
+// a version this package does not speak.
+func HelloOKSize(v uint16) int {
+	switch {
+	case v < MinVersion || v > Version:
+		return 0
+	case v >= 3:
+		return HelloOKSizeV3
+	}
+	return HelloOKSizeV1
+}
+
+// Append appends a HELLO_OK frame in the layout of m.Version.
 func (m HelloOK) Append(b []byte, id uint64) []byte {
 	b, start := beginFrame(b, TypeHelloOK, 0, id)
 	le := binary.LittleEndian
@@ -158,20 +192,31 @@ func (m HelloOK) Append(b []byte, id uint64) []byte {
 	}
 	b = le.AppendUint64(b, m.ShmQuota)
 	b = le.AppendUint64(b, m.TimeoutMS)
+	if m.Version >= 3 {
+		b = le.AppendUint64(b, m.FirstCallTimeoutMS)
+	}
 	return endFrame(b, start)
 }
 
 func (m HelloOK) Encode(id uint64) []byte { return m.Append(nil, id) }
 
 // DecodeHelloOK parses a HELLO_OK payload and checks that its numbers are
-// consistent with each other (a client relies on them for its bounds).
+// consistent with each other (a client relies on them for its bounds). The
+// version comes first: it decides the length the rest must have.
 func DecodeHelloOK(p []byte) (HelloOK, error) {
 	var m HelloOK
-	if len(p) != HelloOKSize {
-		return m, Fatalf(CodeBadFrame, "HELLO_OK: payload is %d bytes, want %d", len(p), HelloOKSize)
+	if len(p) < 2 {
+		return m, Fatalf(CodeBadFrame, "HELLO_OK: payload is %d bytes, too short for the version", len(p))
 	}
 	le := binary.LittleEndian
 	m.Version = le.Uint16(p[0:])
+	want := HelloOKSize(m.Version)
+	if want == 0 {
+		return m, Fatalf(CodeVersion, "HELLO_OK: daemon answers in protocol version %d, client speaks %d to %d", m.Version, MinVersion, Version)
+	}
+	if len(p) != want {
+		return m, Fatalf(CodeBadFrame, "HELLO_OK: payload is %d bytes, want %d in protocol version %d", len(p), want, m.Version)
+	}
 	if r := le.Uint16(p[2:]); r != 0 {
 		return m, Fatalf(CodeBadFrame, "HELLO_OK: reserved field is %d, must be 0", r)
 	}
@@ -182,8 +227,8 @@ func DecodeHelloOK(p []byte) (HelloOK, error) {
 	}
 	m.ShmQuota = le.Uint64(p[44:])
 	m.TimeoutMS = le.Uint64(p[52:])
-	if m.Version < MinVersion || m.Version > Version {
-		return m, Fatalf(CodeVersion, "HELLO_OK: daemon answers in protocol version %d, client speaks %d to %d", m.Version, MinVersion, Version)
+	if m.Version >= 3 {
+		m.FirstCallTimeoutMS = le.Uint64(p[60:])
 	}
 	if uint64(m.MaxFrame) < uint64(m.InlineLimit)+FrameOverhead || m.MaxFrame < MaxHelloFrame {
 		return m, Fatalf(CodeBadFrame, "HELLO_OK: max_frame %d is below max(inline_limit %d + %d, %d)", m.MaxFrame, m.InlineLimit, FrameOverhead, MaxHelloFrame)

@@ -17,7 +17,8 @@ type Handler interface {
 	// Hello admits a connection. Return an *Error to refuse it (it is sent
 	// FATAL whatever its Fatal field says); any other error is sent as
 	// INTERNAL. The handler fills world_rank, world_size, node_rank,
-	// node_count, local_rank, local_size, generation and timeout_ms; the
+	// node_count, local_rank, local_size, generation, timeout_ms and
+	// first_call_timeout_ms (sent only in version 3 and later); the
 	// server fills version, inline_limit, max_frame, max_in_flight and
 	// shm_quota, and sets both ranks to NoRank for an observer.
 	Hello(s *Session, h Hello) (HelloOK, error)

@@ -16,6 +16,41 @@ import (
 	"github.com/collectived/collectived/collective"
 )
 
+// Each version gets HELLO_OK in its own layout: versions 1 and 2 exactly
+// the 60 bytes they always had (an older client checks the length), 3 the
+// same followed by first_call_timeout_ms.
+func TestHelloOKLayoutPerVersion(t *testing.T) {
+	srv, h := startServer(t, nil)
+	le := binary.LittleEndian
+	for v := uint16(MinVersion); v <= Version; v++ {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: v, LocalRank: 0, Job: "job"}.Encode(7), -1)
+		if f.Type != TypeHelloOK || f.ID != 7 {
+			t.Fatalf("version %d: HELLO answered with %s id %d: %v", v, f.Type, f.ID, c.errorOf(f))
+		}
+		// Written out field by field, independently of HelloOK.Append.
+		want := le.AppendUint16(nil, v)
+		want = le.AppendUint16(want, 0)
+		for _, x := range []uint32{0, 4, 0, 1, 0, 4, 4096, minMaxFrame, 8, 1} {
+			want = le.AppendUint32(want, x)
+		}
+		want = le.AppendUint64(want, 16<<20)
+		want = le.AppendUint64(want, 60000)
+		if v >= 3 {
+			want = le.AppendUint64(want, 600000)
+		}
+		if !bytes.Equal(f.Payload, want) {
+			t.Errorf("version %d: HELLO_OK payload\n %x\nwant\n %x", v, f.Payload, want)
+		}
+		ok, err := DecodeHelloOK(f.Payload)
+		if err != nil || ok.Version != v {
+			t.Fatalf("version %d: %+v %v", v, ok, err)
+		}
+		c.c.Close()
+		h.waitGone(t)
+	}
+}
+
 func TestHello(t *testing.T) {
 	srv, h := startServer(t, nil)
 
@@ -28,8 +63,8 @@ func TestHello(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		c := dial(t, srv.Path())
-		f := c.roundTrip(Hello{Version: 3, LocalRank: -1, Job: "job"}.Encode(1), -1)
-		c.expectError(f, CodeVersion, true, "client speaks protocol version 3, daemon speaks 1 to 2")
+		f := c.roundTrip(Hello{Version: 4, LocalRank: -1, Job: "job"}.Encode(1), -1)
+		c.expectError(f, CodeVersion, true, "client speaks protocol version 4, daemon speaks 1 to 3")
 	})
 	t.Run("version 2 answered in 2", func(t *testing.T) {
 		c := dial(t, srv.Path())
@@ -45,6 +80,11 @@ func TestHello(t *testing.T) {
 		// a later waitGone takes its Disconnected for someone else's.
 		c.c.Close()
 		h.waitGone(t)
+	})
+	t.Run("version 0", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		f := c.roundTrip(Hello{Version: 0, LocalRank: -1, Job: "job"}.Encode(1), -1)
+		c.expectError(f, CodeVersion, true, "client speaks protocol version 0, daemon speaks 1 to 3")
 	})
 	t.Run("job", func(t *testing.T) {
 		c := dial(t, srv.Path())

@@ -31,6 +31,7 @@ var vectorChecks = map[string][]string{
 	"bad_magic":          {"magic"},
 	"payload_length":     {"payload is", "runs past", "after the"},
 	"inline_data_length": {"inline data is"},
+	"bad_version":        {"protocol version"},
 }
 
 // decodeAny decodes a whole frame with the pre-HELLO bound and re-encodes
@@ -68,6 +69,9 @@ func decodeAny(b []byte) (Header, map[string]any, []byte, error) {
 			"node_rank": uint64(m.NodeRank), "node_count": uint64(m.NodeCount), "local_rank": uint64(m.LocalRank),
 			"local_size": uint64(m.LocalSize), "inline_limit": uint64(m.InlineLimit), "max_frame": uint64(m.MaxFrame),
 			"max_in_flight": uint64(m.MaxInFlight), "generation": uint64(m.Generation), "shm_quota": m.ShmQuota, "timeout_ms": m.TimeoutMS}
+		if m.Version >= 3 {
+			f["first_call_timeout_ms"] = m.FirstCallTimeoutMS
+		}
 		out = m.Encode(h.ID)
 	case TypeAlloc:
 		m, err := DecodeAlloc(p)
@@ -190,9 +194,15 @@ func TestSharedVectors(t *testing.T) {
 				t.Errorf("%s: decoded, want failure %s", v.Name, v.Error)
 				continue
 			}
+			// A version that cannot be read is the protocol's VERSION
+			// error; every other broken frame is BAD_FRAME.
+			code := CodeBadFrame
+			if v.Error == "bad_version" {
+				code = CodeVersion
+			}
 			var e *Error
-			if !errors.As(err, &e) || e.Code != CodeBadFrame || !e.Fatal {
-				t.Errorf("%s: error %v, want fatal BAD_FRAME", v.Name, err)
+			if !errors.As(err, &e) || e.Code != code || !e.Fatal {
+				t.Errorf("%s: error %v, want fatal %s", v.Name, err, code)
 			}
 			named := false
 			for _, w := range words {

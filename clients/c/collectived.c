@@ -1,5 +1,5 @@
 /*
- * collectived.c - C client of collectived, protocol version 2 (1 with an older daemon).
+ * collectived.c - C client of collectived, protocol version 3 (2 or 1 with an older daemon).
  * See collectived.h for the API and docs/PROTOCOL.md for the wire format.
  */
 #define _GNU_SOURCE /* memfd_create, MSG_CMSG_CLOEXEC, F_ADD_SEALS */
@@ -161,6 +161,16 @@ int cvd_frame_header(const uint8_t *hdr, uint32_t max_len, cvd_frame *f, uint32_
 	return 0;
 }
 
+/* HELLO_OK's payload length in protocol version v (versions 1 and 2 end
+ * with timeout_ms, 3 adds first_call_timeout_ms); 0 for a version whose
+ * layout this client does not know. */
+static size_t hello_ok_len(unsigned v)
+{
+	if (v < 1 || v > CVD_PROTOCOL_VERSION)
+		return 0;
+	return v >= 3 ? 68 : 60;
+}
+
 #define NEED(n, what) do { if (len < (size_t)(n)) return frame_err(err, "payload_length", \
 	"%s payload is %lu bytes, too short for %s", name, (unsigned long)len, what); } while (0)
 #define EXACT(n) do { if (len != (size_t)(n)) return frame_err(err, "payload_length", \
@@ -194,8 +204,17 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err
 		f->label = p + off + 1;
 		return 0;
 	case CVD_T_HELLO_OK:
-		EXACT(60);
+		/* The version decides the layout, so it is read first. */
+		NEED(2, "the version");
 		f->version = get16(p);
+		esize = hello_ok_len(f->version);
+		if (!esize)
+			return frame_err(err, "bad_version", "HELLO_OK is in protocol version %u, whose layout "
+					 "this client does not know (it speaks 1 to %d)", f->version,
+					 CVD_PROTOCOL_VERSION);
+		if (len != esize)
+			return frame_err(err, "payload_length", "HELLO_OK payload is %lu bytes, must be %lu in "
+					 "protocol version %u", (unsigned long)len, (unsigned long)esize, f->version);
 		ZERO(get16(p + 2), "reserved field");
 		f->info.version = f->version;
 		f->info.world_rank = get32(p + 4);
@@ -210,6 +229,7 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err
 		f->info.generation = get32(p + 40);
 		f->info.shm_quota = get64(p + 44);
 		f->info.timeout_ms = get64(p + 52);
+		f->size = f->version >= 3 ? get64(p + 60) : 0; /* first_call_timeout_ms */
 		return 0;
 	case CVD_T_ALLOC:
 	case CVD_T_REGISTER:
@@ -320,7 +340,7 @@ static size_t payload_len(const cvd_frame *f)
 		if (f->job_len > 255 || f->label_len > 255)
 			return (size_t)-1;
 		return 18 + f->job_len + f->label_len;
-	case CVD_T_HELLO_OK: return 60;
+	case CVD_T_HELLO_OK: return hello_ok_len(f->version) ? hello_ok_len(f->version) : (size_t)-1;
 	case CVD_T_ALLOC: case CVD_T_REGISTER: case CVD_T_FREE: return 8;
 	case CVD_T_ALLOC_OK: case CVD_T_REGISTER_OK: return 16;
 	case CVD_T_FREE_OK: case CVD_T_STATUS: return 0;
@@ -377,6 +397,8 @@ static size_t encode_prefix(const cvd_frame *f, uint8_t *o, size_t plen)
 		put32(o + 40, f->info.generation);
 		put64(o + 44, f->info.shm_quota);
 		put64(o + 52, f->info.timeout_ms);
+		if (f->version >= 3)
+			put64(o + 60, f->size); /* first_call_timeout_ms */
 		return CVD_HEADER_SIZE + plen;
 	case CVD_T_ALLOC: case CVD_T_REGISTER: case CVD_T_LANE_OK:
 		put64(o, f->size);
@@ -472,6 +494,7 @@ struct cvd_client {
 	cvd_info info;
 	int observer;
 	int64_t timeout_ms;
+	uint64_t first_call_timeout_ms; /* HELLO_OK's, version 3; 0 before (cvd_info keeps its layout) */
 	int64_t spin_ns; /* cvd_options.spin_us; 0: never poll */
 	int64_t inline_max; /* cvd_options.inline_max, capped by info.inline_limit; -1: none */
 	int small_scratch;  /* scratch segments made for calls that could go inline */
@@ -574,6 +597,7 @@ int cvd_node_rank(const cvd_client *c) { return (int)c->info.node_rank; }
 int cvd_node_count(const cvd_client *c) { return (int)c->info.node_count; }
 uint32_t cvd_generation(const cvd_client *c) { return c->info.generation; }
 int64_t cvd_default_timeout_ms(const cvd_client *c) { return c->timeout_ms; }
+uint64_t cvd_first_call_timeout_ms(const cvd_client *c) { return c->first_call_timeout_ms; }
 uint64_t cvd_bytes_sent(const cvd_client *c) { return c->bytes_sent; }
 int cvd_has_lane(const cvd_client *c) { return c->lane != NULL; }
 
@@ -1175,15 +1199,30 @@ static void free_req(cvd_request *r)
 	free(r);
 }
 
-static int64_t default_timeout(uint64_t daemon_ms)
+/* The default wait from HELLO_OK (docs/PROTOCOL.md, Timeouts): the
+ * daemon's bound on any call, max(timeout_ms, first_call_timeout_ms), plus
+ * two margins, so that its TIMEOUT (which names who has not called) always
+ * comes first. A HELLO_OK older than version 3 does not state the first
+ * call's bound: then 2 * timeout_ms plus two margins, or what this client
+ * waited before (timeout_ms plus 10%, at least 5 s) if more. Capped at
+ * INT64_MAX / 2 ms, so that adding it to a clock cannot overflow. */
+static int64_t default_timeout(const cvd_info *info, uint64_t first_call_ms)
 {
-	uint64_t margin;
-	if (daemon_ms == 0)
+	const uint64_t cap = (uint64_t)INT64_MAX / 2, margins = 2 * CVD_TIMEOUT_MARGIN_MS;
+	uint64_t t = info->timeout_ms, bound, old;
+	if (info->version >= 3) {
+		bound = t > first_call_ms ? t : first_call_ms;
+		if (bound == 0)
+			return FALLBACK_TIMEOUT_MS;
+		return (int64_t)(bound > cap - margins ? cap : bound + margins);
+	}
+	if (t == 0)
 		return FALLBACK_TIMEOUT_MS;
-	if (daemon_ms > (uint64_t)INT64_MAX / 2)
-		return INT64_MAX / 2;
-	margin = daemon_ms / 10 > 5000 ? daemon_ms / 10 : 5000;
-	return (int64_t)(daemon_ms + margin);
+	if (t > (cap - margins) / 2)
+		return (int64_t)cap;
+	old = t + (t / 10 > 5000 ? t / 10 : 5000);
+	bound = 2 * t + margins;
+	return (int64_t)(bound > old ? bound : old);
 }
 
 /* Read exactly n bytes before the deadline (HELLO exchange only). */
@@ -1276,6 +1315,7 @@ static int hello(cvd_client *c, const cvd_options *o, uint16_t version, int64_t 
 		return CVD_E_PROTOCOL;
 	}
 	c->info = f.info;
+	c->first_call_timeout_ms = f.size;
 	return 0;
 }
 
@@ -1294,12 +1334,13 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 	for (;;) {
 		cvd_client *c = connect_once(socket_path, opt, version, err);
 		struct timespec ts;
-		/* A daemon older than this client refuses version 2: a version-2
-		 * connection that never opens its lane is version 1, so ask for
-		 * that, on a new connection (VERSION is fatal to the first), and
-		 * keep to it while retrying for a rank. */
-		if (!c && err->code == CVD_E_VERSION && version > 1) {
-			version = 1;
+		/* A daemon older than this client refuses its version: ask again
+		 * one version lower, on a new connection each time (VERSION is
+		 * fatal to the old one), and keep to the version answered while
+		 * retrying for a rank. What an older version lacks (the first-call
+		 * timeout in 2, the lane too in 1) the client does without. */
+		while (!c && err->code == CVD_E_VERSION && version > 1) {
+			version--;
 			c = connect_once(socket_path, opt, version, err);
 		}
 		if (c || (err->code != CVD_E_RANK_TAKEN && err->code != CVD_E_FULL) || now_ms() >= until)
@@ -1370,7 +1411,7 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 		free(c);
 		return NULL;
 	}
-	c->timeout_ms = opt->timeout_ms > 0 ? opt->timeout_ms : default_timeout(c->info.timeout_ms);
+	c->timeout_ms = opt->timeout_ms > 0 ? opt->timeout_ms : default_timeout(&c->info, c->first_call_timeout_ms);
 	if (opt->spin_us == 0)
 		c->spin_ns = DEFAULT_SPIN_NS;
 	else if (opt->spin_us > 0)

@@ -1,5 +1,5 @@
 /*
- * collectived.h - C client of collectived (client protocol version 1,
+ * collectived.h - C client of collectived (client protocol version 3,
  * docs/PROTOCOL.md). C99, libc only; usable from C++.
  *
  * A trainer connects to its node's daemon, then runs collectives whose
@@ -30,9 +30,14 @@
  * order anyway). Distinct clients are independent. After fork() the child
  * must connect anew: calls on the parent's client fail with CVD_E_INVALID.
  *
- * Timeouts: no call waits forever. The default bound of a wait is the
- * daemon's collective timeout (HELLO_OK timeout_ms) plus 10% (at least
- * 5 s), or cvd_options.timeout_ms.
+ * Timeouts: no call waits forever. The default bound of a wait
+ * (cvd_default_timeout_ms) is the larger of the daemon's two timeouts in
+ * HELLO_OK, timeout_ms and first_call_timeout_ms (the first collective of
+ * a ring generation), plus twice CVD_TIMEOUT_MARGIN_MS: the daemon's own
+ * TIMEOUT, which names who has not called, always comes first
+ * (docs/PROTOCOL.md, Timeouts). A daemon of protocol version 1 or 2 does
+ * not state the first-call timeout: then twice timeout_ms plus two
+ * margins. cvd_options.timeout_ms, when given, wins.
  */
 #ifndef COLLECTIVED_H
 #define COLLECTIVED_H
@@ -44,7 +49,10 @@
 extern "C" {
 #endif
 
-#define CVD_PROTOCOL_VERSION 2 /* the newest spoken; with a daemon that refuses it, 1 (no lane) */
+#define CVD_PROTOCOL_VERSION 3 /* the newest spoken; a daemon that refuses it is asked in 2, then 1 (no lane) */
+/* The slack on the daemon's timeout bound (docs/PROTOCOL.md, Timeouts):
+ * the same 5 s as every client's. */
+#define CVD_TIMEOUT_MARGIN_MS 5000
 #define CVD_DEFAULT_SOCKET "/run/collectived/collectived.sock"
 #define CVD_DEFAULT_JOB "default"
 #define CVD_HEADER_SIZE 16
@@ -129,7 +137,7 @@ typedef struct cvd_options {
 	const char *label;          /* NULL: "" (at most 255 bytes) */
 	int32_t local_rank;         /* -1: the lowest free local rank */
 	int observer;               /* nonzero: no rank, STATUS only */
-	int64_t timeout_ms;         /* default wait; <= 0: daemon's timeout + margin */
+	int64_t timeout_ms;         /* default wait; <= 0: from HELLO_OK (see Timeouts above) */
 	int64_t connect_timeout_ms; /* connect + HELLO; <= 0: 10000 */
 	int64_t rank_retry_ms;      /* keep retrying while the daemon answers RANK_TAKEN or
 				     * FULL (a restarted trainer whose predecessor's exit the
@@ -149,13 +157,14 @@ typedef struct cvd_options {
 				     * inline */
 	int no_lane;                /* nonzero: small calls keep to the socket instead of
 				     * the connection's lane of shared memory (protocol
-				     * version 2, docs/PROTOCOL.md, LANE) */
+				     * version 2 and later, docs/PROTOCOL.md, LANE) */
 } cvd_options;
 
 /* Fill *opt with the defaults (local_rank -1, everything else 0/NULL). */
 void cvd_options_init(cvd_options *opt);
 
-/* What HELLO_OK told the client. */
+/* What HELLO_OK told the client (but first_call_timeout_ms, of version 3:
+ * cvd_first_call_timeout_ms; this struct keeps its layout). */
 typedef struct cvd_info {
 	uint32_t version;
 	uint32_t world_rank; /* 0xffffffff for an observer */
@@ -193,7 +202,11 @@ int cvd_local_size(const cvd_client *c);
 int cvd_node_rank(const cvd_client *c);
 int cvd_node_count(const cvd_client *c);
 uint32_t cvd_generation(const cvd_client *c); /* of the last completed collective */
-int64_t cvd_default_timeout_ms(const cvd_client *c);
+int64_t cvd_default_timeout_ms(const cvd_client *c); /* the wait of cvd_wait(..., -1, ...) */
+/* HELLO_OK's first_call_timeout_ms: the daemon's timeout for the first
+ * collective of a ring generation; 0 from a daemon of protocol version 1
+ * or 2, which does not state it. */
+uint64_t cvd_first_call_timeout_ms(const cvd_client *c);
 uint64_t cvd_bytes_sent(const cvd_client *c); /* bytes of frames sent so far (socket and lane) */
 int cvd_has_lane(const cvd_client *c); /* nonzero: small calls go through the lane */
 
@@ -279,7 +292,9 @@ typedef struct cvd_frame {
 	size_t job_len;
 	const uint8_t *label;
 	size_t label_len;
-	/* HELLO_OK */
+	/* HELLO_OK (and `size`: its first_call_timeout_ms in version 3, 0 in
+	 * versions 1 and 2; kept there, not in cvd_info or a new member, so
+	 * that neither struct changes layout for programs built before it) */
 	cvd_info info;
 	/* ALLOC, REGISTER (size); ALLOC_OK, REGISTER_OK (segment, size); FREE (segment) */
 	uint32_t segment;        /* also CALL with CVD_CALL_SHM */

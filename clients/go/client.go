@@ -3,6 +3,7 @@ package collectived
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -26,9 +27,9 @@ type Options struct {
 	LocalRank int
 	// Label is shown in the daemon's status and stall reports.
 	Label string
-	// Timeout bounds each call; 0 means the daemon's collective timeout
-	// plus a 10 s margin (so the daemon's own, more precise error
-	// normally arrives first).
+	// Timeout bounds each call; 0 means DefaultTimeout of the daemon's
+	// HELLO_OK, which outlasts the daemon's own bound on every call (so
+	// its TIMEOUT, which names who has not called, arrives first).
 	Timeout time.Duration
 	// DialTimeout bounds connecting and HELLO; 0 means 10 s.
 	DialTimeout time.Duration
@@ -108,12 +109,12 @@ func Dial(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("collectived: dial %s: local rank %d (want -1 or a rank)", opts.Socket, opts.LocalRank)
 	}
 	conn, info, err := dialHello(opts, ipc.Version)
-	var refused *helloRefused
-	if errors.As(err, &refused) && errors.Is(refused.err, ipc.ErrVersion) && ipc.Version > ipc.MinVersion {
-		// A daemon older than this client: a version-2 connection that
-		// never opens its lane is version 1, so ask for that instead, on a
-		// new connection (VERSION is fatal to the first).
-		conn, info, err = dialHello(opts, ipc.MinVersion)
+	// A daemon older than this client refuses the version with VERSION,
+	// fatal to that connection: ask again one version lower on a new one.
+	// Each older version only lacks something (2 the first-call timeout,
+	// 1 the lane too), which the client does without.
+	for v := uint16(ipc.Version) - 1; v >= ipc.MinVersion && isVersionRefusal(err); v-- {
+		conn, info, err = dialHello(opts, v)
 	}
 	if err != nil {
 		return nil, err
@@ -139,7 +140,7 @@ func Dial(opts Options) (*Client, error) {
 	c.inlineMax = resolveInlineMax(opts.InlineMax, int(info.InlineLimit))
 	c.token <- struct{}{}
 	if c.timeout <= 0 {
-		c.timeout = info.Timeout() + 10*time.Second
+		c.timeout = DefaultTimeout(info)
 	}
 	if info.Version >= 2 && !opts.Observer && !opts.NoLane {
 		if err := c.openLane(); err != nil {
@@ -148,6 +149,36 @@ func Dial(opts Options) (*Client, error) {
 		}
 	}
 	return c, nil
+}
+
+// DefaultTimeout is the wait for a call's answer that Dial takes when
+// Options.Timeout is 0, from the daemon's HELLO_OK: its bound on any call,
+// max(timeout_ms, first_call_timeout_ms), plus twice ipc.TimeoutMargin,
+// one margin more than the daemon may take to send its TIMEOUT
+// (docs/PROTOCOL.md, Timeouts). A HELLO_OK of version 1 or 2 does not
+// state the first call's bound: then twice timeout_ms plus two margins,
+// which with the daemon's default settings still exceeds its first-call
+// timeout. Saturates at the largest Duration.
+func DefaultTimeout(info ipc.HelloOK) time.Duration {
+	bound, stated := info.CallBound()
+	if !stated {
+		bound = addSat(info.Timeout(), info.Timeout())
+	}
+	return addSat(bound, 2*ipc.TimeoutMargin)
+}
+
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// isVersionRefusal reports whether err is the daemon refusing HELLO's
+// protocol version, the one refusal worth asking again.
+func isVersionRefusal(err error) bool {
+	var refused *helloRefused
+	return errors.As(err, &refused) && errors.Is(refused.err, ipc.ErrVersion)
 }
 
 // resolveInlineMax is Options.InlineMax with its defaults, capped by the
@@ -215,6 +246,7 @@ func hello(conn *ipc.Conn, opts Options, v uint16) (ipc.HelloOK, error) {
 		info, err := ipc.DecodeHelloOK(f.Payload)
 		if err == nil && info.Version > v {
 			// It would speak frames we did not ask for (a lane in 2).
+			// An older answer is taken: the connection speaks its version.
 			return info, ipc.Fatalf(ipc.CodeVersion, "HELLO_OK: daemon answers in protocol version %d to a HELLO in %d", info.Version, v)
 		}
 		return info, err
@@ -254,6 +286,14 @@ func (c *Client) InlineLimit() int { return int(c.info.InlineLimit) }
 // inside its request (Options.InlineMax); -1 when every call goes through
 // shared memory.
 func (c *Client) InlineMax() int { return c.inlineMax }
+
+// Timeout is the longest a call waits for its answer: Options.Timeout, or
+// DefaultTimeout of the daemon's HELLO_OK.
+func (c *Client) Timeout() time.Duration { return c.timeout }
+
+// Version is the protocol version the connection speaks (docs/PROTOCOL.md):
+// ipc.Version, or an older one that an older daemon asked for.
+func (c *Client) Version() int { return int(c.info.Version) }
 
 // Generation is the ring generation when the client attached.
 func (c *Client) Generation() uint32 { return c.info.Generation }

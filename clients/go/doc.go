@@ -20,13 +20,20 @@
 // trainer joins collective k, and all must describe the same operation.
 // Every call waits at most Options.Timeout; an error from the daemon is an
 // [*Error] whose Code tells what happened (errors.Is(err, ErrMismatch), ...).
+// By default ([DefaultTimeout]) a call waits the daemon's bound on any
+// call, max(timeout_ms, first_call_timeout_ms) from its HELLO_OK, plus
+// twice ipc.TimeoutMargin: long enough that the daemon's TIMEOUT, which
+// names who has not called, arrives first, also for the first collective
+// of a generation (a model still loading on some trainer).
 //
-// The client speaks protocol version 2 (docs/PROTOCOL.md): a call of up
+// The client speaks protocol version 3 (docs/PROTOCOL.md): a call of up
 // to ipc.PollMaxBytes made while no other is in flight goes to the daemon,
 // and its answer comes back, through the connection's lane of shared
 // memory rather than the socket (Options.NoLane keeps to the socket). A
-// daemon that speaks only version 1 refuses version 2 with VERSION; Dial
-// then asks again in version 1, on a new connection, without a lane. It
-// is safe for use by several goroutines; calls from several goroutines are
-// ordered by when they reach the daemon.
+// daemon older than the client refuses its version with VERSION; Dial
+// then asks again one version lower, on a new connection: in version 2
+// it has no first-call timeout (the default wait is then twice timeout_ms
+// plus two margins), in version 1 no lane either. It is safe for use by
+// several goroutines; calls from several goroutines are ordered by when
+// they reach the daemon.
 package collectived

@@ -55,12 +55,17 @@ def p_hello(magic: bytes, version: int, flags: int, local_rank: int, pid: int,
 
 
 def p_hello_ok(d: dict) -> bytes:
-    return struct.pack(
+    # Versions 1 and 2 end with timeout_ms (60 bytes); version 3 adds
+    # first_call_timeout_ms (68 bytes).
+    p = struct.pack(
         "<HHIIIIIIIIIIQQ",
         d["version"], 0, d["world_rank"], d["world_size"], d["node_rank"],
         d["node_count"], d["local_rank"], d["local_size"], d["inline_limit"],
         d["max_frame"], d["max_in_flight"], d["generation"], d["shm_quota"],
         d["timeout_ms"])
+    if "first_call_timeout_ms" in d:
+        p += struct.pack("<Q", d["first_call_timeout_ms"])
+    return p
 
 
 def p_call(op: int, dtype: int, reduce: int, flags: int, root: int, count: int,
@@ -146,6 +151,7 @@ def build() -> None:
     hello("hello_label_255", 1, 0, 1, 99, "demo", "L" * 255)
     hello("hello_utf8", 1, 0, -1, 5, "jöb", "wörker ✓")
     hello("hello_v2", 1, 0, -1, 4242, "demo", "w0", version=2)
+    hello("hello_v3", 1, 0, -1, 4242, "demo", "w0", version=3)
 
     base_ok = dict(version=1, world_rank=5, world_size=8, node_rank=2, node_count=4,
                    local_rank=1, local_size=2, inline_limit=65536, max_frame=65536 + 1024,
@@ -157,6 +163,13 @@ def build() -> None:
         local_size=1, inline_limit=U32_MAX - 512, max_frame=U32_MAX, max_in_flight=U32_MAX,
         generation=U32_MAX, shm_quota=U64_MAX, timeout_ms=U64_MAX))
     hello_ok("hello_ok_v2", 1, **dict(base_ok, version=2))
+    # Version 3: first_call_timeout_ms after timeout_ms.
+    hello_ok("hello_ok_v3", 1, **dict(base_ok, version=3, first_call_timeout_ms=600000))
+    hello_ok("hello_ok_v3_max_values", U64_MAX, **dict(
+        base_ok, version=3, world_rank=0, world_size=1, node_rank=0, node_count=1, local_rank=0,
+        local_size=1, inline_limit=U32_MAX - 512, max_frame=U32_MAX, max_in_flight=U32_MAX,
+        generation=U32_MAX, shm_quota=U64_MAX, timeout_ms=U64_MAX,
+        first_call_timeout_ms=U64_MAX))
 
     # ALLOC / ALLOC_OK (fd attached to ALLOC_OK).
     add("alloc", {"type": "ALLOC", "id": 2, "frame_flags": 0, "size": 1 << 20},
@@ -277,6 +290,22 @@ def build() -> None:
         "payload_length")
     bad("hello_ok_short", "d2c", frame(T["HELLO_OK"], 1, b"\x01\x00" + b"\x00" * 56),
         "payload_length")
+    # The version decides the length: 60 bytes in versions 1 and 2, 68 in 3.
+    ok_v3 = dict(version=3, world_rank=0, world_size=1, node_rank=0, node_count=1,
+                 local_rank=0, local_size=1, inline_limit=1024, max_frame=4096,
+                 max_in_flight=4, generation=1, shm_quota=0, timeout_ms=1000,
+                 first_call_timeout_ms=5000)
+    bad("hello_ok_v3_without_first_call", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(ok_v3)[:60]), "payload_length")
+    bad("hello_ok_v2_with_first_call", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=2))), "payload_length")
+    bad("hello_ok_v1_with_first_call", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=1))), "payload_length")
+    bad("hello_ok_v3_trailing_byte", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(ok_v3) + b"\x00"), "payload_length")
+    # Version 0 was never spoken: its layout is unknown, so it cannot decode.
+    bad("hello_ok_version_0", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=0))[:60]), "bad_version")
     bad("free_long", "c2d", frame(T["FREE"], 5, struct.pack("<IIQ", 1, 0, 0)), "payload_length")
     bad("free_ok_nonempty", "d2c", frame(T["FREE_OK"], 5, b"\x00"), "payload_length")
     bad("status_nonempty", "c2d", frame(T["STATUS"], 1, b"{}"), "payload_length")

@@ -638,6 +638,15 @@ static void parent_checks(const world *w)
 	js = cvd_status(c, &n, &err);
 	CHECK(js != NULL && n > 1 && js[0] == '{', "status: %s", js ? js : err.message);
 	free(js);
+	/* The world's daemons: collective timeout 20 s, first call 60 s. The
+	 * default wait outlasts the larger by two margins, so a trainer waiting
+	 * on a generation's first call gets the daemon's TIMEOUT first. */
+	CHECK(cvd_get_info(c)->version == CVD_PROTOCOL_VERSION && cvd_get_info(c)->timeout_ms == 20000 &&
+	      cvd_first_call_timeout_ms(c) == 60000 &&
+	      cvd_default_timeout_ms(c) == 60000 + 2 * CVD_TIMEOUT_MARGIN_MS,
+	      "real daemon: version %u, timeouts %llu and %llu ms, default wait %lld ms",
+	      (unsigned)cvd_get_info(c)->version, (unsigned long long)cvd_get_info(c)->timeout_ms,
+	      (unsigned long long)cvd_first_call_timeout_ms(c), (long long)cvd_default_timeout_ms(c));
 	cvd_close(c);
 	o.observer = 0;
 	o.local_rank = w->local;

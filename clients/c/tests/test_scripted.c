@@ -2,7 +2,8 @@
  * socket) for what a real daemon cannot be made to do on demand: replies
  * out of order, no reply at all, a fatal connection-level error.
  *
- * The peer answers HELLO (timeout_ms 1000, inline_limit 64), then CALLs by
+ * The peer answers HELLO (timeout_ms 1000, inline_limit 64; in version 3
+ * first_call_timeout_ms 60000), then CALLs by
  * name: "silent" never, "hold" only after the next call (out of order),
  * "fatal" with ERROR BAD_FRAME FATAL id 0 and a close, anything else at
  * once with the data unchanged. In the lane modes it speaks version 2 and
@@ -47,7 +48,7 @@ static void send_frame(int fd, const cvd_frame *f)
 }
 
 /* The peer's HELLO_OK, in version v: a world of one, inline limit 64,
- * collective timeout 1000 ms. */
+ * collective timeout 1000 ms, first-call timeout 60000 ms (version 3). */
 static void send_hello_ok(int fd, uint64_t id, uint16_t v)
 {
 	cvd_frame r;
@@ -60,11 +61,12 @@ static void send_hello_ok(int fd, uint64_t id, uint16_t v)
 	r.info.max_frame = 4096;
 	r.info.max_in_flight = 8;
 	r.info.timeout_ms = 1000;
+	r.size = v >= 3 ? 60000 : 0; /* first_call_timeout_ms */
 	send_frame(fd, &r);
 }
 
 enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER,
-       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2 };
+       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2, PEER_V2_ONLY, PEER_V2_ANSWERS_3, PEER_V3 };
 
 /* f with fd attached to its first byte, as the daemon sends LANE_OK. */
 static void send_frame_fd(int fd, const cvd_frame *f, int pass)
@@ -101,17 +103,19 @@ static void peer(int lfd, int refuse)
 	int fd = accept(lfd, NULL, NULL);
 	if (fd < 0)
 		_exit(1);
-	/* An older daemon (version 1 only), or one that speaks neither version:
+	/* An older daemon (versions 1 to maxv), or one that speaks none:
 	 * VERSION, fatal, for each HELLO it refuses, naming the version asked;
 	 * then the next connection. */
-	while (refuse == PEER_V1_ONLY || refuse == PEER_NO_VERSION || refuse == PEER_V1_ANSWERS_2) {
+	while (refuse == PEER_V1_ONLY || refuse == PEER_NO_VERSION || refuse == PEER_V1_ANSWERS_2 ||
+	       refuse == PEER_V2_ONLY || refuse == PEER_V2_ANSWERS_3) {
 		char msg[96];
+		unsigned maxv = refuse == PEER_NO_VERSION ? 0 : refuse == PEER_V2_ONLY || refuse == PEER_V2_ANSWERS_3 ? 2 : 1;
 		if (read_n(fd, buf, 16) != 0 || cvd_frame_header(buf, 8192, &f, &plen, &err) != 0 ||
 		    read_n(fd, buf + 16, plen) != 0 || cvd_frame_payload(&f, buf + 16, plen, &err) != 0 ||
 		    f.type != CVD_T_HELLO)
 			_exit(6);
-		if (refuse != PEER_NO_VERSION && f.version == 1) {
-			send_hello_ok(fd, f.id, refuse == PEER_V1_ANSWERS_2 ? 2 : 1);
+		if (f.version <= maxv) {
+			send_hello_ok(fd, f.id, refuse == PEER_V1_ANSWERS_2 || refuse == PEER_V2_ANSWERS_3 ? f.version + 1 : f.version);
 			break;
 		}
 		memset(&r, 0, sizeof r);
@@ -119,8 +123,7 @@ static void peer(int lfd, int refuse)
 		r.type = CVD_T_ERROR;
 		r.frame_flags = CVD_FLAG_FATAL;
 		r.code = CVD_E_VERSION;
-		snprintf(msg, sizeof msg, "client speaks protocol version %u, daemon speaks 1 to %d", f.version,
-			 refuse == PEER_NO_VERSION ? 0 : 1);
+		snprintf(msg, sizeof msg, "client speaks protocol version %u, daemon speaks 1 to %u", f.version, maxv);
 		r.data = (const uint8_t *)msg;
 		r.data_len = strlen(msg);
 		send_frame(fd, &r);
@@ -146,7 +149,7 @@ static void peer(int lfd, int refuse)
 		memset(&r, 0, sizeof r);
 		r.id = f.id;
 		if (f.type == CVD_T_HELLO) {
-			send_hello_ok(fd, f.id, refuse >= PEER_LANE_SHORT_FD ? 2 : 1);
+			send_hello_ok(fd, f.id, refuse == PEER_V3 ? 3 : refuse >= PEER_LANE_SHORT_FD ? 2 : 1);
 			continue;
 		}
 		if (f.type == CVD_T_LANE) {
@@ -266,6 +269,51 @@ static cvd_request *named(cvd_client *c, float *x, size_t n, const char *name, c
 	return cvd_call_async(c, &call, err);
 }
 
+/* The default wait comes from HELLO_OK: from a version-3 daemon with a
+ * 1 s collective and a 60 s first-call timeout, the larger plus two 5 s
+ * margins (so the daemon's TIMEOUT comes first on a generation's first
+ * call too); from a version-2 daemon (asked again after refusing 3), which
+ * does not state the first call's, 2 * 1 s plus two margins. An explicit
+ * cvd_options.timeout_ms wins. */
+static void test_default_wait(const char *path)
+{
+	static const struct { int mode; unsigned version; int64_t want; uint64_t first; } cases[] = {
+		{PEER_V3, 3, 70000, 60000},
+		{PEER_V2_ONLY, 2, 12000, 0},
+	};
+	cvd_options o;
+	cvd_error err;
+	size_t i;
+	int explicit_wait;
+	for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		for (explicit_wait = 0; explicit_wait < 2; explicit_wait++) {
+			pid_t p = start_peer(path, cases[i].mode);
+			cvd_client *c;
+			int64_t want = explicit_wait ? 2500 : cases[i].want;
+			cvd_options_init(&o);
+			o.job = "demo";
+			o.no_lane = 1; /* this peer answers no LANE as a daemon would */
+			o.timeout_ms = explicit_wait ? 2500 : 0;
+			c = cvd_connect(path, &o, &err);
+			CHECK(c != NULL, "connect to a version-%u peer: %s", cases[i].version, err.message);
+			if (c) {
+				CHECK(cvd_get_info(c)->version == cases[i].version &&
+				      cvd_first_call_timeout_ms(c) == cases[i].first && cvd_default_timeout_ms(c) == want,
+				      "version-%u peer: version %u, first call %llu ms, default wait %lld ms; want %lld",
+				      cases[i].version, (unsigned)cvd_get_info(c)->version,
+				      (unsigned long long)cvd_first_call_timeout_ms(c), (long long)cvd_default_timeout_ms(c),
+				      (long long)want);
+				CHECK(explicit_wait || cases[i].version < 3 || cvd_default_timeout_ms(c) > 60000,
+				      "the default wait %lld ms does not outlast the first-call timeout",
+				      (long long)cvd_default_timeout_ms(c));
+				CHECK(cvd_barrier(c, &err) == 0, "barrier on version %u: %s", cases[i].version, err.message);
+			}
+			cvd_close(c);
+			stop_peer(p, path);
+		}
+	}
+}
+
 /* Connecting to a peer in mode must fail with code (a daemon's own error
  * is fatal), its message holding want (and want2, if not NULL). */
 static void expect_refused(const char *path, const cvd_options *o, int mode, int code, const char *want,
@@ -355,8 +403,11 @@ void run_scripted_tests(void)
 		stop_peer(p, path);
 		return;
 	}
-	CHECK(cvd_default_timeout_ms(c) == 6000, "default timeout %lld, want 1000 + 5000 margin",
-	      (long long)cvd_default_timeout_ms(c));
+	/* It answers HELLO in version 1, which states only timeout_ms: twice
+	 * that plus two margins. */
+	CHECK(cvd_get_info(c)->version == 1 && cvd_default_timeout_ms(c) == 12000 && cvd_first_call_timeout_ms(c) == 0,
+	      "version %u: default timeout %lld, want 2 * 1000 + 2 * 5000 margin",
+	      (unsigned)cvd_get_info(c)->version, (long long)cvd_default_timeout_ms(c));
 
 	/* out of order: a's reply comes after b's */
 	a = named(c, x, 4, "hold", &err);
@@ -451,22 +502,30 @@ void run_scripted_tests(void)
 	cvd_close(c);
 	stop_peer(p, path);
 
-	/* A daemon older than the client refuses version 2: the client asks
-	 * again in version 1, without a lane, and its calls work. */
+	/* A daemon older than the client refuses version 3, and a version-1
+	 * one 2 as well: the client asks again one version lower each time;
+	 * with version 1 it has no lane, and its calls work. */
 	p = start_peer(path, PEER_V1_ONLY);
 	c = cvd_connect(path, &o, &err);
 	CHECK(c != NULL && !cvd_has_lane(c), "connect to a version-1 daemon: %s", c ? "it has a lane" : err.message);
+	CHECK(c && cvd_get_info(c)->version == 1, "version-1 daemon: connection of version %u",
+	      c ? (unsigned)cvd_get_info(c)->version : 0u);
 	CHECK(c && cvd_barrier(c, &err) == 0, "barrier on version 1: %s", err.message);
 	cvd_close(c);
 	stop_peer(p, path);
-	/* One that speaks neither: its VERSION error for the second, version-1 HELLO. */
+	test_default_wait(path);
+	/* One that speaks none: its VERSION error for the last, version-1 HELLO. */
 	expect_refused(path, &o, PEER_NO_VERSION, CVD_E_VERSION, "HELLO (protocol version 1): ",
 		       "client speaks protocol version 1, daemon speaks 1 to 0", "a daemon of no version");
 	/* One that answers the version-1 HELLO in version 2 would have the
-	 * client open a lane it did not ask for: refused. */
+	 * client open a lane it did not ask for: refused, as is an answer in 3
+	 * to a HELLO in 2. */
 	expect_refused(path, &o, PEER_V1_ANSWERS_2, CVD_E_PROTOCOL,
 		       "daemon answers HELLO (protocol version 1) in version 2", NULL,
 		       "a version-2 answer to a version-1 HELLO");
+	expect_refused(path, &o, PEER_V2_ANSWERS_3, CVD_E_PROTOCOL,
+		       "daemon answers HELLO (protocol version 2) in version 3", NULL,
+		       "a version-3 answer to a version-2 HELLO");
 	/* refused before HELLO is read: the daemon's error, not a broken pipe */
 	expect_refused(path, &o, PEER_REFUSE, CVD_E_PERMISSION, "uid 1000 is not allowed", NULL, "refused");
 }

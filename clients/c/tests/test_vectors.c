@@ -73,6 +73,8 @@ static int get_field(const cvd_frame *f, const char *k, int *is_int, int64_t *sv
 		U("generation", f->info.generation);
 		U("shm_quota", f->info.shm_quota);
 		U("timeout_ms", f->info.timeout_ms);
+		if (f->version >= 3)
+			U("first_call_timeout_ms", f->size); /* where cvd_frame keeps it */
 	}
 	U("size", f->size); /* ALLOC, REGISTER, ALLOC_OK, REGISTER_OK, LANE_OK */
 	U("segment", f->segment);
@@ -136,6 +138,7 @@ static int set_field(cvd_frame *f, const char *k, const char *v, blob *keep)
 	else if (IS("generation")) { f->info.generation = (uint32_t)u; f->generation = (uint32_t)u; }
 	else if (IS("shm_quota")) f->info.shm_quota = u;
 	else if (IS("timeout_ms")) f->info.timeout_ms = u;
+	else if (IS("first_call_timeout_ms") && hok) f->size = u;
 	else if (IS("size")) f->size = u;
 	else if (IS("segment")) f->segment = (uint32_t)u;
 	else if (IS("op")) f->op = (uint8_t)u;
@@ -302,8 +305,65 @@ static void test_extra_codec(void)
 	      strcmp(cvd_strerror(999), "UNKNOWN") == 0, "cvd_strerror names");
 }
 
+/* HELLO_OK's layout is its version's: errors name the version, and a
+ * version whose layout is unknown neither decodes nor encodes. */
+static void test_hello_ok_versions(void)
+{
+	uint8_t buf[128];
+	cvd_frame f, g;
+	cvd_error err;
+	size_t n;
+	memset(&f, 0, sizeof f);
+	f.type = CVD_T_HELLO_OK;
+	f.id = 1;
+	f.version = 3;
+	f.info.version = 3;
+	f.info.world_size = f.info.node_count = f.info.local_size = 1;
+	f.info.inline_limit = 1024;
+	f.info.max_frame = 4096;
+	f.info.max_in_flight = 4;
+	f.info.timeout_ms = 1000;
+	f.size = 60000; /* first_call_timeout_ms */
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	CHECK(n == 16 + 68, "HELLO_OK v3 encodes to %lu bytes, want 84", (unsigned long)n);
+	memset(&err, 0, sizeof err);
+	CHECK(cvd_frame_decode(buf, n, 4096, &g, &err) == 0 && g.size == 60000 && g.info.timeout_ms == 1000,
+	      "HELLO_OK v3 round trip: %s, first call %llu", err.message, (unsigned long long)g.size);
+	/* 60 bytes claiming version 3 */
+	buf[0] = 60;
+	CHECK(cvd_frame_decode(buf, 16 + 60, 4096, &g, &err) == CVD_E_PROTOCOL &&
+	      strcmp(err.check, "payload_length") == 0 &&
+	      strstr(err.message, "HELLO_OK payload is 60 bytes, must be 68 in protocol version 3"),
+	      "v3 HELLO_OK of 60 bytes: %s", err.message);
+	/* 68 bytes claiming version 2 */
+	buf[0] = 68;
+	buf[16] = 2;
+	CHECK(cvd_frame_decode(buf, 16 + 68, 4096, &g, &err) == CVD_E_PROTOCOL &&
+	      strcmp(err.check, "payload_length") == 0 &&
+	      strstr(err.message, "HELLO_OK payload is 68 bytes, must be 60 in protocol version 2"),
+	      "v2 HELLO_OK of 68 bytes: %s", err.message);
+	buf[16] = 4;
+	CHECK(cvd_frame_decode(buf, 16 + 68, 4096, &g, &err) == CVD_E_PROTOCOL &&
+	      strcmp(err.check, "bad_version") == 0 &&
+	      strstr(err.message, "HELLO_OK is in protocol version 4, whose layout this client does not know"),
+	      "v4 HELLO_OK: %s", err.message);
+	buf[0] = 1;
+	CHECK(cvd_frame_decode(buf, 16 + 1, 4096, &g, &err) == CVD_E_PROTOCOL &&
+	      strcmp(err.check, "payload_length") == 0 && strstr(err.message, "too short for the version"),
+	      "1-byte HELLO_OK: %s", err.message);
+	/* the older layouts leave first_call_timeout_ms out */
+	f.version = 2;
+	f.info.version = 2;
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	CHECK(n == 16 + 60 && cvd_frame_decode(buf, n, 4096, &g, &err) == 0 && g.size == 0,
+	      "HELLO_OK v2: %lu bytes, first call %llu", (unsigned long)n, (unsigned long long)g.size);
+	f.version = 4;
+	CHECK(cvd_frame_encode(&f, buf, sizeof buf) == 0, "a HELLO_OK of version 4 was encoded");
+}
+
 int run_vector_tests(const char *path)
 {
+	test_hello_ok_versions();
 	test_extra_codec();
 	FILE *fp = fopen(path, "r");
 	char line[8192];

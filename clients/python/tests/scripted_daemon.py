@@ -15,7 +15,7 @@ Call names steer it:
 - ``"wake"``: send a WAKE_CLIENT, a frame of protocol version 2 only;
 - ``"wake-id"``: send a WAKE_CLIENT with id 5 (it must carry 0).
 
-With ``version=2`` it also serves the lane (LANE, WAKE; it always sleeps on
+With ``version=2`` or 3 it also serves the lane (LANE, WAKE; it always sleeps on
 the socket, so clients ring it) and answers calls that came on the lane
 there, steered by more names:
 
@@ -50,9 +50,12 @@ _FMT = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q"}
 class ScriptedDaemon:
     def __init__(self, path: str, *, world: int = 2, inline_limit: int = 64,
                  max_in_flight: int = 8, timeout_ms: int = 1000, job: str = "demo",
-                 version: int = 1) -> None:
+                 version: int = 1, first_call_timeout_ms: int = 1000) -> None:
         self.path = path
         self.version = version  # the newest protocol version it speaks
+        self.versions_asked: list[int] = []  # the version of every HELLO, in order
+        # Answer HELLO in this version instead of the one asked (None: as asked).
+        self.answer_version: Optional[int] = None
         self.lane_calls = 0  # calls taken from a lane
         self.ignore_wakes = False  # never take a call from the lane
         self.lane_size = L.SIZE  # the size LANE_OK states
@@ -61,6 +64,7 @@ class ScriptedDaemon:
         self.inline_limit = inline_limit
         self.max_in_flight = max_in_flight
         self.timeout_ms = timeout_ms
+        self.first_call_timeout_ms = first_call_timeout_ms  # sent in version 3 on
         self.job = job
         self.calls: list[P.Call] = []
         self.frees: list[int] = []
@@ -130,6 +134,7 @@ class ScriptedDaemon:
             msg, _ = self._recv_frame(conn, P.PRE_HELLO_MAX_FRAME)
             if not isinstance(msg, P.Hello):
                 return
+            self.versions_asked.append(msg.version)
             if msg.version > self.version:
                 conn.sendall(P.encode(P.Error(msg.id, 2, f"HELLO speaks protocol version "
                                               f"{msg.version}, daemon speaks {self.version}",
@@ -145,10 +150,11 @@ class ScriptedDaemon:
                                               P.FLAG_FATAL)))
                 return
             lr = 0 if msg.local_rank < 0 else msg.local_rank
+            v = msg.version if self.answer_version is None else self.answer_version
             conn.sendall(P.encode(P.HelloOk(
-                msg.id, msg.version, lr, self.world, 0, 1, lr, self.world, self.inline_limit,
+                msg.id, v, lr, self.world, 0, 1, lr, self.world, self.inline_limit,
                 max(4096, self.inline_limit + 512), self.max_in_flight, 7, 1 << 30,
-                self.timeout_ms)))
+                self.timeout_ms, self.first_call_timeout_ms if v >= 3 else None)))
             while True:
                 msg, fds = self._recv_frame(conn, max(4096, self.inline_limit + 512))
                 if msg is None:

@@ -38,8 +38,81 @@ def test_hello_fields(client: collectived.Client) -> None:
     assert (client.rank, client.size, client.local_rank, client.local_size) == (0, 2, 0, 2)
     assert (client.node_rank, client.node_count, client.generation) == (0, 1, 7)
     assert client.inline_limit == 64
-    # timeout_ms 1000 plus the 5 s minimum margin
-    assert client.timeout == pytest.approx(6.0)
+    # A version-1 daemon states only timeout_ms (1000): twice it plus two
+    # 5 s margins.
+    assert client.info.version == 1
+    assert client.timeout == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize("version,want", [(3, 70.0), (2, 12.0), (1, 12.0)])
+def test_default_wait_from_hello_ok(tmp_path, version: int, want: float) -> None:
+    # A daemon with a 1 s collective timeout and a 60 s first-call one: in
+    # version 3 the client's default wait outlasts the larger (plus two
+    # 5 s margins), so the daemon's TIMEOUT naming who has not called
+    # comes first on a generation's first call too. An older daemon does
+    # not state the first call's timeout: twice timeout_ms plus 10 s.
+    d = ScriptedDaemon(str(tmp_path / "d.sock"), version=version, first_call_timeout_ms=60000)
+    try:
+        with collectived.Client(d.path, job="demo", no_lane=True) as c:
+            assert c.info.version == version
+            assert c.info.first_call_timeout_ms == (60000 if version >= 3 else None)
+            assert c.timeout == pytest.approx(want)
+            if version >= 3:
+                assert c.timeout > 60.0
+        # An explicit timeout wins.
+        with collectived.Client(d.path, job="demo", no_lane=True, timeout=2.5) as c:
+            assert c.timeout == 2.5
+    finally:
+        d.close()
+
+
+def test_default_wait_timeout_rules() -> None:
+    assert collectived.TIMEOUT_MARGIN == 5.0
+    assert collectived.default_wait_timeout(300000, 600000) == 610.0
+    assert collectived.default_wait_timeout(600000, 300000) == 610.0
+    assert collectived.default_wait_timeout(300000) == 610.0
+    # What the client waited before version 3 (timeout + 10%, at least
+    # 5 s) never exceeds 2 * timeout + 10 s; it stays the floor anyway.
+    assert collectived.default_wait_timeout(1) == pytest.approx(10.002)
+    # No timeout stated at all: the fallback.
+    assert collectived.default_wait_timeout(0) == 600.0
+    assert collectived.default_wait_timeout(0, 0) == 600.0
+
+
+def test_fallback_asks_one_version_lower_each_time(tmp_path) -> None:
+    for version, asked in ((1, [3, 2, 1]), (2, [3, 2]), (3, [3])):
+        d = ScriptedDaemon(str(tmp_path / f"d{version}.sock"), version=version)
+        try:
+            with collectived.Client(d.path, job="demo", no_lane=True) as c:
+                assert c.info.version == version
+            assert d.versions_asked == asked
+        finally:
+            d.close()
+    d = ScriptedDaemon(str(tmp_path / "none.sock"), version=0)
+    try:
+        with pytest.raises(collectived.VersionError, match="HELLO speaks protocol version 1, "
+                                                           "daemon speaks 0"):
+            collectived.Client(d.path, job="demo")
+        assert d.versions_asked == [3, 2, 1]
+    finally:
+        d.close()
+
+
+def test_answer_in_an_older_version_is_taken(tmp_path) -> None:
+    # A daemon may answer HELLO in an older version than asked: the
+    # connection speaks that one. A later one is refused.
+    d = ScriptedDaemon(str(tmp_path / "d.sock"), version=3)
+    try:
+        d.answer_version = 2
+        with collectived.Client(d.path, job="demo", no_lane=True) as c:
+            assert c.info.version == 2 and c.info.first_call_timeout_ms is None
+            assert c.timeout == pytest.approx(12.0)
+        d.version, d.answer_version = 2, 3
+        with pytest.raises(collectived.ProtocolError, match="daemon answered HELLO of protocol "
+                                                            "version 2 in version 3"):
+            collectived.Client(d.path, job="demo", no_lane=True)
+    finally:
+        d.close()
 
 
 def test_env_defaults(fake: ScriptedDaemon, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,8 @@ def _as_decoded(msg: P.Message) -> dict:
         if isinstance(v, (bytes, bytearray, memoryview)):
             v = bytes(v).hex()
         d[f.name] = v
+    if isinstance(msg, P.HelloOk) and msg.first_call_timeout_ms is None:
+        del d["first_call_timeout_ms"]  # not on the wire before version 3
     if isinstance(msg, P.Call):
         # The vectors carry only the fields present on the wire.
         for k in (("data",) if msg.flags & P.CALL_SHM else ("segment", "offset")):
@@ -47,16 +49,53 @@ def test_vectors_cover_the_brief() -> None:
     assert types == set(_CLASSES), f"types without a vector: {set(_CLASSES) - types}"
     checks = {v["error"] for v in INVALID}
     for c in ("bad_magic", "frame_too_long", "reserved_nonzero", "payload_length",
-              "unknown_type", "inline_data_length"):
+              "unknown_type", "inline_data_length", "bad_version"):
         assert c in checks
-    # Protocol version 2: HELLO and HELLO_OK in both versions, and the lane's
-    # frames (LANE, LANE_OK, WAKE, WAKE_CLIENT; in the type set above) also
-    # with a payload they must not have.
+    # Protocol versions 2 and 3: HELLO and HELLO_OK in every version, and
+    # the lane's frames (LANE, LANE_OK, WAKE, WAKE_CLIENT; in the type set
+    # above) also with a payload they must not have.
     for t in ("HELLO", "HELLO_OK"):
-        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {1, 2}, t
+        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {1, 2, 3}, t
     names = {v["name"]: v for v in INVALID}
     for n in ("lane_nonempty", "lane_ok_short", "wake_nonempty"):
         assert names[n]["error"] == "payload_length", n
+    # HELLO_OK's length is its version's: first_call_timeout_ms from 3 on.
+    for n in ("hello_ok_v3_without_first_call", "hello_ok_v2_with_first_call",
+              "hello_ok_v1_with_first_call", "hello_ok_v3_trailing_byte"):
+        assert names[n]["error"] == "payload_length", n
+    assert all(("first_call_timeout_ms" in v["decoded"]) == (v["decoded"]["version"] >= 3)
+               for v in VALID if v["decoded"]["type"] == "HELLO_OK")
+
+
+def test_hello_ok_errors_name_the_version() -> None:
+    ok = P.HelloOk(1, 3, 0, 1, 0, 1, 0, 1, 1024, 4096, 4, 1, 0, 1000, 5000)
+    frame = P.encode(ok)
+    with pytest.raises(P.FrameError, match=r"payload_length: HELLO_OK payload is 60 bytes, must "
+                                           r"be 68 in protocol version 3"):
+        P.decode(_with_payload(frame, frame[P.HEADER_SIZE:P.HEADER_SIZE + 60]))
+    v2 = P.encode(dataclasses.replace(ok, version=2, first_call_timeout_ms=None))
+    with pytest.raises(P.FrameError, match=r"HELLO_OK payload is 68 bytes, must be 60 in "
+                                           r"protocol version 2"):
+        P.decode(_with_payload(v2, v2[P.HEADER_SIZE:] + bytes(8)))
+    with pytest.raises(P.FrameError, match=r"bad_version: HELLO_OK is in protocol version 4, "
+                                           r"whose layout this client does not know \(it "
+                                           r"speaks 1 to 3\)"):
+        P.decode(_with_payload(frame, b"\x04\x00" + frame[P.HEADER_SIZE + 2:]))
+    with pytest.raises(P.FrameError, match=r"payload_length: HELLO_OK payload is 1 bytes, too "
+                                           r"short for the version"):
+        P.decode(_with_payload(frame, b"\x03"))
+    # Encoding refuses a layout the version does not have.
+    with pytest.raises(ValueError, match="HELLO_OK of protocol version 3 needs "
+                                         "first_call_timeout_ms"):
+        P.encode(dataclasses.replace(ok, first_call_timeout_ms=None))
+    with pytest.raises(ValueError, match="HELLO_OK of protocol version 2 has no "
+                                         "first_call_timeout_ms"):
+        P.encode(dataclasses.replace(ok, version=2))
+
+
+def _with_payload(frame: bytes, payload: bytes) -> bytes:
+    """``frame``'s header with ``payload`` in place of its own."""
+    return len(payload).to_bytes(4, "little") + frame[4:P.HEADER_SIZE] + payload
 
 
 def test_committed_vectors_are_the_generators() -> None:

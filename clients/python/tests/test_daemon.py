@@ -275,7 +275,7 @@ def _run_python(code: str) -> str:
 
 def test_without_the_lane_extension(world_1x1: World) -> None:
     # Installed without a C compiler, the package has no _lanewords: the
-    # client speaks protocol version 1, keeps to the socket, and works.
+    # client still speaks protocol version 3, keeps to the socket, and works.
     code = (
         "import sys\n"
         "sys.modules['collectived._lanewords'] = None  # as if it was never built\n"
@@ -287,7 +287,18 @@ def test_without_the_lane_extension(world_1x1: World) -> None:
         "    c.allreduce(x)\n"
         "    print(_lane.AVAILABLE, c.info.version, c.lane, x.tolist())\n")
     out = _run_python(code)
-    assert out.split() == ["False", "1", "False", "[1.0,", "1.0]"], out
+    assert out.split() == ["False", "3", "False", "[1.0,", "1.0]"], out
+
+
+def test_default_wait_outlasts_the_first_call_timeout(world_1x1: World) -> None:
+    # The world's daemon: collective timeout 20 s, first call 60 s. The
+    # default wait outlasts the larger by two margins, so a trainer
+    # waiting on a generation's first call gets the daemon's TIMEOUT
+    # (naming who has not called), not its own WaitTimeoutError.
+    with collectived.Client(world_1x1.sockets[0], job=JOB, local_rank=0, rank_retry=5.0) as c:
+        assert c.info.version == collectived.PROTOCOL_VERSION == 3
+        assert (c.info.timeout_ms, c.info.first_call_timeout_ms) == (20000, 60000)
+        assert c.timeout == 60.0 + 2 * collectived.TIMEOUT_MARGIN > 60.0
 
 
 def test_client_out_of_fds_says_so(world_1x1: World) -> None:

@@ -13,7 +13,7 @@ when the caller passes their arrays or tensors.
 """
 
 from ._client import DEFAULT_JOB, DEFAULT_SOCKET, Client, Handle, default_wait_timeout
-from ._protocol import FrameError, PROTOCOL_VERSION
+from ._protocol import FrameError, PROTOCOL_VERSION, TIMEOUT_MARGIN
 from .errors import (
     AbortedError,
     AccessDeniedError,
@@ -48,7 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Handle", "DEFAULT_SOCKET", "DEFAULT_JOB", "PROTOCOL_VERSION", "FrameError",
-    "default_wait_timeout", "CollectivedError", "ProtocolError", "HandshakeError",
+    "default_wait_timeout", "TIMEOUT_MARGIN", "CollectivedError", "ProtocolError", "HandshakeError",
     "VersionError", "JobError", "RankTakenError", "RankRangeError", "FullError",
     "AccessDeniedError", "SharedMemoryError", "QuotaError", "BadSegmentError", "BusyError",
     "BadFDError", "BadRequestError", "TooLargeError", "TooManyError", "MismatchError",

@@ -97,14 +97,27 @@ def _numeric(x: Any) -> Buffer:
     return buf
 
 
-def default_wait_timeout(timeout_ms: int) -> float:
-    """The client's default wait: the daemon's collective timeout plus a
-    margin (10%, at least 5 s) so the daemon's own TIMEOUT error, which
-    names the cause, arrives before the client gives up."""
+def default_wait_timeout(timeout_ms: int, first_call_timeout_ms: Optional[int] = None) -> float:
+    """The client's default wait for a call's answer, in seconds, from the
+    daemon's HELLO_OK: long enough that the daemon's own TIMEOUT, which
+    names who has not called, always arrives first (docs/PROTOCOL.md,
+    Timeouts).
+
+    With ``first_call_timeout_ms`` (a HELLO_OK of protocol version 3): the
+    daemon's bound on any call, ``max(timeout_ms, first_call_timeout_ms)``,
+    plus twice ``TIMEOUT_MARGIN`` (5 s). Without it (``None``: a daemon
+    of version 1 or 2, which does not say how long a generation's first
+    call may take): ``2 * timeout_ms`` plus two margins, or what this
+    client waited before version 3 (``timeout_ms`` plus 10%, at least 5 s)
+    if that is more. :data:`FALLBACK_TIMEOUT` when the HELLO_OK states no
+    timeout at all (0)."""
+    if first_call_timeout_ms is not None:
+        bound = max(timeout_ms, first_call_timeout_ms) / 1000.0
+        return FALLBACK_TIMEOUT if bound == 0 else bound + 2 * P.TIMEOUT_MARGIN
     if timeout_ms == 0:
         return FALLBACK_TIMEOUT
     t = timeout_ms / 1000.0
-    return t + max(5.0, 0.1 * t)
+    return max(2 * t + 2 * P.TIMEOUT_MARGIN, t + max(5.0, 0.1 * t))
 
 
 class Handle:
@@ -274,8 +287,12 @@ class Client:
         local_rank: the local rank wanted, or -1 for the lowest free one.
         job: the job name; default ``$COLLECTIVED_JOB``, then ``"default"``.
         label: free text shown in the daemon's status (at most 255 bytes).
-        timeout: default seconds every wait may take; default: the daemon's
-            collective timeout (from HELLO_OK) plus 10% (at least 5 s).
+        timeout: default seconds every wait may take; default
+            (:func:`default_wait_timeout` of HELLO_OK): the larger of the
+            daemon's two timeouts (collective, first call of a generation)
+            plus 10 s, so the daemon's own TIMEOUT, which names who has
+            not called, always comes first; against a daemon of protocol
+            version 1 or 2, twice its collective timeout plus 10 s.
         connect_timeout: seconds for connect and the HELLO exchange.
         observer: attach without a rank (only :meth:`status` is allowed).
         rank_retry: seconds to keep retrying while the daemon answers
@@ -283,7 +300,7 @@ class Client:
             right after its predecessor exited may need this: the daemon frees
             a rank only once it notices the old connection closed.
         no_lane: keep small calls on the socket instead of the connection's
-            lane of shared memory (protocol version 2), which needs the
+            lane of shared memory (protocol version 2 and later), which needs the
             ``_lanewords`` extension (built with the package when a C
             compiler is there; :attr:`lane` says whether this connection has
             one).
@@ -328,11 +345,13 @@ class Client:
         self._pid = os.getpid()
         #: bytes written to the socket so far (frames and inline data).
         self.bytes_sent = 0
-        # Version 2 only for its lane; a daemon that does not speak it
-        # answers VERSION, and the client asks again in version 1 (a
-        # version-2 connection without a lane is version 1).
+        # The newest version; a daemon that does not speak it answers
+        # VERSION, and the client asks again one version lower: what an
+        # older one lacks (the first-call timeout in 2, the lane too in 1)
+        # it does without. A connection that never asks for a lane is
+        # version 1 whatever its number.
         want_lane = _lane.AVAILABLE and not no_lane and not observer
-        hello = P.Hello(1, version=2 if want_lane else 1,
+        hello = P.Hello(1, version=P.PROTOCOL_VERSION,
                         local_rank=-1 if observer else local_rank, pid=os.getpid(),
                         job=self.job, label=label, flags=P.HELLO_OBSERVER if observer else 0)
         retry_until = time.monotonic() + rank_retry
@@ -345,13 +364,14 @@ class Client:
                     raise
                 time.sleep(0.1)
             except VersionError:
-                if hello.version == 1:
+                if hello.version <= P.MIN_PROTOCOL_VERSION:
                     raise
-                hello.version = 1
+                hello.version -= 1
         self.info = ok
         self._generation = ok.generation
         self._observer = observer
-        self.timeout: float = timeout if timeout is not None else default_wait_timeout(ok.timeout_ms)
+        self.timeout: float = (timeout if timeout is not None else
+                               default_wait_timeout(ok.timeout_ms, ok.first_call_timeout_ms))
         self._inflight = _Slots(ok.max_in_flight) if ok.max_in_flight else None
         # From now on sends give up after `timeout` (SO_SNDTIMEO); the reader
         # blocks until data arrives or close() shuts the socket down.
@@ -1269,7 +1289,10 @@ class Client:
             raise error_for(msg.code, msg.message, fatal=msg.fatal, request="HELLO")
         if not isinstance(msg, P.HelloOk):
             raise ProtocolError(f"daemon answered HELLO with {P.TYPE_NAMES[hdr[1]]}")
-        if msg.version != version:
+        # A later version would speak frames we did not ask for; an
+        # earlier one is the daemon's to choose, and the connection
+        # speaks it.
+        if msg.version > version:
             raise ProtocolError(f"daemon answered HELLO of protocol version {version} in "
                                 f"version {msg.version}")
         if msg.id != 1:

@@ -1,14 +1,15 @@
 """Frames of the collectived client protocol (docs/PROTOCOL.md).
 
 Pure encoding and decoding: no sockets here. The codec knows every frame
-type up to protocol version 2 (LANE, LANE_OK, WAKE and WAKE_CLIENT are
-version 2). The client asks for version 2 (:data:`PROTOCOL_VERSION`) when
-it can use a lane (the ``_lanewords`` extension was built), else 1.
+type up to protocol version 3 (LANE, LANE_OK, WAKE and WAKE_CLIENT are
+version 2; version 3 adds ``first_call_timeout_ms`` to HELLO_OK, whose
+layout therefore depends on its version). The client asks for version 3
+(:data:`PROTOCOL_VERSION`), and for an older one when the daemon refuses it.
 
 Every decode failure raises :class:`FrameError` whose ``check`` names the
 rule that failed, using the names of ``clients/testdata/README.md``
 (``frame_too_long``, ``unknown_type``, ``reserved_nonzero``, ``bad_flags``,
-``bad_magic``, ``payload_length``, ``inline_data_length``), plus two that
+``bad_magic``, ``payload_length``, ``inline_data_length``, ``bad_version``), plus two that
 no vector pins because the daemon treats them as request errors rather than
 broken frames: ``bad_dtype`` (an inline CALL with an unknown dtype and a
 nonzero count) and ``bad_utf8`` (a string that is not UTF-8).
@@ -18,9 +19,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
+#: The oldest protocol version the client still speaks.
+MIN_PROTOCOL_VERSION = 1
+#: The slack on the daemon's timeout bound (docs/PROTOCOL.md, Timeouts):
+#: its TIMEOUT reaches a waiting trainer within the bound plus this many
+#: seconds. The same number as the Go ``ipc.TimeoutMargin`` and the C client.
+TIMEOUT_MARGIN = 5.0
 MAGIC = b"CLVD"
 HEADER_SIZE = 16
 PRE_HELLO_MAX_FRAME = 4096
@@ -59,8 +66,10 @@ DTYPE_SIZES = {0: 0, DT_FLOAT32: 4, DT_FLOAT64: 8, DT_INT32: 4, DT_INT64: 8, DT_
 
 _HDR = struct.Struct("<IBBHQ")
 _HELLO_FIXED = struct.Struct("<4sHHiI")
-_HELLO_OK = struct.Struct("<HHIIIIIIIIIIQQ")
+_HELLO_OK = struct.Struct("<HHIIIIIIIIIIQQ")  # versions 1 and 2; 3 adds a u64
+_HELLO_OK_SIZES = {1: _HELLO_OK.size, 2: _HELLO_OK.size, 3: _HELLO_OK.size + 8}
 _U64 = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
 _SEG_SIZE = struct.Struct("<IIQ")
 _SEG = struct.Struct("<II")
 _CALL_FIXED = struct.Struct("<BBBBIQB")
@@ -106,6 +115,10 @@ class HelloOk:
     generation: int
     shm_quota: int
     timeout_ms: int
+    #: Version 3 only: the daemon's timeout for the first collective of a
+    #: ring generation. None in a HELLO_OK of version 1 or 2, which has no
+    #: such field (and must not be given one to encode).
+    first_call_timeout_ms: Optional[int] = None
     frame_flags: int = 0
 
 
@@ -312,6 +325,12 @@ def encode(msg: Message) -> bytes:
                            msg.node_count, msg.local_rank, msg.local_size, msg.inline_limit,
                            msg.max_frame, msg.max_in_flight, msg.generation, msg.shm_quota,
                            msg.timeout_ms)
+        if (msg.version >= 3) != (msg.first_call_timeout_ms is not None):
+            raise ValueError(f"HELLO_OK of protocol version {msg.version} "
+                             + ("needs first_call_timeout_ms" if msg.version >= 3
+                                else "has no first_call_timeout_ms"))
+        if msg.first_call_timeout_ms is not None:
+            p += _U64.pack(msg.first_call_timeout_ms)
     elif isinstance(msg, (Alloc, Register, LaneOk)):
         p = _U64.pack(msg.size)
     elif isinstance(msg, (AllocOk, RegisterOk)):
@@ -415,11 +434,22 @@ def decode_payload(ftype: int, flags: int, fid: int,
         return Hello(id=fid, magic="CLVD", version=version, flags=hflags, local_rank=local_rank,
                      pid=pid, job=job, label=label, frame_flags=flags)
     if ftype == HELLO_OK:
-        _exact(p, _HELLO_OK.size, tname)
+        # The version decides the layout, so it is read first.
+        _need(p, 2, tname, "the version")
+        (version,) = _U16.unpack_from(p, 0)
+        size = _HELLO_OK_SIZES.get(version)
+        if size is None:
+            raise FrameError("bad_version", f"{tname} is in protocol version {version}, whose "
+                             f"layout this client does not know (it speaks "
+                             f"{MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})")
+        if len(p) != size:
+            raise FrameError("payload_length", f"{tname} payload is {len(p)} bytes, must be "
+                             f"{size} in protocol version {version}")
         f = _HELLO_OK.unpack_from(p, 0)
         _zero(f[1], tname, "reserved field")
+        first = _U64.unpack_from(p, _HELLO_OK.size)[0] if version >= 3 else None
         return HelloOk(fid, f[0], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11],
-                       f[12], f[13], frame_flags=flags)
+                       f[12], f[13], first, frame_flags=flags)
     if ftype in (ALLOC, REGISTER):
         _exact(p, 8, tname)
         (size,) = _U64.unpack_from(p, 0)
