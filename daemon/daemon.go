@@ -47,6 +47,7 @@ type Daemon struct {
 	state    string                 // "forming", "up", "failed", "stopped"
 	lastErr  error                  // the last ring or formation failure
 	lost     error                  // a trainer left mid-collective: fail collective k with this
+	missed   string                 // the last failure this node judged to fail no collective (fail)
 	inflight inflight               // the collective being waited for or run
 	closed   bool
 

@@ -132,11 +132,15 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	d.ring, d.gen, d.proposal = r, gen, gen+1
 	d.lender = nil // a link lent by the last ring went with it
 	closed := d.closed
-	behind := d.match.finished
+	behind, missed := d.match.finished, d.missed
+	if missed != "" {
+		missed = "; the failure this node saw: " + missed
+	}
 	owed := d.match.formed(r.Finished(), r.Restarted(), func(l int, k uint64) *ipc.Error {
-		return ipc.Errorf(ipc.CodePeerLost, "this call is world rank %d's call of collective number %d, which failed on another node while this node was out of the ring (it had finished %d collectives, the ring %d)",
-			d.worldRank(l), k, behind, r.Finished())
+		return ipc.Errorf(ipc.CodePeerLost, "this call is world rank %d's call of collective number %d, which failed on another node while this node was out of the ring or between collectives (it had finished %d collectives, the ring %d)%s",
+			d.worldRank(l), k, behind, r.Finished(), missed)
 	}, nil)
+	d.missed = ""
 	d.mu.Unlock()
 	for _, f := range owed {
 		f.c.Fail(f.err)
@@ -442,6 +446,7 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*
 	d.lost = nil
 	closed := d.closed
 	e := d.callError(seq, gen, cause, closed)
+	before := d.match.finished
 	scratch = d.match.fail(heads, failure{
 		at:      failedAt,
 		begun:   startedElsewhere(cause),
@@ -452,6 +457,12 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*
 				d.worldRank(l), seq, gen, e.Message)
 		},
 	}, scratch[:0])
+	if d.match.finished == before {
+		// Judged a failure between collectives here; if another node
+		// judged it the failure of one, the next generation says so
+		// (matcher.formed), and its error quotes this cause.
+		d.missed = e.Message
+	}
 	d.mu.Unlock()
 
 	for _, f := range scratch {

@@ -25,9 +25,9 @@ type matcher[C any] struct {
 	// fresh: the daemon has formed no generation yet.
 	fresh bool
 	// vacated: since this node last finished a collective, its last
-	// trainer left, a failure restarted the job, or the daemon started:
-	// the trainers it has now are a new incarnation of the job's, not
-	// behind the world's count whatever it is.
+	// trainer left or a failure restarted the job: the trainers it has
+	// now are a new incarnation of the job's, not behind the world's
+	// count whatever it is.
 	vacated bool
 }
 
@@ -71,7 +71,7 @@ type failed[C any] struct {
 }
 
 func newMatcher[C any](localSize int) *matcher[C] {
-	return &matcher[C]{slots: make([]matchSlot[C], localSize), vacated: true, fresh: true}
+	return &matcher[C]{slots: make([]matchSlot[C], localSize), fresh: true}
 }
 
 // attach gives local rank l to a trainer.
@@ -306,9 +306,6 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 // while the ring could not form are ahead of the others.
 // owed(l, k) is rank l's error for the k-th collective it is behind by.
 func (m *matcher[C]) formed(agreed uint64, restarted bool, owed func(l int, k uint64) *ipc.Error, dst []failed[C]) []failed[C] {
-	if m.fresh && !restarted {
-		m.vacated = false
-	}
 	m.fresh = false
 	if restarted {
 		m.vacated = true

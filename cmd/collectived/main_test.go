@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ipc"
 )
 
 func TestParseSizes(t *testing.T) {
@@ -79,7 +81,7 @@ func TestVersion(t *testing.T) {
 	app := newApp()
 	var out bytes.Buffer
 	app.Writer = &out
-	if err := app.Run([]string{"collectived", "version"}); err != nil || !strings.Contains(out.String(), "client protocol 1 to 2") {
+	if err := app.Run([]string{"collectived", "version"}); err != nil || !strings.Contains(out.String(), fmt.Sprintf("client protocol %d to %d", ipc.MinVersion, ipc.Version)) {
 		t.Fatalf("version: %v %q", err, out.String())
 	}
 }
