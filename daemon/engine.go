@@ -109,7 +109,7 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	}
 	rc := d.cfg.RingConfig(proposal, d.log)
 	d.mu.Lock()
-	rc.Finished, rc.Fresh = d.match.finished, d.match.fresh
+	rc.Finished, rc.Fresh, rc.Vacated = d.match.finished, d.match.fresh, d.match.vacated
 	d.mu.Unlock()
 	r, err := ring.New(rc, ring.Links{Next: links.Next, Prev: links.Prev, NextAddr: links.NextAddr, PrevAddr: links.PrevAddr})
 	if err != nil {
@@ -136,7 +136,7 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	if missed != "" {
 		missed = "; the failure this node saw: " + missed
 	}
-	owed := d.match.formed(r.Finished(), r.Restarted(), func(l int, k uint64) *ipc.Error {
+	owed := d.match.formed(r.Finished(), r.Restarted(), r.AnyVacated(), func(l int, k uint64) *ipc.Error {
 		return ipc.Errorf(ipc.CodePeerLost, "this call is world rank %d's call of collective number %d, which failed on another node while this node was out of the ring or between collectives (it had finished %d collectives, the ring %d)%s",
 			d.worldRank(l), k, behind, r.Finished(), missed)
 	}, nil)

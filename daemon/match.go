@@ -299,13 +299,17 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 // trainers, whose last left this node) joins the world's count instead:
 // its trainers are new, and start afresh.
 // A generation in which fresh daemons meet others (restarted: a node
-// restarted, so the job restarts its trainers) vacates every node: ranks
+// restarted, so the job restarts its trainers), or in which a fresh
+// daemon meets a node whose trainers left (anyVacated), vacates every node: ranks
 // without a trainer are forgiven what they owed, and the count is the
 // world's. The first generation of a job (every daemon fresh) vacates
 // none: its trainers are one incarnation, and those whose calls failed
 // while the ring could not form are ahead of the others.
 // owed(l, k) is rank l's error for the k-th collective it is behind by.
-func (m *matcher[C]) formed(agreed uint64, restarted bool, owed func(l int, k uint64) *ipc.Error, dst []failed[C]) []failed[C] {
+func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func(l int, k uint64) *ipc.Error, dst []failed[C]) []failed[C] {
+	// A daemon starting while the job restarts its trainers elsewhere is
+	// a restarted one too.
+	restarted = restarted || (m.fresh && anyVacated)
 	m.fresh = false
 	if restarted {
 		m.vacated = true

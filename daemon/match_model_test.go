@@ -405,16 +405,17 @@ func (md *model) abort(kind int, origin int) {
 }
 
 func (md *model) form() {
-	agreed, fresh, stale := uint64(0), false, false
+	agreed, fresh, stale, vacated := uint64(0), false, false, false
 	for _, nd := range md.nodes {
 		agreed = max(agreed, nd.m.finished)
 		fresh = fresh || nd.m.fresh
 		stale = stale || !nd.m.fresh
+		vacated = vacated || nd.m.vacated
 	}
 	for i, nd := range md.nodes {
 		behind := nd.m.finished
 		md.logEvent("node %d at %d (vacated %v, queued %v)", i, behind, nd.m.vacated, nd.m.anyQueued())
-		fs := nd.m.formed(agreed, fresh && stale, func(int, uint64) *ipc.Error {
+		fs := nd.m.formed(agreed, fresh && stale, vacated, func(int, uint64) *ipc.Error {
 			return ipc.Errorf(ipc.CodePeerLost, "node %d was behind (%d of %d)", i, behind, agreed)
 		}, nil)
 		for _, f := range fs {

@@ -25,6 +25,10 @@ type Config struct {
 	// that are not (Ring.Restarted) are daemons restarted into a running
 	// job, which restarts the job's trainers.
 	Fresh bool
+	// Vacated tells the other ranks that this rank's owner saw its job's
+	// trainers leave since it last finished a collective: the job is
+	// restarting them (Ring.AnyVacated).
+	Vacated bool
 	// SegmentBytes is the pipeline segment: the largest data frame payload
 	// and the size of each receive buffer. A multiple of 8.
 	SegmentBytes int

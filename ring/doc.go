@@ -89,7 +89,8 @@
 //	4 start      as data; generation = the sender's running maximum proposal;
 //	             aux = its running maximum finished count (Config.Finished);
 //	             count bit 0 / bit 1 = some rank it heard from (itself too)
-//	             is / is not fresh (Config.Fresh)
+//	             is / is not fresh (Config.Fresh); bit 2 = some rank's
+//	             trainers have left (Config.Vacated)
 //
 // aux of an allgather data frame is the length of the block it belongs
 // to. A reader checks magic, version, kind, reserved bytes, the sender

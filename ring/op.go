@@ -204,6 +204,7 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 const (
 	startFresh    = 1
 	startNotFresh = 2
+	startVacated  = 4 // some rank's Config.Vacated
 )
 
 // startFrame sends the largest generation proposal and finished count

@@ -51,6 +51,9 @@ func (r *Ring) Start() (generation uint32, err error) {
 	if r.cfg.Fresh {
 		seen = startFresh
 	}
+	if r.cfg.Vacated {
+		seen |= startVacated
+	}
 	for s := 0; s < r.size-1 && err == nil; s++ {
 		r.setStep(s)
 		if err = r.startFrame(gen, finished, seen); err != nil {
@@ -62,7 +65,7 @@ func (r *Ring) Start() (generation uint32, err error) {
 		}
 		gen = max(gen, b.hdr.Generation)
 		finished = max(finished, b.hdr.Aux)
-		seen |= b.hdr.Count & (startFresh | startNotFresh)
+		seen |= b.hdr.Count & (startFresh | startNotFresh | startVacated)
 		r.release(b)
 	}
 	if derr := r.drainWrites(); err == nil {
@@ -85,7 +88,13 @@ func (r *Ring) Start() (generation uint32, err error) {
 // ranks that are not: daemons restarted into a running job. A ring whose
 // ranks are all fresh is a job starting.
 func (r *Ring) Restarted() bool {
-	return r.started.Load() && r.freshSeen == startFresh|startNotFresh
+	return r.started.Load() && r.freshSeen&(startFresh|startNotFresh) == startFresh|startNotFresh
+}
+
+// AnyVacated reports whether some rank's Config.Vacated was set, as Start
+// agreed it.
+func (r *Ring) AnyVacated() bool {
+	return r.started.Load() && r.freshSeen&startVacated != 0
 }
 
 // Finished is the largest Config.Finished of all ranks, as Start agreed

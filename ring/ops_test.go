@@ -291,3 +291,30 @@ func TestStartAgreesOnFinished(t *testing.T) {
 		})
 	}
 }
+
+// Start tells every rank whether fresh ranks meet ranks that are not
+// (Restarted) and whether any rank's trainers left (AnyVacated).
+func TestStartAgreesOnRestart(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		fresh, vacated    []bool
+		restarted, anyVac bool
+	}{
+		{"all fresh: a job starting", []bool{true, true, true}, []bool{false, false, false}, false, false},
+		{"none fresh", []bool{false, false, false}, []bool{false, false, false}, false, false},
+		{"one fresh among others", []bool{false, true, false}, []bool{false, false, false}, true, false},
+		{"one vacated", []bool{true, true, true}, []bool{false, false, true}, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rings, _ := faultWorldOver(t, 3, true, nil, func(cfg *Config) {
+				cfg.Fresh, cfg.Vacated = c.fresh[cfg.Rank], c.vacated[cfg.Rank]
+			})
+			startAll(t, rings)
+			for i, r := range rings {
+				if r.Restarted() != c.restarted || r.AnyVacated() != c.anyVac {
+					t.Errorf("rank %d: Restarted %v AnyVacated %v, want %v %v", i, r.Restarted(), r.AnyVacated(), c.restarted, c.anyVac)
+				}
+			}
+		})
+	}
+}
