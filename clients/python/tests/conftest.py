@@ -44,6 +44,12 @@ def fresh_world_2x1(collectived_bin: str) -> Iterator[World]:
 
 
 @pytest.fixture
+def fresh_world_2x2(collectived_bin: str) -> Iterator[World]:
+    """A 2x2 world a test may put through failures of its own."""
+    yield from _world(collectived_bin, 2, 2)
+
+
+@pytest.fixture
 def timeout_world_2x1(collectived_bin: str) -> Iterator[World]:
     """2x1 whose collectives (the first included) time out after 3 s."""
     yield from _world(collectived_bin, 2, 1, collective_timeout="3s", first_call="3s",

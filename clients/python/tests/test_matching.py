@@ -7,32 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
 
 import collectived
 from worlds import JOB, World
-
-
-def _world(binary: str, nodes: int, local: int, **kw: str) -> Iterator[World]:
-    w = World(binary, nodes, local, **kw)
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
-
-
-@pytest.fixture
-def world_2x1(collectived_bin: str) -> Iterator[World]:
-    yield from _world(collectived_bin, 2, 1)
-
-
-@pytest.fixture
-def world_2x2(collectived_bin: str) -> Iterator[World]:
-    yield from _world(collectived_bin, 2, 2)
 
 
 def _clients(w: World) -> list[collectived.Client]:
@@ -83,8 +64,8 @@ def _expect(errs: list[Any], kind: type, *words: str) -> None:
     ((("b", 0, 4, ""), ("b", 0, 3, "")), ("count=4", "count=3")),
     ((("b", 0, 4, "a"), ("b", 0, 4, "b")), ()),
 ], ids=["roots differ", "root against allreduce", "counts differ", "names differ"])
-def test_broadcast_mismatch_every_trainer(world_2x1: World, calls: tuple, words: tuple) -> None:
-    cs = _clients(world_2x1)
+def test_broadcast_mismatch_every_trainer(fresh_world_2x1: World, calls: tuple, words: tuple) -> None:
+    cs = _clients(fresh_world_2x1)
     try:
         _sum_step(cs, 1)
         bufs = [np.full(calls[i][2], i + 1, np.float32) for i in range(2)]
@@ -147,8 +128,8 @@ def test_late_starters_mix_no_steps(collectived_bin: str) -> None:
         w.stop()
 
 
-def test_local_mismatch_first_of_generation(world_2x2: World) -> None:
-    cs = _clients(world_2x2)
+def test_local_mismatch_first_of_generation(fresh_world_2x2: World) -> None:
+    cs = _clients(fresh_world_2x2)
     try:
         _sum_step(cs, 1)
         for rnd in range(3):
