@@ -27,9 +27,12 @@ type Status struct {
 type RingStatus struct {
 	State      string `json:"state"` // forming, up, failed, stopped
 	Generation uint32 `json:"generation"`
-	Next       string `json:"next,omitempty"`
-	Prev       string `json:"prev,omitempty"`
-	LastError  string `json:"last_error,omitempty"`
+	// Finished: the collectives this node has finished, completed or
+	// failed: the world's number of its next (docs/MATCHING.md).
+	Finished  uint64 `json:"finished"`
+	Next      string `json:"next,omitempty"`
+	Prev      string `json:"prev,omitempty"`
+	LastError string `json:"last_error,omitempty"`
 	// Op, Step: the ring op under way and its step (empty when idle);
 	// HeardFromNextSec, HeardFromPrevSec: seconds since a frame last came
 	// from each neighbour, which tells a slow peer from a silent one.
@@ -51,6 +54,9 @@ type TrainerStatus struct {
 	Calls     uint64 `json:"calls"`
 	LastCall  string `json:"last_call,omitempty"`
 	Queued    int    `json:"queued"`
+	// Owes: failed collectives this rank had not called; its next calls
+	// get their errors (docs/MATCHING.md).
+	Owes int `json:"owes,omitempty"`
 	// Lane: the trainer's small calls come through its lane of shared
 	// memory (protocol version 2) rather than the socket.
 	Lane bool `json:"lane,omitempty"`
@@ -75,7 +81,7 @@ func (d *Daemon) Status() Status {
 		Job: d.cfg.Job, NodeRank: d.cfg.Rank, NodeCount: n, LocalSize: d.cfg.LocalSize,
 		Socket: d.cfg.SocketPath, Listen: d.RingAddr(), Peers: d.cfg.Peers,
 		ReportedAt: time.Now().UTC(), Process: ps,
-		Ring: RingStatus{State: d.state, Generation: d.gen},
+		Ring: RingStatus{State: d.state, Generation: d.gen, Finished: d.match.finished},
 	}
 	if n > 1 {
 		st.Ring.Next = d.cfg.Peers[(d.cfg.Rank+1)%n]
@@ -98,7 +104,7 @@ func (d *Daemon) Status() Status {
 	for l := range d.slots {
 		s := &d.slots[l]
 		ts := TrainerStatus{LocalRank: l, WorldRank: d.worldRank(l), Attached: s.session != nil,
-			PID: s.pid, Label: s.label, Calls: s.calls, Queued: d.match.queueLen(l)}
+			PID: s.pid, Label: s.label, Calls: s.calls, Queued: d.match.queueLen(l), Owes: d.match.owes(l)}
 		if s.session != nil {
 			ts.Lane = s.session.HasLane()
 		}

@@ -310,10 +310,22 @@ func TestCrossNodeTimeoutWithinBound(t *testing.T) {
 				t.Errorf("TIMEOUT after %v, want within [%v, %v]", took, c.bound, c.bound+margin)
 			}
 			t.Logf("TIMEOUT after %v: %v", took, err)
+			// The late trainer owes the failed collective: status says so
+			// before its call comes.
+			waitFor(t, 5*time.Second, "node 1's status to show world rank 1 owing one collective", func() bool {
+				trs, _ := statusJSON(t, w.sockets[1])["trainers"].([]any)
+				return len(trs) == 1 && trs[0].(map[string]any)["owes"] == float64(1)
+			})
 			if err := <-late; !errors.Is(err, cvd.ErrTimeout) {
 				t.Errorf("the late trainer's call: %v, want the TIMEOUT of the collective it was late for", err)
 			}
 			sumStep(t, cs, 2)
+			// Both nodes count the same collectives finished.
+			f0 := statusJSON(t, w.sockets[0])["ring"].(map[string]any)["finished"]
+			f1 := statusJSON(t, w.sockets[1])["ring"].(map[string]any)["finished"]
+			if f0 != f1 || f0 == nil {
+				t.Errorf("finished collectives: node 0 %v, node 1 %v, want equal", f0, f1)
+			}
 		})
 	}
 }

@@ -53,7 +53,7 @@ func statusCommand() *cli.Command {
 
 func printStatus(w io.Writer, st *daemon.Status) {
 	fmt.Fprintf(w, "job %q  node %d of %d  local size %d  socket %s\n", st.Job, st.NodeRank, st.NodeCount, st.LocalSize, st.Socket)
-	fmt.Fprintf(w, "ring: %s, generation %d, listen %s", st.Ring.State, st.Ring.Generation, st.Listen)
+	fmt.Fprintf(w, "ring: %s, generation %d, %d collectives finished, listen %s", st.Ring.State, st.Ring.Generation, st.Ring.Finished, st.Listen)
 	if st.Ring.Next != "" {
 		fmt.Fprintf(w, ", next %s (heard %.1fs ago), prev %s (heard %.1fs ago)",
 			st.Ring.Next, st.Ring.HeardFromNextSec, st.Ring.Prev, st.Ring.HeardFromPrevSec)
@@ -70,16 +70,20 @@ func printStatus(w io.Writer, st *daemon.Status) {
 	}
 	fmt.Fprintln(w, "trainers:")
 	for _, t := range st.Trainers {
+		owes := ""
+		if t.Owes > 0 {
+			owes = fmt.Sprintf("; owes %d failed collectives (its next calls get their errors)", t.Owes)
+		}
 		if !t.Attached {
-			fmt.Fprintf(w, "  local %d (world %d): not attached, %d calls made\n", t.LocalRank, t.WorldRank, t.Calls)
+			fmt.Fprintf(w, "  local %d (world %d): not attached, %d calls made%s\n", t.LocalRank, t.WorldRank, t.Calls, owes)
 			continue
 		}
 		lane := "socket only" // protocol version 1, or a client told not to (NoLane, no_lane)
 		if t.Lane {
 			lane = "small calls on its lane"
 		}
-		fmt.Fprintf(w, "  local %d (world %d): pid %d %q, %s, %d calls, %d queued, last %s\n",
-			t.LocalRank, t.WorldRank, t.PID, t.Label, lane, t.Calls, t.Queued, t.LastCall)
+		fmt.Fprintf(w, "  local %d (world %d): pid %d %q, %s, %d calls, %d queued, last %s%s\n",
+			t.LocalRank, t.WorldRank, t.PID, t.Label, lane, t.Calls, t.Queued, t.LastCall, owes)
 	}
 	if f := st.InFlight; f != nil {
 		fmt.Fprintf(w, "in flight: collective %d %s, %s for %.1fs", f.Seq, f.Call, f.Phase, f.WaitedSec)
