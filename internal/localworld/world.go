@@ -269,26 +269,6 @@ func signalled(ps *os.ProcessState) bool {
 	return ok && ws.Signaled()
 }
 
-// FreePorts returns n TCP ports free on 127.0.0.1 just now.
-func FreePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("localworld: free port on 127.0.0.1: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 // Tail is the end of a log file, for error messages.
 func Tail(path string) string {
 	b, _ := os.ReadFile(path)
