@@ -22,6 +22,9 @@ func (c Config) RendezvousConfig(log *slog.Logger) rendezvous.Config {
 	rc.Streams = c.Streams
 	rc.Digest = c.Digest
 	rc.ConnectTimeout = c.ConnectTimeout
+	// A ring port in use at start is retried as long as a peer that is
+	// slow to come up would be: both are a node not ready yet.
+	rc.BindTimeout = c.ConnectTimeout
 	rc.HandshakeTimeout = c.HelloTimeout
 	rc.Logger = log
 	return rc

@@ -47,3 +47,13 @@ func TestStripeRuleIsVersioned(t *testing.T) {
 			rendezvous.ProtocolVersion, rc.StripeBytes, rc.StripeBytes/c.SegmentBytes, c.SegmentBytes)
 	}
 }
+
+// A ring port in use at start is retried for as long as the ring may take
+// to form (timeouts.connect), not for the rendezvous package's default.
+func TestRendezvousBindTimeout(t *testing.T) {
+	c := daemon.DefaultConfig()
+	c.ConnectTimeout = 7 * time.Second
+	if rc := c.RendezvousConfig(nil); rc.BindTimeout != 7*time.Second || rc.ConnectTimeout != 7*time.Second {
+		t.Errorf("rendezvous bind timeout %v, connect timeout %v; want both timeouts.connect, 7s", rc.BindTimeout, rc.ConnectTimeout)
+	}
+}

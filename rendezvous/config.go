@@ -38,6 +38,7 @@ type Config struct {
 	Generation uint32
 
 	ConnectTimeout   time.Duration // whole formation deadline (default 60s)
+	BindTimeout      time.Duration // how long Listen retries a port in use (default 60s)
 	HandshakeTimeout time.Duration // per-connection handshake deadline (default 5s)
 	MaxPending       int           // handshakes in progress at once on the listener (default 8); at most half from strangers
 
@@ -55,6 +56,7 @@ func DefaultConfig() Config {
 	return Config{
 		Streams:          1,
 		ConnectTimeout:   60 * time.Second,
+		BindTimeout:      60 * time.Second,
 		HandshakeTimeout: 5 * time.Second,
 		MaxPending:       8,
 		Logger:           slog.Default(),
@@ -70,6 +72,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = d.ConnectTimeout
+	}
+	if c.BindTimeout == 0 {
+		c.BindTimeout = d.BindTimeout
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
@@ -124,6 +129,9 @@ func (c Config) Verify() error {
 	}
 	if c.ConnectTimeout < 0 {
 		return fmt.Errorf("rendezvous config: connect timeout %v is negative", c.ConnectTimeout)
+	}
+	if c.BindTimeout < 0 {
+		return fmt.Errorf("rendezvous config: bind timeout %v is negative", c.BindTimeout)
 	}
 	if c.HandshakeTimeout < 0 {
 		return fmt.Errorf("rendezvous config: handshake timeout %v is negative", c.HandshakeTimeout)
@@ -183,6 +191,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("streams", c.Streams),
 		slog.String("digest", shortHex(c.Digest)),
 		slog.Duration("connect_timeout", c.ConnectTimeout),
+		slog.Duration("bind_timeout", c.BindTimeout),
 		slog.Duration("handshake_timeout", c.HandshakeTimeout),
 		slog.Int("max_pending", c.MaxPending),
 	)

@@ -39,6 +39,7 @@ func TestConfigVerify(t *testing.T) {
 		{"bad listen", func(c *Config) { c.Listen = "nonsense" }, `listen address "nonsense"`},
 		{"streams", func(c *Config) { c.Streams = 65 }, "streams 65 outside [1, 64]"},
 		{"connect timeout", func(c *Config) { c.ConnectTimeout = -1 }, "connect timeout -1ns is negative"},
+		{"bind timeout", func(c *Config) { c.BindTimeout = -1 }, "bind timeout -1ns is negative"},
 		{"handshake timeout", func(c *Config) { c.HandshakeTimeout = -1 }, "handshake timeout -1ns is negative"},
 		{"max pending", func(c *Config) { c.MaxPending = -1 }, "max pending handshakes -1"},
 	}

@@ -10,6 +10,13 @@
 // passes. Between formations the listener keeps refusing whoever connects.
 // A world of one opens no sockets.
 //
+// Listen retries a port in use (EADDRINUSE) for up to BindTimeout, with
+// backoff, logging each retry with who holds the port: on a node that
+// starts and restarts daemons the holder is usually passing (a dial's
+// source port, a killed daemon's socket). After the timeout the error
+// wraps syscall.EADDRINUSE and names the address and the holder, as far
+// as /proc tells (internal/sockowner). Other bind failures return at once.
+//
 // # Protocol flow
 //
 // Rank r dials rank r+1 once per stream. Each side checks everything the

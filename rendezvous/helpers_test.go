@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collectived/collectived/internal/localworld"
 	"github.com/collectived/collectived/internal/syncbuf"
 )
 
@@ -75,18 +76,18 @@ func (r *rejectLog) waitFor(t *testing.T, target error, d time.Duration) rejecti
 	}
 }
 
-// freeListeners binds n listeners on 127.0.0.1:0 so the peer list can be
-// built before any node starts.
+// freeListeners binds n listeners on 127.0.0.1 so the peer list can be
+// built before any node starts. Their ports lie outside the ephemeral
+// range (localworld.Listeners): tests close some to have a node bind the
+// port later, and a dial must not take it as its source port meanwhile.
 func freeListeners(t testing.TB, n int) ([]net.Listener, []string) {
 	t.Helper()
-	lns := make([]net.Listener, n)
+	lns, err := localworld.Listeners(n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	peers := make([]string, n)
-	for i := range lns {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[i] = ln
+	for i, ln := range lns {
 		peers[i] = ln.Addr().String()
 	}
 	return lns, peers

@@ -41,8 +41,9 @@ type Listener struct {
 	closeErr  error
 }
 
-// Listen binds cfg.Listen (or Peers[Rank]) and starts accepting. A world of
-// one binds nothing.
+// Listen binds cfg.Listen (or Peers[Rank]) and starts accepting. A port in
+// use is retried for up to cfg.BindTimeout (bind.go). A world of one binds
+// nothing.
 func Listen(cfg Config) (*Listener, error) {
 	if err := cfg.Verify(); err != nil {
 		return nil, err
@@ -54,9 +55,10 @@ func Listen(cfg Config) (*Listener, error) {
 	if addr == "" {
 		addr = cfg.Peers[cfg.Rank]
 	}
-	ln, err := net.Listen("tcp", addr)
+	wd := cfg.withDefaults()
+	ln, err := bind(addr, wd.BindTimeout, wd.Logger.With("component", "rendezvous", "job", cfg.Job, "rank", cfg.Rank))
 	if err != nil {
-		return nil, fmt.Errorf("rendezvous rank %d: listen on %s: %w", cfg.Rank, addr, err)
+		return nil, fmt.Errorf("rendezvous rank %d: %w", cfg.Rank, err)
 	}
 	return newListener(cfg, ln), nil
 }
