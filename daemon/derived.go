@@ -35,6 +35,7 @@ func (c Config) ServerConfig(log *slog.Logger) ipc.ServerConfig {
 	sc := ipc.DefaultServerConfig()
 	sc.Path = c.SocketPath
 	sc.Mode = c.SocketMode
+	sc.BindTimeout = c.ConnectTimeout // as the ring port's (RendezvousConfig)
 	sc.AllowedUIDs = c.AllowedUIDs
 	sc.AllowedGIDs = c.AllowedGIDs
 	sc.HelloTimeout = c.HelloTimeout

@@ -48,12 +48,15 @@ func TestStripeRuleIsVersioned(t *testing.T) {
 	}
 }
 
-// A ring port in use at start is retried for as long as the ring may take
+// A ring port (or a socket) in use at start is retried for as long as the ring may take
 // to form (timeouts.connect), not for the rendezvous package's default.
 func TestRendezvousBindTimeout(t *testing.T) {
 	c := daemon.DefaultConfig()
 	c.ConnectTimeout = 7 * time.Second
 	if rc := c.RendezvousConfig(nil); rc.BindTimeout != 7*time.Second || rc.ConnectTimeout != 7*time.Second {
 		t.Errorf("rendezvous bind timeout %v, connect timeout %v; want both timeouts.connect, 7s", rc.BindTimeout, rc.ConnectTimeout)
+	}
+	if sc := c.ServerConfig(nil); sc.BindTimeout != 7*time.Second {
+		t.Errorf("unix socket bind timeout %v, want timeouts.connect, 7s", sc.BindTimeout)
 	}
 }

@@ -15,6 +15,10 @@ type ServerConfig struct {
 	Path string
 	// Mode of the socket file (permission bits only).
 	Mode os.FileMode
+	// BindTimeout is how long Listen waits for a live daemon answering on
+	// Path to go (one being restarted may still be shutting down); 0
+	// tries once.
+	BindTimeout time.Duration
 	// AllowedUIDs and AllowedGIDs admit peers by SO_PEERCRED: root and the
 	// daemon's own uid always, any uid listed, and any peer whose primary
 	// gid is listed (the kernel reports no supplementary groups). Empty
@@ -93,6 +97,8 @@ func (c ServerConfig) Verify() error {
 		return fmt.Errorf("ipc: config: socket path %s is %d bytes, the limit is %d", c.Path, len(c.Path), maxSocketPath)
 	case c.Mode == 0 || c.Mode&^os.ModePerm != 0:
 		return fmt.Errorf("ipc: config: socket mode %v must be nonzero permission bits only", c.Mode)
+	case c.BindTimeout < 0:
+		return fmt.Errorf("ipc: config: bind timeout %v is negative", c.BindTimeout)
 	case c.HelloTimeout <= 0:
 		return fmt.Errorf("ipc: config: hello timeout %v must be positive", c.HelloTimeout)
 	case c.WriteTimeout <= 0:

@@ -33,7 +33,8 @@
 // # Server and Session
 //
 // Listen creates the socket file (replacing a stale one, never a live
-// one), Serve accepts connections, checks SO_PEERCRED, and runs one Session
+// one: for a live one it waits up to ServerConfig.BindTimeout, then names
+// the process answering on it), Serve accepts connections, checks SO_PEERCRED, and runs one Session
 // per connection. A session answers HELLO (with the Handler's consent),
 // ALLOC, FREE, REGISTER and STATUS itself, keeping segments in a shm.Table
 // under the connection's quota; it validates each CALL (description, inline

@@ -56,18 +56,19 @@ type Server struct {
 // ErrServerClosed is the cause sessions see when the server closes.
 var ErrServerClosed = &Error{Code: CodeShutdown, Message: "the daemon is stopping", Fatal: true}
 
-// Listen verifies cfg and creates the socket (see ServerConfig.Path).
+// Listen verifies cfg and creates the socket (see ServerConfig.Path), for
+// up to cfg.BindTimeout while a live daemon still answers on it.
 func Listen(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Verify(); err != nil {
-		return nil, err
-	}
-	l, fi, err := listenSocket(cfg.Path, cfg.Mode)
-	if err != nil {
 		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	l, fi, err := listenSocketRetry(cfg.Path, cfg.Mode, cfg.BindTimeout, log)
+	if err != nil {
+		return nil, err
 	}
 	return &Server{
 		cfg:      cfg,

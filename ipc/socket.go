@@ -86,8 +86,9 @@ func checkStale(path string) error {
 	}
 	c, err := net.DialTimeout("unix", path, probeTimeout)
 	if err == nil {
+		held := answering(c)
 		c.Close()
-		return fmt.Errorf("ipc: %s: %w", path, ErrSocketInUse)
+		return fmt.Errorf("ipc: %s: %w (held by %s)", path, ErrSocketInUse, held)
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		return fmt.Errorf("ipc: socket %s: cannot tell whether a daemon is listening: %w", path, err)
