@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	cvd "github.com/collectived/collectived/clients/go"
 	"github.com/collectived/collectived/daemon"
+	"github.com/collectived/collectived/internal/localworld"
 	"github.com/collectived/collectived/internal/syncbuf"
 )
 
@@ -51,14 +51,13 @@ func TestLogKeysAppearOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	ports, err := localworld.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var peers []string
-	for range 2 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		peers = append(peers, l.Addr().String())
-		l.Close()
+	for _, p := range ports {
+		peers = append(peers, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	var logs [2]syncbuf.Buffer
 	var ds []*daemon.Daemon
