@@ -83,6 +83,15 @@ type world struct {
 
 func startWorld(t *testing.T, nodes, local int, extra string) *world {
 	t.Helper()
+	return startWorldPorts(t, nodes, local, extra, freePorts(t, nodes))
+}
+
+// startWorldPorts is startWorld on the given ring ports, one per node.
+func startWorldPorts(t *testing.T, nodes, local int, extra string, ports []int) *world {
+	t.Helper()
+	if len(ports) != nodes {
+		t.Fatalf("startWorldPorts: %d ports for %d nodes", len(ports), nodes)
+	}
 	// Socket paths must fit sun_path: a short temp dir, not t.TempDir().
 	dir, err := os.MkdirTemp("", "cvd-e2e-")
 	if err != nil {
@@ -92,7 +101,7 @@ func startWorld(t *testing.T, nodes, local int, extra string) *world {
 	rand.Read(tok[:])
 	w := &world{t: t, dir: dir, nodes: nodes, local: local, token: hex.EncodeToString(tok[:])}
 	var peers strings.Builder
-	for _, p := range freePorts(t, nodes) {
+	for _, p := range ports {
 		fmt.Fprintf(&peers, "  - 127.0.0.1:%d\n", p)
 		w.addrs = append(w.addrs, fmt.Sprintf("127.0.0.1:%d", p))
 	}
@@ -148,7 +157,8 @@ func (w *world) waitSocket(i int, d time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			w.t.Fatalf("daemon %d never opened %s within %v; log:\n%s", i, w.sockets[i], d, w.log(i))
+			log := w.log(i)
+			w.t.Fatalf("daemon %d never opened %s within %v; log:\n%s%s", i, w.sockets[i], d, log, envHint(log))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -162,6 +172,16 @@ func (w *world) signal(i int, sig syscall.Signal) {
 	if cmd != nil && cmd.Process != nil {
 		cmd.Process.Signal(sig)
 	}
+}
+
+// pid is daemon i's process id, 0 if it is not running.
+func (w *world) pid(i int) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if cmd := w.daemons[i]; cmd != nil && cmd.Process != nil {
+		return cmd.Process.Pid
+	}
+	return 0
 }
 
 // kill ends daemon i with SIGKILL and reaps it.
@@ -307,8 +327,19 @@ func (tr *trainer) wait(t *testing.T, d time.Duration) ([]event, error) {
 	return evs, err
 }
 
+// envHint explains a daemon log that blames the machine rather than the
+// code: a port or socket held by another process past the bind timeout.
+func envHint(log string) string {
+	if !strings.Contains(log, "still in use after") {
+		return ""
+	}
+	return "\n(this failure comes from the machine, not the code: another process held the daemon's port or socket " +
+		"for the whole bind timeout, timeouts.connect; the log names it. Stop it, or if it is a daemon left over by an " +
+		"earlier run, kill it by that pid.)"
+}
+
 // freePorts returns n TCP ports free on 127.0.0.1 just now, all different
-// (localworld.FreePorts holds each open until it has them all).
+// and outside the kernel's ephemeral range (localworld.FreePorts).
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	ports, err := localworld.FreePorts(n)

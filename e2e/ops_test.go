@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -243,8 +244,18 @@ func TestStatusWaitingOnPeer(t *testing.T) {
 // a new daemon replaces the file and serves.
 func TestLiveSocketNotTaken(t *testing.T) {
 	w := startWorld(t, 1, 1, "")
+	// The second daemon waits for the socket for timeouts.connect (the
+	// first may be stopping): 1s here, not the world's 20s.
+	b, err := os.ReadFile(w.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg2 := filepath.Join(w.dir, "second.yaml")
+	if err := os.WriteFile(cfg2, bytes.Replace(b, []byte("connect: 20s"), []byte("connect: 1s"), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// A world of one binds no ring port: the socket is all the two share.
-	cmd := exec.Command(daemonBin, "run", "--config", w.cfgPath, "--rank", "0", "--socket", w.sockets[0])
+	cmd := exec.Command(daemonBin, "run", "--config", cfg2, "--rank", "0", "--socket", w.sockets[0])
 	cmd.Env = append(os.Environ(), "E2E_TOKEN="+w.token)
 	done := make(chan []byte, 1)
 	var runErr error
@@ -257,6 +268,9 @@ func TestLiveSocketNotTaken(t *testing.T) {
 	case out := <-done:
 		if runErr == nil || !strings.Contains(string(out), w.sockets[0]) || !strings.Contains(string(out), "in use") {
 			t.Fatalf("second daemon on a live socket: %v\n%s", runErr, out)
+		}
+		if holder := fmt.Sprintf("held by pid %d (", w.pid(0)); !strings.Contains(string(out), holder) {
+			t.Errorf("second daemon's error does not name the first, %q:\n%s", holder, out)
 		}
 	case <-time.After(20 * time.Second):
 		cmd.Process.Kill()

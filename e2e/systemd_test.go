@@ -137,7 +137,8 @@ func TestSystemdNoReadyWhenStartFails(t *testing.T) {
 		name, config, want string
 	}{
 		{"invalid config", "job:\n  name: e2e\n  token_env: E2E_TOKEN\n  bogus: 1\npeers:\n  - 127.0.0.1:1\n", "bogus"},
-		{"ring port taken", "job:\n  name: e2e\n  token_env: E2E_TOKEN\npeers:\n  - " + taken.Addr().String() + "\n  - 127.0.0.1:1\n", taken.Addr().String()},
+		// The daemon retries a port in use for timeouts.connect: 1s here.
+		{"ring port taken", "job:\n  name: e2e\n  token_env: E2E_TOKEN\npeers:\n  - " + taken.Addr().String() + "\n  - 127.0.0.1:1\ntimeouts:\n  connect: 1s\n", taken.Addr().String()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, nsPath, ns := fakeNotifySocket(t)
