@@ -49,7 +49,7 @@ func listenSocketRetry(path string, mode os.FileMode, timeout time.Duration, log
 				path, time.Since(start).Round(time.Millisecond), attempt, err)
 		}
 		wait := min(backoff, left)
-		log.Warn("unix socket in use, retrying", "socket", path, "attempt", attempt, "in", wait, "left", left.Round(time.Millisecond), "err", err)
+		log.Warn("unix socket in use, retrying", "socket", path, "attempt", attempt, "in", wait.Round(time.Millisecond), "left", left.Round(time.Millisecond), "err", err)
 		time.Sleep(wait)
 		backoff = min(2*backoff, maxBindBackoff)
 	}

@@ -49,7 +49,7 @@ func bind(addr string, timeout time.Duration, log *slog.Logger) (net.Listener, e
 				addr, time.Since(start).Round(time.Millisecond), attempt, holder(addr), err)
 		}
 		wait := min(backoff, left)
-		log.Warn("rendezvous port in use, retrying bind", "addr", addr, "attempt", attempt, "in", wait, "left", left.Round(time.Millisecond),
+		log.Warn("rendezvous port in use, retrying bind", "addr", addr, "attempt", attempt, "in", wait.Round(time.Millisecond), "left", left.Round(time.Millisecond),
 			"held_by", holder(addr), "err", err)
 		time.Sleep(wait)
 		backoff = min(2*backoff, maxBindBackoff)
