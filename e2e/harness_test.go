@@ -158,7 +158,7 @@ func (w *world) waitSocket(i int, d time.Duration) {
 		}
 		if time.Now().After(deadline) {
 			log := w.log(i)
-			w.t.Fatalf("daemon %d never opened %s within %v; log:\n%s%s", i, w.sockets[i], d, log, envHint(log))
+			w.t.Fatalf("daemon %d never opened %s within %v; log:\n%s%s", i, w.sockets[i], d, log, localworld.EnvHint(log))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -325,17 +325,6 @@ func (tr *trainer) wait(t *testing.T, d time.Duration) ([]event, error) {
 		err = fmt.Errorf("%w: %s", err, strings.TrimSpace(tr.stderr.String()))
 	}
 	return evs, err
-}
-
-// envHint explains a daemon log that blames the machine rather than the
-// code: a port or socket held by another process past the bind timeout.
-func envHint(log string) string {
-	if !strings.Contains(log, "still in use after") {
-		return ""
-	}
-	return "\n(this failure comes from the machine, not the code: another process held the daemon's port or socket " +
-		"for the whole bind timeout, timeouts.connect; the log names it. Stop it, or if it is a daemon left over by an " +
-		"earlier run, kill it by that pid.)"
 }
 
 // freePorts returns n TCP ports free on 127.0.0.1 just now, all different

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -78,5 +79,17 @@ func TestFreePortsOutsideEphemeralRange(t *testing.T) {
 	// repeat, while a counter or a fixed port would.
 	if len(seen) < 50 {
 		t.Errorf("60 ports drawn, only %d different: not random", len(seen))
+	}
+}
+
+// A daemon that gave up on a port or socket held by someone else is the
+// machine's doing, and the error says so; other failures get no such note.
+func TestEnvHint(t *testing.T) {
+	held := `collectived: rendezvous rank 0: listen on 127.0.0.1:23998: port still in use after 1s (7 attempts); held by LISTEN socket of pid 9 (python3)`
+	if h := EnvHint(held); !strings.Contains(h, "comes from the machine, not the code") || !strings.Contains(h, "kill it by that pid") {
+		t.Errorf("EnvHint(bind timeout) = %q", h)
+	}
+	if h := EnvHint("collectived: config.yaml:3: unknown key bogus"); h != "" {
+		t.Errorf("EnvHint(config error) = %q, want none", h)
 	}
 }

@@ -158,12 +158,14 @@ func Start(o Options) (*World, error) {
 			select {
 			case <-p.done:
 				w.Stop()
-				return nil, fmt.Errorf("localworld: daemon %d exited before opening %s (%v); its log:\n%s", i, w.Sockets[i], p.err, Tail(w.Logs[i]))
+				log := Tail(w.Logs[i])
+				return nil, fmt.Errorf("localworld: daemon %d exited before opening %s (%v); its log:\n%s%s", i, w.Sockets[i], p.err, log, EnvHint(log))
 			default:
 			}
 			if time.Now().After(deadline) {
 				w.Stop()
-				return nil, fmt.Errorf("localworld: daemon %d never opened %s within %v; its log:\n%s", i, w.Sockets[i], o.OpenWait, Tail(w.Logs[i]))
+				log := Tail(w.Logs[i])
+				return nil, fmt.Errorf("localworld: daemon %d never opened %s within %v; its log:\n%s%s", i, w.Sockets[i], o.OpenWait, log, EnvHint(log))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -267,6 +269,18 @@ func (w *World) Stop() {
 func signalled(ps *os.ProcessState) bool {
 	ws, ok := ps.Sys().(syscall.WaitStatus)
 	return ok && ws.Signaled()
+}
+
+// EnvHint explains a daemon log that blames the machine rather than the
+// code: a port or socket another process held for the whole bind timeout.
+// It is "" for any other log.
+func EnvHint(log string) string {
+	if !strings.Contains(log, "still in use after") {
+		return ""
+	}
+	return "\n(this failure comes from the machine, not the code: another process held the daemon's port or socket " +
+		"for the whole bind timeout, timeouts.connect; the log names it. Stop it, or if it is a daemon left over by an " +
+		"earlier run, kill it by that pid.)"
 }
 
 // Tail is the end of a log file, for error messages.
