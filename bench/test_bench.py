@@ -733,6 +733,16 @@ class WorkerArgsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("--sizes: 'big' is not a byte count", p.stderr)
 
+    def test_free_port_outside_ephemeral_range(self):
+        with open(runners.PORT_RANGE_FILE) as f:
+            lo, hi = (int(x) for x in f.read().split())
+        ports = [runners.free_port() for _ in range(30)]
+        for p in ports:
+            self.assertFalse(lo <= p <= hi or p < runners.MIN_PORT,
+                             f"port {p} is in the ephemeral range {lo}-{hi} or below {runners.MIN_PORT}")
+        # Drawn at random from thousands: 30 draws all but never repeat.
+        self.assertGreater(len(set(ports)), 25, ports)
+
     def test_tcp_bidir_moves_bytes_both_ways(self):
         port = runners.free_port()
         script = os.path.join(HERE, "tcp_bidir.py")
