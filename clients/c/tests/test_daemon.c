@@ -50,20 +50,52 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* A port for a daemon to bind, outside the kernel's ephemeral range (as
+ * internal/localworld.FreePorts picks them for the Go harnesses): a port
+ * from that range may be handed to a dialer's source port, a retrying
+ * daemon's dial among them, before its daemon binds it. Drawn at random
+ * from 20000 up, below and above the range, and bound once to check it is
+ * free; 0 if none is found (the world then fails to start, naming it). */
 static int free_port(void)
 {
-	struct sockaddr_in a;
-	socklen_t n = sizeof a;
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-	memset(&a, 0, sizeof a);
-	a.sin_family = AF_INET;
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &n) == 0)
-		port = ntohs(a.sin_port);
-	if (fd >= 0)
+	static int seeded;
+	int lo = 0, hi = 0, tries;
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	if (!f || fscanf(f, "%d %d", &lo, &hi) != 2 || lo < 1 || hi > 65535 || lo > hi) {
+		if (f)
+			fclose(f);
+		CHECK(0, "cannot read /proc/sys/net/ipv4/ip_local_port_range (the machine's setting, not the client)");
+		return 0;
+	}
+	fclose(f);
+	int below = lo - 20000 > 0 ? lo - 20000 : 0;  /* ports 20000..lo-1 */
+	int above = 65535 - (hi > 19999 ? hi : 19999); /* ports max(hi+1, 20000)..65535 */
+	if (below + above == 0) {
+		CHECK(0, "no port from 20000 up lies outside the ephemeral range %d-%d (narrow it)", lo, hi);
+		return 0;
+	}
+	if (!seeded) {
+		srand((unsigned)getpid() ^ (unsigned)time(NULL));
+		seeded = 1;
+	}
+	for (tries = 0; tries < 200; tries++) {
+		int k = rand() % (below + above);
+		int port = k < below ? 20000 + k : (hi > 19999 ? hi : 19999) + 1 + (k - below);
+		struct sockaddr_in a;
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+		if (fd < 0)
+			return 0;
+		memset(&a, 0, sizeof a);
+		a.sin_family = AF_INET;
+		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		a.sin_port = htons((uint16_t)port);
+		ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
 		close(fd);
-	return port;
+		if (ok)
+			return port;
+	}
+	CHECK(0, "no free port outside the ephemeral range %d-%d in 200 tries (the machine's ports are taken)", lo, hi);
+	return 0;
 }
 
 static void print_log(const world *w, int r)
