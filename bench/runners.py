@@ -14,8 +14,12 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import localports  # noqa: E402
 
 # Every command this run executed, in order, for the report.
 COMMANDS: list[str] = []
@@ -65,38 +69,13 @@ def _kill_group(p: subprocess.Popen) -> None:
         pass
 
 
-PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-MIN_PORT = 20000  # below: services a developer's machine may run
-
-
 def free_port() -> int:
-    """A port free on 127.0.0.1 just now, for a daemon, a Gloo store or an
-    iperf3 server to bind, outside the kernel's ephemeral range (as
-    internal/localworld.FreePorts picks them for the Go harnesses): a port
-    from that range may be handed to a dialer's source port, a retrying
-    rank's dial among them, before its server binds it. Drawn at random so
-    that runs side by side seldom draw the same."""
+    """A port for a daemon, a Gloo store or an iperf3 server to bind, by
+    the rule every harness here uses (scripts/localports.py)."""
     try:
-        with open(PORT_RANGE_FILE) as f:
-            lo, hi = (int(x) for x in f.read().split())
-    except (OSError, ValueError) as e:
-        raise RunError(f"cannot read the ephemeral port range from {PORT_RANGE_FILE}: {e} "
-                       "(the machine's setting, not the benchmark)") from e
-    spans = [(a, b) for a, b in ((MIN_PORT, lo - 1), (max(hi + 1, MIN_PORT), 65535)) if a <= b]
-    if not spans:
-        raise RunError(f"no port from {MIN_PORT} up lies outside the ephemeral range {lo}-{hi} "
-                       f"(the machine's setting: narrow {PORT_RANGE_FILE})")
-    for _ in range(200):
-        a, b = random.choice(spans)
-        port = random.randint(a, b)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RunError(f"no free port outside the ephemeral range {lo}-{hi} in 200 tries "
-                   "(the machine's ports are taken, not the benchmark's fault)")
+        return localports.free_ports(1)[0]
+    except localports.PortError as e:
+        raise RunError(str(e)) from e
 
 
 def stats(bytes_: int, times_ns: list[int], world: int, in_flight: int = 1) -> dict:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
-import random
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
 import collectived
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts"))
+import localports  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 JOB = "pytest-job"
@@ -65,50 +68,10 @@ def daemon_binary() -> tuple[Optional[str], str]:
     return _built
 
 
-PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-MIN_PORT = 20000  # below: services a developer's machine may run
-
-
 def _free_ports(n: int) -> list[int]:
-    """n ports for daemons to bind, outside the kernel's ephemeral range
-    (as internal/localworld.FreePorts picks them for the Go harnesses): a
-    port from that range may be handed to a dialer's source port, or to
-    another test's listener on port 0, before its daemon binds it."""
-    try:
-        with open(PORT_RANGE_FILE) as f:
-            lo, hi = (int(x) for x in f.read().split())
-    except (OSError, ValueError) as e:
-        raise RuntimeError(f"cannot read the ephemeral port range from {PORT_RANGE_FILE}: {e} "
-                           "(the machine's setting, not the test)") from e
-    spans = [(a, b) for a, b in ((MIN_PORT, lo - 1), (max(hi + 1, MIN_PORT), 65535)) if a <= b]
-    if not spans:
-        raise RuntimeError(f"no port from {MIN_PORT} up lies outside the ephemeral range {lo}-{hi} "
-                           f"(the machine's setting: narrow {PORT_RANGE_FILE})")
-    socks: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        for _ in range(n):
-            for _ in range(200):
-                a, b = random.choice(spans)
-                port = random.randint(a, b)
-                if port in ports:
-                    continue
-                s = socket.socket()
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    s.close()
-                    continue
-                socks.append(s)
-                ports.append(port)
-                break
-            else:
-                raise RuntimeError(f"no free port outside the ephemeral range {lo}-{hi} in 200 tries "
-                                   "(the machine's ports are taken, not the test's fault)")
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+    """Ports for the daemons, by the rule every harness here uses
+    (scripts/localports.py: outside the kernel's ephemeral range)."""
+    return localports.free_ports(n)
 
 
 class World:
