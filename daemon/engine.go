@@ -446,6 +446,13 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*
 	d.lost = nil
 	closed := d.closed
 	e := d.callError(seq, gen, cause, closed)
+	if mine, ok := d.ownCallLocked(heads, failedAt); ok && e.Code == ipc.CodeMismatch {
+		// Ring frames carry a call's name only as a fingerprint, so the
+		// node that found a mismatch in the name alone shows "name
+		// differs" for the other's: each node adds its own call, so that
+		// the trainers of the node whose name differs read both names.
+		e = ipc.Errorf(e.Code, "%s [node %d called %s]", e.Message, d.cfg.Rank, mine)
+	}
 	before := d.match.finished
 	scratch = d.match.fail(heads, failure{
 		at:      failedAt,
@@ -474,6 +481,19 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*
 	}
 	clear(scratch)
 	return scratch[:0]
+}
+
+// ownCallLocked is this node's call of the failing collective: its
+// calls taken by the engine, else a first call that came before the
+// failure. d.mu is held.
+func (d *Daemon) ownCallLocked(heads []call, failedAt time.Time) (collective.Desc, bool) {
+	if len(heads) > 0 {
+		return heads[0].c.Desc, true
+	}
+	if c, ok := d.match.firstBefore(failedAt); ok {
+		return c.Desc, true
+	}
+	return collective.Desc{}, false
 }
 
 // failAll fails every queued call with e: the daemon is stopping.

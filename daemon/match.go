@@ -203,6 +203,18 @@ func popFront[T any](q []T) []T {
 	return q[:len(q)-1]
 }
 
+// firstBefore is the first waiting call, in local-rank order, that came
+// before t.
+func (m *matcher[C]) firstBefore(t time.Time) (C, bool) {
+	for l := range m.slots {
+		if q := m.slots[l].queue; len(q) > 0 && q[0].at.Before(t) {
+			return q[0].c, true
+		}
+	}
+	var zero C
+	return zero, false
+}
+
 // completed records that the node's next collective succeeded: its
 // count is the world's, and its trainers are in step with it.
 func (m *matcher[C]) completed() { m.finished, m.vacated = m.finished+1, false }

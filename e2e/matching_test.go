@@ -139,6 +139,22 @@ func TestBroadcastMismatchEveryTrainer(t *testing.T) {
 			if t.Failed() {
 				return
 			}
+			if c.name == "names differ" {
+				// Each trainer reads its own node's call; the node whose
+				// name differs from the finder's reads both names.
+				both := false
+				for i, err := range errs {
+					own := fmt.Sprintf("name=%q", c.calls[i].Name)
+					if !strings.Contains(err.Error(), own) {
+						t.Errorf("trainer %d: %v does not name its own call's %s", i, err, own)
+					}
+					both = both || strings.Contains(err.Error(), `name="a"`) && strings.Contains(err.Error(), `name="b"`)
+				}
+				if !both {
+					t.Errorf("no trainer's error names both names: %v", errs)
+				}
+				t.Logf("names differ: %v", errs)
+			}
 			for step := 2; step <= 4; step++ {
 				sumStep(t, cs, step)
 			}
