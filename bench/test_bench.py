@@ -734,12 +734,12 @@ class WorkerArgsTest(unittest.TestCase):
         self.assertIn("--sizes: 'big' is not a byte count", p.stderr)
 
     def test_free_port_outside_ephemeral_range(self):
-        with open(runners.PORT_RANGE_FILE) as f:
+        with open(runners.localports.PORT_RANGE_FILE) as f:
             lo, hi = (int(x) for x in f.read().split())
         ports = [runners.free_port() for _ in range(30)]
         for p in ports:
-            self.assertFalse(lo <= p <= hi or p < runners.MIN_PORT,
-                             f"port {p} is in the ephemeral range {lo}-{hi} or below {runners.MIN_PORT}")
+            self.assertFalse(lo <= p <= hi or p < runners.localports.MIN_PORT,
+                             f"port {p} is in the ephemeral range {lo}-{hi} or below {runners.localports.MIN_PORT}")
         # Drawn at random from thousands: 30 draws all but never repeat.
         self.assertGreater(len(set(ports)), 25, ports)
 
