@@ -293,9 +293,11 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 		m.finished++
 		m.vacated = false
 	}
-	if f.restart {
+	if f.restart && m.empty() {
 		// The job restarts its trainers: those the node has next are a
 		// new incarnation, whatever this node could tell of the failure.
+		// A node whose trainers are still attached is not vacated: they
+		// go on calling, and must stay in step with the world's count.
 		m.vacated = true
 	}
 	return dst
@@ -324,14 +326,15 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 	restarted = restarted || (m.fresh && anyVacated)
 	m.fresh = false
 	if restarted {
-		m.vacated = true
 		for l := range m.slots {
 			if m.slots[l].owner == nil {
 				m.slots[l].debts, m.slots[l].ever = nil, false
 			}
 		}
 	}
-	if m.vacated {
+	// Attached trainers are not a new incarnation: a node that has any
+	// owes what it is behind by, restart or not.
+	if m.vacated || (restarted && m.empty() && !m.anyQueued()) {
 		m.vacated = false
 		m.finished = max(m.finished, agreed)
 		return dst

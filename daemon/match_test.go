@@ -1,0 +1,46 @@
+package daemon
+
+import (
+	"testing"
+	"time"
+
+	"github.com/collectived/collectived/ipc"
+)
+
+// A node's attached trainer that had not called when a node elsewhere
+// died (a failure this node judged to fail no collective) still owes the
+// collective that another node failed, although the next generation
+// sees a restarted daemon: it goes on calling, and its next call must not
+// meet the other trainers' calls of the collective after.
+func TestAttachedTrainerOwesAcrossARestart(t *testing.T) {
+	m := newMatcher[int](1)
+	m.formed(0, false, false, nil, nil) // the job's first generation
+	owner := new(int)
+	m.attach(0, owner)
+	e := func(int) *ipc.Error { return ipc.Errorf(ipc.CodePeerLost, "peer lost") }
+	// The abort reaches this node while none of its trainers had called:
+	// not begun here, and a restart kind (a peer closed).
+	m.fail(nil, failure{at: time.Now(), restart: true, err: e, owed: e}, nil)
+	if m.finished != 0 || m.owes(0) != 0 {
+		t.Fatalf("after the failure: finished %d, owes %d; want 0 and 0", m.finished, m.owes(0))
+	}
+	// Another node had failed collective 0; the dead one restarted fresh.
+	got := m.formed(1, true, false, func(int, uint64) *ipc.Error { return ipc.Errorf(ipc.CodePeerLost, "behind") }, nil)
+	if len(got) != 0 || m.owes(0) != 1 || m.finished != 1 {
+		t.Fatalf("formed: failed %d calls, owes %d, finished %d; want the attached trainer to owe collective 0", len(got), m.owes(0), m.finished)
+	}
+	if d := m.payDebt(0); d == nil || d.Code != ipc.CodePeerLost {
+		t.Fatalf("the trainer's next call: %v, want the owed PEER_LOST", d)
+	}
+}
+
+// A node with no trainer at a restart joins the world's count: its next
+// trainers start afresh and owe nothing.
+func TestEmptyNodeJoinsAtARestart(t *testing.T) {
+	m := newMatcher[int](2)
+	m.formed(0, false, false, nil, nil)
+	got := m.formed(5, true, false, func(int, uint64) *ipc.Error { return ipc.Errorf(ipc.CodePeerLost, "behind") }, nil)
+	if len(got) != 0 || m.owes(0) != 0 || m.owes(1) != 0 || m.finished != 5 {
+		t.Fatalf("failed %d, owes %d/%d, finished %d; want none owed at 5", len(got), m.owes(0), m.owes(1), m.finished)
+	}
+}
