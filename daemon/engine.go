@@ -129,6 +129,20 @@ func (d *Daemon) form() (*ring.Ring, error) {
 		return nil, err
 	}
 	d.mu.Lock()
+	if n := d.match.behind(r.Finished(), r.Restarted(), r.AnyVacated()); n > maxBehind {
+		// Only collectives failed while a node was out of the ring make
+		// a node fall behind, a few at a time; a count this far ahead is
+		// a peer's bug or a bad start frame, and owing it would take
+		// memory and time without bound. The formation fails instead.
+		had := d.match.finished
+		d.mu.Unlock()
+		r.Close()
+		err := fmt.Errorf("node %d: ring generation %d: the ring's finished count %d is %d collectives past this node's %d, over the %d a node may fall behind: %w",
+			d.cfg.Rank, gen, r.Finished(), n, had, maxBehind, ring.ErrBadFrame)
+		d.setState("forming", err)
+		d.log.Error("ring formation refused", "err", err)
+		return nil, err
+	}
 	d.ring, d.gen, d.proposal = r, gen, gen+1
 	d.lender = nil // a link lent by the last ring went with it
 	closed := d.closed
@@ -156,6 +170,10 @@ func (d *Daemon) form() (*ring.Ring, error) {
 	}
 	return r, nil
 }
+
+// maxBehind bounds the collectives a node may owe when a generation
+// forms (matcher.behind).
+const maxBehind = 1 << 16
 
 // bound is how long a collective may wait for its calls: the collective
 // timeout, or the first-call timeout for a generation's first.

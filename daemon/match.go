@@ -321,9 +321,7 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 // while the ring could not form are ahead of the others.
 // owed(l, k) is rank l's error for the k-th collective it is behind by.
 func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func(l int, k uint64) *ipc.Error, dst []failed[C]) []failed[C] {
-	// A daemon starting while the job restarts its trainers elsewhere is
-	// a restarted one too.
-	restarted = restarted || (m.fresh && anyVacated)
+	restarted = m.restart(restarted, anyVacated)
 	m.fresh = false
 	if restarted {
 		for l := range m.slots {
@@ -332,9 +330,7 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 			}
 		}
 	}
-	// Attached trainers are not a new incarnation: a node that has any
-	// owes what it is behind by, restart or not.
-	if m.vacated || (restarted && m.empty() && !m.anyQueued()) {
+	if m.joins(restarted) {
 		m.vacated = false
 		m.finished = max(m.finished, agreed)
 		return dst
@@ -354,6 +350,29 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 	}
 	m.finished = max(m.finished, agreed)
 	return dst
+}
+
+// restart tells whether a forming generation restarts the job's trainers
+// on this node: fresh daemons among others (restarted), or this daemon
+// fresh while the job restarts its trainers elsewhere (anyVacated).
+func (m *matcher[C]) restart(restarted, anyVacated bool) bool {
+	return restarted || (m.fresh && anyVacated)
+}
+
+// joins tells whether the node takes the world's count without owing
+// what it is behind by: its trainers are a new incarnation. Attached
+// trainers are not: a node that has any owes, restart or not.
+func (m *matcher[C]) joins(restarted bool) bool {
+	return m.vacated || (restarted && m.empty() && !m.anyQueued())
+}
+
+// behind reports, before formed, how many collectives each rank of this
+// node would owe in a generation that agrees on agreed: 0 when it joins.
+func (m *matcher[C]) behind(agreed uint64, restarted, anyVacated bool) uint64 {
+	if agreed <= m.finished || m.joins(m.restart(restarted, anyVacated)) {
+		return 0
+	}
+	return agreed - m.finished
 }
 
 // drain removes every queued call (the daemon is stopping).

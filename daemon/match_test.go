@@ -44,3 +44,19 @@ func TestEmptyNodeJoinsAtARestart(t *testing.T) {
 		t.Fatalf("failed %d, owes %d/%d, finished %d; want none owed at 5", len(got), m.owes(0), m.owes(1), m.finished)
 	}
 }
+
+// behind is what formed would owe: 0 for a node that joins the count.
+func TestBehind(t *testing.T) {
+	m := newMatcher[int](1)
+	m.formed(0, false, false, nil, nil)
+	if n := m.behind(1<<40, true, false); n != 0 {
+		t.Errorf("empty node at a restart: behind %d, want 0 (it joins)", n)
+	}
+	m.attach(0, new(int))
+	if n := m.behind(1<<40, true, false); n != 1<<40 {
+		t.Errorf("attached trainer: behind %d, want %d", n, uint64(1)<<40)
+	}
+	if n := m.behind(0, false, false); n != 0 {
+		t.Errorf("ahead of the ring: behind %d, want 0", n)
+	}
+}
