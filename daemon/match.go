@@ -249,7 +249,12 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 		dst = append(dst, failed[C]{c: h.c, err: f.err(l)})
 		called[l] = true
 	}
-	begun := f.begun || len(heads) > 0
+	// A node with a trainer attached cannot always tell whether the
+	// collective had begun elsewhere (it saw a neighbour die while idle):
+	// it takes it as begun. A spurious error is loud; a trainer left to
+	// wait for a ring that may not form again, or whose late call meets
+	// the others' next calls, is not.
+	begun := f.begun || len(heads) > 0 || !m.empty()
 	if !begun {
 		for l := range m.slots {
 			if q := m.slots[l].queue; len(q) > 0 && q[0].at.Before(f.at) {

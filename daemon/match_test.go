@@ -18,16 +18,18 @@ func TestAttachedTrainerOwesAcrossARestart(t *testing.T) {
 	owner := new(int)
 	m.attach(0, owner)
 	e := func(int) *ipc.Error { return ipc.Errorf(ipc.CodePeerLost, "peer lost") }
-	// The abort reaches this node while none of its trainers had called:
-	// not begun here, and a restart kind (a peer closed).
+	// The abort reaches this node while none of its trainers had called,
+	// not marked begun, and a restart kind (a peer closed): with a
+	// trainer attached the node takes it as begun, and the trainer owes.
 	m.fail(nil, failure{at: time.Now(), restart: true, err: e, owed: e}, nil)
-	if m.finished != 0 || m.owes(0) != 0 {
-		t.Fatalf("after the failure: finished %d, owes %d; want 0 and 0", m.finished, m.owes(0))
+	if m.finished != 1 || m.owes(0) != 1 {
+		t.Fatalf("after the failure: finished %d, owes %d; want 1 and 1", m.finished, m.owes(0))
 	}
-	// Another node had failed collective 0; the dead one restarted fresh.
+	// Another node had failed collective 0 too; the dead one restarted
+	// fresh. The trainer owes it once, not twice.
 	got := m.formed(1, true, false, func(int, uint64) *ipc.Error { return ipc.Errorf(ipc.CodePeerLost, "behind") }, nil)
 	if len(got) != 0 || m.owes(0) != 1 || m.finished != 1 {
-		t.Fatalf("formed: failed %d calls, owes %d, finished %d; want the attached trainer to owe collective 0", len(got), m.owes(0), m.finished)
+		t.Fatalf("formed: failed %d calls, owes %d, finished %d; want the attached trainer to owe collective 0 once", len(got), m.owes(0), m.finished)
 	}
 	if d := m.payDebt(0); d == nil || d.Code != ipc.CodePeerLost {
 		t.Fatalf("the trainer's next call: %v, want the owed PEER_LOST", d)
