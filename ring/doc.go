@@ -158,12 +158,14 @@
 //
 //   - small path: every element is ((x_0 op x_1) op x_2) ... op x_{N-1},
 //     computed by every rank alike;
+//
 //   - large path: an element in chunk c is ((x_c op x_{c+1}) op ...) op
 //     x_{c-1} (indices mod N), computed once by rank c-1 and copied to the
 //     others.
 //
 //   - reduce runs the allreduce's path and order (every rank computes the
 //     result; the caller keeps the root's);
+//
 //   - reduce_scatter (ReduceScatterLocal): an element in ring rank c's
 //     block is ((x_{c+1} op x_{c+2}) op ...) op x_c, computed by rank c
 //     alone, the received partial always on the left.
