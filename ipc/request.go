@@ -28,9 +28,9 @@ type Request struct {
 	// WorldRank is the caller's world rank.
 	WorldRank int
 
-	counts  []uint64 // Desc.Counts' storage, reused
-	in      []byte   // an inline Out call's input, reused
-	relOut  func()   // releases the Out span
+	counts []uint64 // Desc.Counts' storage, reused
+	in     []byte   // an inline Out call's input, reused
+	relOut func()   // releases the Out span
 
 	lane bool // the call came on the lane: so does its answer, when it fits
 

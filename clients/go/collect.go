@@ -8,16 +8,14 @@ import (
 )
 
 // checkCall refuses, before sending, what the connection's protocol
-// version cannot carry and what the daemon would refuse anyway.
+// version cannot carry. Everything else the daemon checks, and its
+// BAD_REQUEST names the field.
 func (c *Client) checkCall(d *collective.Desc) error {
 	if v := d.Since(); v > c.Version() {
-		return fmt.Errorf("collectived: %s needs protocol version %d; the daemon at %s speaks %d: %w", d, v, c.socket, c.Version(), ipc.ErrUnsupported)
+		return fmt.Errorf("collectived: %s needs protocol version %d; the daemon at %s speaks %d: %w", d.String(), v, c.socket, c.Version(), ipc.ErrUnsupported)
 	}
-	if err := d.Validate(c.Size()); err != nil {
-		return fmt.Errorf("collectived: %w", err)
-	}
-	if err := d.CheckRank(c.Rank()); err != nil {
-		return fmt.Errorf("collectived: %w", err)
+	if d.Counts != nil && len(d.Counts) != c.Size() {
+		return ipc.Errorf(ipc.CodeBadRequest, "%s: %d per-rank counts for a world of %d", d.String(), len(d.Counts), c.Size())
 	}
 	return nil
 }
