@@ -212,26 +212,65 @@ func (f *folder) finish32(acc []float32) {
 }
 
 func (f *folder) widen(dst []float32, src []byte) {
+	h, ok := view[uint16](src[:2*len(dst)])
+	if !ok {
+		f.widenSlow(dst, src)
+		return
+	}
+	h = h[:len(dst)]
 	if f.dt == collective.BFloat16 {
-		for i := range dst {
-			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+		for i, x := range h {
+			dst[i] = math.Float32frombits(uint32(x) << 16)
 		}
 		return
 	}
-	for i := range dst {
-		dst[i] = collective.Float16ToFloat32(binary.LittleEndian.Uint16(src[2*i:]))
+	for i, x := range h {
+		dst[i] = collective.Float16ToFloat32(x)
 	}
 }
 
 func (f *folder) narrow(dst []byte, src []float32) {
+	h, ok := view[uint16](dst[:2*len(src)])
+	if !ok {
+		f.narrowSlow(dst, src)
+		return
+	}
+	h = h[:len(src)]
 	if f.dt == collective.BFloat16 {
 		for i, x := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], collective.Float32ToBFloat16(x))
+			b := math.Float32bits(x)
+			r := uint16((b + 0x7fff + (b>>16)&1) >> 16)
+			if b&0x7fffffff > 0x7f800000 {
+				r = uint16(b>>16) | 0x40 // NaN stays NaN
+			}
+			h[i] = r
 		}
 		return
 	}
 	for i, x := range src {
-		binary.LittleEndian.PutUint16(dst[2*i:], collective.Float32ToFloat16(x))
+		h[i] = collective.Float32ToFloat16(x)
+	}
+}
+
+// widenSlow and narrowSlow serve misaligned buffers and big-endian hosts.
+func (f *folder) widenSlow(dst []float32, src []byte) {
+	for i := range dst {
+		x := binary.LittleEndian.Uint16(src[2*i:])
+		if f.dt == collective.BFloat16 {
+			dst[i] = collective.BFloat16ToFloat32(x)
+		} else {
+			dst[i] = collective.Float16ToFloat32(x)
+		}
+	}
+}
+
+func (f *folder) narrowSlow(dst []byte, src []float32) {
+	for i, x := range src {
+		if f.dt == collective.BFloat16 {
+			binary.LittleEndian.PutUint16(dst[2*i:], collective.Float32ToBFloat16(x))
+		} else {
+			binary.LittleEndian.PutUint16(dst[2*i:], collective.Float32ToFloat16(x))
+		}
 	}
 }
 
