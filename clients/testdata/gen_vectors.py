@@ -679,6 +679,11 @@ def build() -> None:
     bad("call_ext_dims_overrun", "c2d",
         frame(T["CALL"], 3, p_call(1, 1, 1, CALL_EXT, 0, 0, b"", p_ext([2, 3], ndim=3))),
         "payload_length")
+    # A shape has at most 8 dimensions: a ninth (its bytes all there, their
+    # product the count) cannot be held, and fails the frame.
+    bad("call_ext_ndim_9", "c2d",
+        frame(T["CALL"], 3, p_call(1, 1, 1, CALL_EXT, 0, 1, b"", p_ext([1] * 9)
+                                   + struct.pack("<f", 1.0))), "bad_ndim")
     bad("call_counts_overrun", "c2d",
         frame(T["CALL"], 3, p_call(3, 1, 0, CALL_EXT, 0, 0, b"", p_ext([], [0, 0], ncounts=U32_MAX))),
         "payload_length")
