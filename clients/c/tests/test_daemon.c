@@ -762,8 +762,10 @@ int run_daemon_tests(const char *bin)
 		trainer_spin_us = 1000000; /* capped at 10 ms */
 		run_trainers(&w, info_and_async, "info_and_async, polling 10 ms", 120);
 		trainer_spin_us = 0;
-		if (w.size > 1)
+		if (w.size > 1) {
 			run_example(&w, "build/allreduce");
+			run_example(&w, "build/sharded");
+		}
 		world_stop(&w);
 	}
 	return 0;
