@@ -323,4 +323,3 @@ func (s *Session) segmentError(d collective.Desc, err error) error {
 	}
 	return Errorf(CodeInternal, "CALL %s: %v", d, err)
 }
-
