@@ -19,8 +19,14 @@ func (d DType) Put(b []byte, v float64) {
 		binary.LittleEndian.PutUint32(b, uint32(int32(v)))
 	case Int64:
 		binary.LittleEndian.PutUint64(b, uint64(int64(v)))
-	case Bytes:
+	case Bytes, Uint8:
 		b[0] = byte(v)
+	case Int8:
+		b[0] = byte(int8(v))
+	case Float16:
+		binary.LittleEndian.PutUint16(b, Float32ToFloat16(float32(v)))
+	case BFloat16:
+		binary.LittleEndian.PutUint16(b, Float32ToBFloat16(float32(v)))
 	}
 }
 
@@ -36,8 +42,14 @@ func (d DType) Get(b []byte) float64 {
 		return float64(int32(binary.LittleEndian.Uint32(b)))
 	case Int64:
 		return float64(int64(binary.LittleEndian.Uint64(b)))
-	case Bytes:
+	case Bytes, Uint8:
 		return float64(b[0])
+	case Int8:
+		return float64(int8(b[0]))
+	case Float16:
+		return float64(Float16ToFloat32(binary.LittleEndian.Uint16(b)))
+	case BFloat16:
+		return float64(BFloat16ToFloat32(binary.LittleEndian.Uint16(b)))
 	}
 	return math.NaN()
 }

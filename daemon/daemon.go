@@ -34,6 +34,9 @@ type Daemon struct {
 	// localBufs is the engine's scratch list of a collective's local
 	// buffers (owned by the engine goroutine).
 	localBufs [][]byte
+	// work is the engine's scratch for reduce and reduce_scatter, kept
+	// for the next call of the size.
+	work []byte
 
 	// notify wakes the engine: a call arrived, a trainer left.
 	notify chan struct{}

@@ -61,6 +61,7 @@ func (c Config) ServerConfig(log *slog.Logger) ipc.ServerConfig {
 func (c Config) RingConfig(gen uint32, log *slog.Logger) ring.Config {
 	rc := ring.DefaultConfig()
 	rc.Rank, rc.Size = c.Rank, len(c.Peers)
+	rc.Local = c.LocalSize
 	rc.Generation = gen
 	rc.SegmentBytes = c.SegmentBytes
 	rc.SmallBytes = c.SmallBytes

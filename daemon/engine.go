@@ -420,6 +420,12 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 				}
 			}
 		}
+	case collective.OpReduce:
+		err = d.reduce(r, desc, calls)
+	case collective.OpAllGather:
+		err = d.allGather(r, desc, calls)
+	case collective.OpReduceScatter:
+		err = d.reduceScatter(r, desc, calls)
 	case collective.OpBarrier:
 		err = r.Barrier(desc)
 	default:

@@ -3,7 +3,6 @@ package daemon
 import (
 	"time"
 
-	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/ipc"
 	"github.com/collectived/collectived/ring"
 )
@@ -87,16 +86,6 @@ func (h handler) Call(s *ipc.Session, r *ipc.Request) {
 		return
 	}
 	desc := r.Desc
-	switch desc.Op {
-	case collective.OpAllGather:
-		r.Fail(ipc.Errorf(ipc.CodeUnsupported, "allgather through the daemon is not implemented in protocol versions 1 to 3"))
-		return
-	case collective.OpBroadcast:
-		if int(desc.Root) >= len(d.cfg.Peers)*d.cfg.LocalSize {
-			r.Fail(ipc.Errorf(ipc.CodeBadRequest, "broadcast root %d outside world of %d", desc.Root, len(d.cfg.Peers)*d.cfg.LocalSize))
-			return
-		}
-	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

@@ -316,7 +316,7 @@ func (md *model) submit(i int) {
 	nd := md.nodes[i]
 	nd.heads = nd.m.popHeads(nd.heads)
 	for _, h := range nd.heads[1:] {
-		if h.c.desc != nd.heads[0].c.desc {
+		if !h.c.desc.Equal(nd.heads[0].c.desc) {
 			md.logEvent("node %d: local mismatch", i)
 			md.abort(kMismatch, i)
 			return
@@ -334,7 +334,7 @@ func (md *model) submit(i int) {
 	}
 	// Every node is in: the ring compares the calls, then reduces.
 	for _, o := range md.nodes {
-		if o.desc != nd.desc {
+		if !o.desc.Equal(nd.desc) {
 			md.logEvent("the ring finds a mismatch")
 			md.abort(kMismatch, -1)
 			return

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"encoding/binary"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +23,12 @@ type rawTrainer struct {
 
 func attachRaw(t *testing.T, sock string, rank int32) *rawTrainer {
 	t.Helper()
+	return attachRawV(t, sock, rank, 1)
+}
+
+// attachRawV attaches in protocol version v.
+func attachRawV(t *testing.T, sock string, rank int32, v uint16) *rawTrainer {
+	t.Helper()
 	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +36,7 @@ func attachRaw(t *testing.T, sock string, rank int32) *rawTrainer {
 	uc.SetDeadline(time.Now().Add(30 * time.Second))
 	tr := &rawTrainer{t: t, conn: ipc.NewConn(uc, ipc.ClientSide)}
 	t.Cleanup(func() { tr.conn.Close() })
-	f := tr.roundTrip(ipc.Hello{Version: 1, LocalRank: rank, PID: 1, Job: "bench"}.Encode(1))
+	f := tr.roundTrip(ipc.Hello{Version: v, LocalRank: rank, PID: 1, Job: "bench"}.Encode(1))
 	if f.Type != ipc.TypeHelloOK {
 		t.Fatalf("local rank %d: HELLO answered %s", rank, f.Type)
 	}
@@ -118,6 +125,10 @@ func TestRefusedCallsTakeNoCollectiveNumber(t *testing.T) {
 		{"span past the segment's end", &ipc.Call{Desc: sumCall("k0", 0).Desc, SHM: true, Segment: alloc.Segment, Offset: alloc.Size}, ipc.CodeBadSegment},
 		{"broadcast root outside the world", &ipc.Call{Desc: collective.Desc{Op: collective.OpBroadcast, DType: collective.Int32, Count: 1, Root: 99, Name: "k0"}, Data: make([]byte, 4)}, ipc.CodeBadRequest},
 		{"allgather", &ipc.Call{Desc: collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: 1, Name: "k0"}, Data: make([]byte, 4)}, ipc.CodeUnsupported},
+		// Version-3 codes from a version-1 client.
+		{"bfloat16 before version 3", &ipc.Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.BFloat16, Reduce: collective.Sum, Count: 1, Name: "k0"}, Data: make([]byte, 2)}, ipc.CodeBadRequest},
+		{"avg before version 3", &ipc.Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Avg, Count: 1, Name: "k0"}, Data: make([]byte, 4)}, ipc.CodeBadRequest},
+		{"reduce before version 3", &ipc.Call{Desc: collective.Desc{Op: collective.OpReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1, Name: "k0"}, Data: make([]byte, 4)}, ipc.CodeBadRequest},
 	}
 	over := uint64(a.ok.InlineLimit) + 4
 	refused = append(refused, struct {
@@ -146,5 +157,67 @@ func TestRefusedCallsTakeNoCollectiveNumber(t *testing.T) {
 	seqB2, resB2 := b.callOK(11)
 	if seqA2 != seqA+1 || seqB2 != seqA+1 || resA2 != 3 || resB2 != 3 {
 		t.Fatalf("next collective: seqs %d and %d, results %d and %d; want seq %d and 3", seqA2, seqB2, resA2, resB2, seqA+1)
+	}
+}
+
+// Version 3's result spans and version checks: each refusal names what
+// was wrong, is not fatal, and takes no collective number.
+func TestVersion3Refusals(t *testing.T) {
+	sock := startOne(t, 2)
+	a, b := attachRawV(t, sock, 0, 3), attachRawV(t, sock, 1, 3)
+	b.send(sumCall("k0", 5).Encode(10))
+	seg := a.roundTrip(ipc.Alloc{Size: 4096}.Encode(2))
+	alloc, err := ipc.DecodeAllocOK(seg.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(seg.FD)
+	gather := collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: 4, Name: "k0"}
+	scatter := collective.Desc{Op: collective.OpReduceScatter, DType: collective.Int32, Reduce: collective.Sum, Count: 8, Name: "k0"}
+	big := uint64(a.ok.InlineLimit)/8 + 1
+	cases := []struct {
+		what string
+		call ipc.Call
+		code ipc.Code
+		want string
+	}{
+		{"no result span", ipc.Call{Desc: gather, SHM: true, Segment: alloc.Segment}, ipc.CodeBadRequest, "needs a result span"},
+		{"result span on allreduce", ipc.Call{Desc: sumCall("k0", 0).Desc, SHM: true, Segment: alloc.Segment, Out: true, OutSegment: alloc.Segment, OutOffset: 64}, ipc.CodeBadRequest, "takes no result span"},
+		{"result past the segment", ipc.Call{Desc: gather, SHM: true, Segment: alloc.Segment, Out: true, OutSegment: alloc.Segment, OutOffset: 4096 - 16}, ipc.CodeBadSegment, "segment"},
+		{"overlap not in place", ipc.Call{Desc: gather, SHM: true, Segment: alloc.Segment, Offset: 4, Out: true, OutSegment: alloc.Segment}, ipc.CodeBadRequest, "overlap"},
+		{"scatter overlap not in place", ipc.Call{Desc: scatter, SHM: true, Segment: alloc.Segment, Out: true, OutSegment: alloc.Segment, OutOffset: 4}, ipc.CodeBadRequest, "overlap"},
+		{"inline result over the limit", ipc.Call{Desc: collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: big, Name: "k0"}, Data: make([]byte, 4*big)}, ipc.CodeTooLarge, "the result is"},
+		{"v count not the caller's", ipc.Call{Desc: collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: 2, Counts: []uint64{1, 2}, Name: "k0"}, Data: make([]byte, 8)}, ipc.CodeBadRequest, "counts[0] = 1"},
+		{"counts of another world", ipc.Call{Desc: collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: 1, Counts: []uint64{1}, Name: "k0"}, Data: make([]byte, 4)}, ipc.CodeBadRequest, "1 per-rank counts for a world of 2"},
+		{"root out of range", ipc.Call{Desc: collective.Desc{Op: collective.OpReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1, Root: 2, Name: "k0"}, Data: make([]byte, 4)}, ipc.CodeBadRequest, "reduce root 2 outside world of 2"},
+		{"avg of ints", ipc.Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Int64, Reduce: collective.Avg, Count: 1, Name: "k0"}, Data: make([]byte, 8)}, ipc.CodeBadRequest, "avg needs a float dtype, got int64"},
+	}
+	for i, c := range cases {
+		id := uint64(100 + i)
+		f := a.roundTrip(c.call.Encode(id))
+		e, err := ipc.DecodeError(f.Flags, f.Payload)
+		if f.Type != ipc.TypeError || f.ID != id || err != nil || e.Code != c.code || e.Fatal || !strings.Contains(e.Message, c.want) {
+			t.Fatalf("%s: answered %s id %d (%v, %v), want a non-fatal %s saying %q", c.what, f.Type, f.ID, e, err, c.code, c.want)
+		}
+	}
+	// None of them took a collective number: this call is collective 0.
+	a.send((&ipc.Call{Desc: sumCall("k0", 7).Desc, Data: binary.LittleEndian.AppendUint32(nil, 7)}).Encode(20))
+	if seqA, resA := a.callOK(20); seqA != 0 || resA != 12 {
+		t.Fatalf("the call after the refusals: seq %d result %d, want collective 0 with 12", seqA, resA)
+	}
+	b.callOK(10)
+}
+
+// The extension flag on a version-2 connection is an undefined flag:
+// fatal, as before version 3.
+func TestExtensionBeforeVersion3IsFatal(t *testing.T) {
+	sock := startOne(t, 1)
+	a := attachRawV(t, sock, 0, 2)
+	call := ipc.Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1,
+		Shape: collective.Shape{N: 1, Dims: [collective.MaxDims]uint64{1}}}, Data: make([]byte, 4)}
+	f := a.roundTrip(call.Encode(5))
+	e, err := ipc.DecodeError(f.Flags, f.Payload)
+	if f.Type != ipc.TypeError || err != nil || e.Code != ipc.CodeBadFrame || !e.Fatal || !strings.Contains(e.Message, "the extension needs 3") {
+		t.Fatalf("answered %s (%v, %v), want a fatal BAD_FRAME naming the extension", f.Type, e, err)
 	}
 }

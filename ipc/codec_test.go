@@ -364,14 +364,14 @@ func TestDecodeCallErrors(t *testing.T) {
 		want  string
 	}{
 		{make([]byte, 16), CodeBadFrame, true, "CALL: payload is 16 bytes"},
-		{payload(inline, func(p []byte) []byte { p[3] = 2; return p }), CodeBadFrame, true, "flags 0x02"},
+		{payload(inline, func(p []byte) []byte { p[3] = 4; return p }), CodeBadFrame, true, "flags 0x04"},
 		{payload(inline, func(p []byte) []byte { p[16] = 100; return p }), CodeBadFrame, true, "name length 100"},
 		{payload(inline, func(p []byte) []byte { return p[:len(p)-1] }), CodeBadFrame, true, "inline data is 7 bytes, count 2 of int32 implies 8"},
 		{payload(inline, func(p []byte) []byte { return append(p, 1, 2, 3, 4) }), CodeBadFrame, true, "inline data is 12 bytes"},
 		{payload(inline, func(p []byte) []byte { binary.LittleEndian.PutUint64(p[8:], 1<<62+2); return p }), CodeBadFrame, true, "count 4611686018427387906"},
-		{payload(inline, func(p []byte) []byte { p[1] = 9; return p }), CodeBadRequest, false, "unknown dtype code 9"},
+		{payload(inline, func(p []byte) []byte { p[1] = 99; return p }), CodeBadRequest, false, "unknown dtype code 99"},
 		{payload(inline, func(p []byte) []byte { p[17] = 0xff; return p }), CodeBadRequest, false, "name is not UTF-8"},
-		{payload(shm, func(p []byte) []byte { return p[:len(p)-1] }), CodeBadFrame, true, "15 bytes after the name, want 16"},
+		{payload(shm, func(p []byte) []byte { return p[:len(p)-1] }), CodeBadFrame, true, "15 bytes after the name and extension, want 16"},
 		{payload(shm, func(p []byte) []byte { p[len(p)-9] = 1; return p }), CodeBadFrame, true, "CALL: reserved field"},
 		{payload(Call{Desc: collective.Desc{Op: collective.OpBarrier}}, func(p []byte) []byte { return append(p, 0) }), CodeBadFrame, true, "inline data is 1 bytes"},
 	}
@@ -401,7 +401,7 @@ func TestCallCodecDoesNotAllocate(t *testing.T) {
 	if n != 0 {
 		t.Errorf("CALL encode+decode allocates %v times per run", n)
 	}
-	if got.Desc != call.Desc || len(got.Data) != 1024 {
+	if !got.Desc.Equal(call.Desc) || len(got.Data) != 1024 {
 		t.Errorf("decoded %+v", got.Desc)
 	}
 	// Alternating names are served from the cache.

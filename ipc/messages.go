@@ -420,52 +420,116 @@ func DecodeStatusOK(p []byte) (StatusOK, error) {
 }
 
 // Call flags (CALL payload byte 3).
-const CallFlagSHM uint8 = 1
+const (
+	CallFlagSHM uint8 = 1
+	// CallFlagExt (version 3): the extension follows the name.
+	CallFlagExt uint8 = 2
+)
+
+// Extension flags (the extension's byte 1).
+const (
+	extCounts uint8 = 1
+	extScale  uint8 = 2
+	extOut    uint8 = 4
+)
 
 // callFixed is the CALL payload before the name: op dtype reduce flags root count name_len.
 const callFixed = 17
 
 // Call is one collective call. If SHM, the buffer is Desc.Bytes() bytes at
-// Offset in Segment; otherwise Data holds it inline.
+// Offset in Segment; otherwise Data holds it inline. Out, if set, is the
+// result's span (OutSegment, OutOffset) of a shared-memory allgather or
+// reduce_scatter. The extension (version 3) is sent when the description
+// has a shape, counts or scales, or when Out is set.
 type Call struct {
-	Desc    collective.Desc
-	SHM     bool
-	Segment uint32
-	Offset  uint64
-	Data    []byte
+	Desc       collective.Desc
+	SHM        bool
+	Segment    uint32
+	Offset     uint64
+	Out        bool
+	OutSegment uint32
+	OutOffset  uint64
+	Data       []byte
 }
 
 func (m *Call) Append(b []byte, id uint64) []byte {
 	b, start := beginFrame(b, TypeCall, 0, id)
 	le := binary.LittleEndian
+	d := &m.Desc
 	var flags uint8
 	if m.SHM {
 		flags |= CallFlagSHM
 	}
-	b = append(b, byte(m.Desc.Op), byte(m.Desc.DType), byte(m.Desc.Reduce), flags)
-	b = le.AppendUint32(b, m.Desc.Root)
-	b = le.AppendUint64(b, m.Desc.Count)
-	b = appendString8(b, m.Desc.Name)
+	ext := d.Extended() || m.Out
+	if ext {
+		flags |= CallFlagExt
+	}
+	b = append(b, byte(d.Op), byte(d.DType), byte(d.Reduce), flags)
+	b = le.AppendUint32(b, d.Root)
+	b = le.AppendUint64(b, d.Count)
+	b = appendString8(b, d.Name)
+	if ext {
+		var xf uint8
+		if d.Counts != nil {
+			xf |= extCounts
+		}
+		if d.Scaled() {
+			xf |= extScale
+		}
+		if m.Out {
+			xf |= extOut
+		}
+		b = append(b, d.Shape.N, xf, 0, 0)
+		for _, x := range d.Shape.Slice() {
+			b = le.AppendUint64(b, x)
+		}
+		if d.Counts != nil {
+			b = le.AppendUint32(b, uint32(len(d.Counts)))
+			b = le.AppendUint32(b, 0)
+			for _, c := range d.Counts {
+				b = le.AppendUint64(b, c)
+			}
+		}
+		if d.Scaled() {
+			b = le.AppendUint64(b, math.Float64bits(orOne(d.PreScale)))
+			b = le.AppendUint64(b, math.Float64bits(orOne(d.PostScale)))
+		}
+	}
 	if m.SHM {
 		b = le.AppendUint32(b, m.Segment)
 		b = le.AppendUint32(b, 0)
 		b = le.AppendUint64(b, m.Offset)
+		if m.Out {
+			b = le.AppendUint32(b, m.OutSegment)
+			b = le.AppendUint32(b, 0)
+			b = le.AppendUint64(b, m.OutOffset)
+		}
 	} else {
 		b = append(b, m.Data...)
 	}
 	return endFrame(b, start)
 }
 
+// orOne is a scale factor as the wire carries it: 1 for none.
+func orOne(f float64) float64 {
+	if f == 0 {
+		return 1
+	}
+	return f
+}
+
 func (m *Call) Encode(id uint64) []byte { return m.Append(nil, id) }
 
 // DecodeCall parses a CALL payload into m. Data aliases p. The name is
 // looked up in names (which may be nil) so that a loop repeating the same
-// names does not allocate. Structural faults (flags, lengths, reserved) are
-// fatal BAD_FRAME; an unknown dtype or a non-UTF-8 name, which leave the
-// frame well formed, are non-fatal BAD_REQUEST. The description is not
+// names does not allocate; m.Desc.Counts reuses its storage. Structural
+// faults (flags, lengths, reserved) are fatal BAD_FRAME; an unknown dtype,
+// a non-UTF-8 name or a scale that is not finite and nonzero, which leave
+// the frame well formed, are non-fatal BAD_REQUEST. The description is not
 // validated against a world size here: that is the receiver's job
 // (collective.Desc.Validate).
 func DecodeCall(p []byte, m *Call, names *Names) error {
+	counts := m.Desc.Counts[:0]
 	*m = Call{Desc: collective.Desc{Name: m.Desc.Name}}
 	if len(p) < callFixed {
 		return Fatalf(CodeBadFrame, "CALL: payload is %d bytes, at least %d needed", len(p), callFixed)
@@ -477,7 +541,7 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 	flags := p[3]
 	m.Desc.Root = le.Uint32(p[4:])
 	m.Desc.Count = le.Uint64(p[8:])
-	if flags&^CallFlagSHM != 0 {
+	if flags&^(CallFlagSHM|CallFlagExt) != 0 {
 		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits", flags)
 	}
 	m.SHM = flags&CallFlagSHM != 0
@@ -485,19 +549,40 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 	if !ok {
 		return Fatalf(CodeBadFrame, "CALL: name length %d runs past the %d-byte payload", p[16], len(p))
 	}
+	var badScale error
+	if flags&CallFlagExt != 0 {
+		var err error
+		if rest, badScale, err = m.decodeExt(rest, counts); err != nil {
+			return err
+		}
+	}
 	if m.SHM {
-		if len(rest) != 16 {
-			return Fatalf(CodeBadFrame, "CALL: shared-memory call has %d bytes after the name, want 16", len(rest))
+		want := 16
+		if m.Out {
+			want = 32
+		}
+		if len(rest) != want {
+			return Fatalf(CodeBadFrame, "CALL: shared-memory call has %d bytes after the name and extension, want %d", len(rest), want)
 		}
 		m.Segment = le.Uint32(rest)
+		m.Offset = le.Uint64(rest[8:])
 		if r := le.Uint32(rest[4:]); r != 0 {
 			return Fatalf(CodeBadFrame, "CALL: reserved field is %d, must be 0", r)
 		}
-		m.Offset = le.Uint64(rest[8:])
+		if m.Out {
+			m.OutSegment = le.Uint32(rest[16:])
+			m.OutOffset = le.Uint64(rest[24:])
+			if r := le.Uint32(rest[20:]); r != 0 {
+				return Fatalf(CodeBadFrame, "CALL: reserved field after out_segment is %d, must be 0", r)
+			}
+		}
 	} else {
+		if m.Out {
+			return Fatalf(CodeBadFrame, "CALL: an inline call has the extension's OUT flag; its result comes in CALL_OK")
+		}
 		size := uint64(m.Desc.DType.Size())
 		if size == 0 && m.Desc.Count != 0 {
-			return Errorf(CodeBadRequest, "CALL: unknown dtype code %d", uint8(m.Desc.DType))
+			return Errorf(CodeBadRequest, "CALL: unknown dtype code %d (known: %s)", uint8(m.Desc.DType), collective.DTypeNames())
 		}
 		// Compare by division: count*size may overflow.
 		if size != 0 && (uint64(len(rest))%size != 0 || uint64(len(rest))/size != m.Desc.Count) ||
@@ -510,7 +595,75 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 		return Errorf(CodeBadRequest, "CALL: name is not UTF-8")
 	}
 	m.Desc.Name = names.intern(m.Desc.Name, name)
-	return nil
+	return badScale
+}
+
+// decodeExt parses the version-3 extension at the start of p and
+// returns what follows it. A scale that is not finite and nonzero is
+// returned as badScale (BAD_REQUEST) after the frame has been parsed.
+func (m *Call) decodeExt(p []byte, counts []uint64) (rest []byte, badScale, err error) {
+	le := binary.LittleEndian
+	if len(p) < 4 {
+		return nil, nil, Fatalf(CodeBadFrame, "CALL: extension is %d bytes, at least 4 needed", len(p))
+	}
+	ndim, xf := p[0], p[1]
+	if xf&^(extCounts|extScale|extOut) != 0 {
+		return nil, nil, Fatalf(CodeBadFrame, "CALL: extension flags 0x%02x have undefined bits", xf)
+	}
+	if r := le.Uint16(p[2:]); r != 0 {
+		return nil, nil, Fatalf(CodeBadFrame, "CALL: extension reserved field is %d, must be 0", r)
+	}
+	if ndim > collective.MaxDims {
+		return nil, nil, Fatalf(CodeBadFrame, "CALL: shape of %d dimensions, at most %d", ndim, collective.MaxDims)
+	}
+	p = p[4:]
+	if len(p) < 8*int(ndim) {
+		return nil, nil, Fatalf(CodeBadFrame, "CALL: shape of %d dimensions runs past the payload", ndim)
+	}
+	m.Desc.Shape.N = ndim
+	for i := 0; i < int(ndim); i++ {
+		m.Desc.Shape.Dims[i] = le.Uint64(p[8*i:])
+	}
+	p = p[8*int(ndim):]
+	if xf&extCounts != 0 {
+		if len(p) < 8 {
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: per-rank counts header runs past the payload")
+		}
+		n := le.Uint32(p)
+		if r := le.Uint32(p[4:]); r != 0 {
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: reserved field after ncounts is %d, must be 0", r)
+		}
+		p = p[8:]
+		if uint64(len(p))/8 < uint64(n) {
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: %d per-rank counts run past the payload", n)
+		}
+		for i := 0; i < int(n); i++ {
+			counts = append(counts, le.Uint64(p[8*i:]))
+		}
+		if counts == nil {
+			counts = []uint64{}
+		}
+		m.Desc.Counts = counts
+		p = p[8*int(n):]
+	}
+	if xf&extScale != 0 {
+		if len(p) < 16 {
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: scale factors run past the payload")
+		}
+		for i, f := range [2]*float64{&m.Desc.PreScale, &m.Desc.PostScale} {
+			v := math.Float64frombits(le.Uint64(p[8*i:]))
+			if (v == 0 || math.IsNaN(v) || math.IsInf(v, 0)) && badScale == nil {
+				badScale = Errorf(CodeBadRequest, "CALL: %s %v must be finite and nonzero", [2]string{"prescale", "postscale"}[i], v)
+			}
+			if v == 1 {
+				v = 0 // no scaling, however spelt
+			}
+			*f = v
+		}
+		p = p[16:]
+	}
+	m.Out = xf&extOut != 0
+	return p, badScale, nil
 }
 
 // CallOK answers CALL. Result is the result of an inline call, empty

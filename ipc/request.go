@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/shm"
@@ -20,6 +21,16 @@ type Request struct {
 	// mapped until Reply or Fail). The result goes into it, in place.
 	Buf    []byte
 	Inline bool
+	// Out is where the result goes when it is not Buf (allgather and
+	// reduce_scatter, protocol version 3): the call's result span, or for
+	// an inline call the answer's result bytes. Nil otherwise.
+	Out []byte
+	// WorldRank is the caller's world rank.
+	WorldRank int
+
+	counts []uint64 // Desc.Counts' storage, reused
+	in     []byte   // an inline Out call's input, reused
+	relOut func()   // releases the Out span
 
 	lane bool // the call came on the lane: so does its answer, when it fits
 
@@ -55,6 +66,9 @@ func (r *Request) callOK(generation uint32, seq uint64) bool {
 	n := 0
 	if r.Inline {
 		n = len(r.Buf)
+		if r.Out != nil {
+			n = len(r.Out)
+		}
 	}
 	PutCallOKPrefix(r.frame, r.ID, generation, seq, n)
 	r.out = r.frame[:CallOKPrefix+n]
@@ -154,7 +168,11 @@ func (s *Session) retire(r *Request) {
 		r.release()
 		r.release = nil
 	}
-	r.Buf = nil
+	if r.relOut != nil {
+		r.relOut()
+		r.relOut = nil
+	}
+	r.Buf, r.Out = nil, nil
 	s.mu.Lock()
 	delete(s.inflight, r.ID)
 	s.mu.Unlock()
@@ -215,7 +233,13 @@ func (s *Session) handleCall(f Frame) error {
 		return err
 	}
 	d := c.Desc
+	if err := s.checkVersion(f.Payload[3], c); err != nil {
+		return err
+	}
 	if err := d.Validate(int(s.helloOK.WorldSize)); err != nil {
+		return Errorf(CodeBadRequest, "CALL %s: %v", d, err)
+	}
+	if err := d.CheckRank(int(s.helloOK.WorldRank)); err != nil {
 		return Errorf(CodeBadRequest, "CALL %s: %v", d, err)
 	}
 	if c.SHM && d.Op == collective.OpBarrier {
@@ -225,10 +249,23 @@ func (s *Session) handleCall(f Frame) error {
 	if !c.SHM && len(c.Data) > limit {
 		return Errorf(CodeTooLarge, "CALL %s: %d bytes inline, the limit is %d; use shared memory", d, len(c.Data), limit)
 	}
+	outward := d.Op == collective.OpAllGather || d.Op == collective.OpReduceScatter
+	es := uint64(d.DType.Size())
+	resultBytes := d.Result(int(s.helloOK.WorldRank), int(s.helloOK.WorldSize)) * es
 	if c.SHM {
-		if es := uint64(d.DType.Size()); c.Offset%es != 0 {
+		if c.Offset%es != 0 {
 			return Errorf(CodeBadRequest, "CALL %s: offset %d in segment %d is not a multiple of the %s size %d", d, c.Offset, c.Segment, d.DType, es)
 		}
+		switch {
+		case outward && !c.Out:
+			return Errorf(CodeBadRequest, "CALL %s: a shared-memory %s needs a result span (the extension's OUT)", d, d.Op)
+		case !outward && c.Out:
+			return Errorf(CodeBadRequest, "CALL %s: %s works in place and takes no result span (OUT)", d, d.Op)
+		case c.Out && c.OutOffset%es != 0:
+			return Errorf(CodeBadRequest, "CALL %s: out_offset %d in segment %d is not a multiple of the %s size %d", d, c.OutOffset, c.OutSegment, d.DType, es)
+		}
+	} else if outward && resultBytes > uint64(limit) {
+		return Errorf(CodeTooLarge, "CALL %s: the result is %d bytes, over the inline limit %d; use shared memory", d, resultBytes, limit)
 	}
 
 	s.mu.Lock()
@@ -252,16 +289,40 @@ func (s *Session) handleCall(f Frame) error {
 	}
 
 	r.ID, r.Desc, r.Inline, r.lane = f.ID, d, !c.SHM, s.fromLane
+	r.WorldRank = int(s.helloOK.WorldRank)
+	if d.Counts != nil {
+		// s.call's counts are the next CALL's storage.
+		r.counts = append(r.counts[:0], d.Counts...)
+		r.Desc.Counts = r.counts
+	}
 	if c.SHM {
 		buf, release, err := s.table.Acquire(c.Segment, c.Offset, d.Bytes())
 		if err != nil {
 			s.recycle(r)
-			if errors.Is(err, shm.ErrBadSegment) || errors.Is(err, shm.ErrRange) {
-				return Errorf(CodeBadSegment, "CALL %s: %v", d, err)
-			}
-			return Errorf(CodeInternal, "CALL %s: %v", d, err)
+			return s.segmentError(d, err)
 		}
 		r.Buf, r.release = buf, release
+		if c.Out {
+			out, rel, err := s.table.Acquire(c.OutSegment, c.OutOffset, resultBytes)
+			if err == nil {
+				err = checkOverlap(&d, buf, out, r.WorldRank, int(s.helloOK.WorldSize))
+			}
+			if err != nil {
+				if rel != nil {
+					rel()
+				}
+				release()
+				r.Buf, r.release = nil, nil
+				s.recycle(r)
+				return s.segmentError(d, err)
+			}
+			r.Out, r.relOut = out, rel
+		}
+	} else if outward {
+		// The answer's result bytes are the output; the input needs its own.
+		r.in = append(r.in[:0], c.Data...)
+		r.Buf = r.in
+		r.Out = r.frame[CallOKPrefix : CallOKPrefix+int(resultBytes)]
 	} else {
 		r.Buf = r.frame[CallOKPrefix : CallOKPrefix+copy(r.frame[CallOKPrefix:], c.Data)]
 	}
@@ -281,4 +342,74 @@ func (s *Session) recycle(r *Request) {
 	s.mu.Lock()
 	s.free = append(s.free, r)
 	s.mu.Unlock()
+}
+
+// segmentError turns a failed span into the call's error.
+func (s *Session) segmentError(d collective.Desc, err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, shm.ErrBadSegment) || errors.Is(err, shm.ErrRange) {
+		return Errorf(CodeBadSegment, "CALL %s: %v", d, err)
+	}
+	return Errorf(CodeInternal, "CALL %s: %v", d, err)
+}
+
+// checkVersion refuses what the connection's protocol version does not
+// have: the extension flag (an undefined flag before version 3), and op,
+// dtype and reduce codes of a later version.
+func (s *Session) checkVersion(flags uint8, c *Call) error {
+	v := int(s.hello.Version)
+	if v >= 3 {
+		return nil
+	}
+	d := &c.Desc
+	switch {
+	case flags&CallFlagExt != 0:
+		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits in protocol version %d (the extension needs 3)", flags, v)
+	case d.Op == collective.OpAllGather:
+		return Errorf(CodeUnsupported, "CALL: allgather needs protocol version 3; this connection speaks %d", v)
+	case d.Op.Since() > v:
+		return Errorf(CodeBadRequest, "CALL: op code %d (%s) needs protocol version %d; this connection speaks %d", uint8(d.Op), d.Op, d.Op.Since(), v)
+	case d.DType.Since() > v && d.DType.Valid():
+		return Errorf(CodeBadRequest, "CALL: dtype code %d (%s) needs protocol version %d; this connection speaks %d", uint8(d.DType), d.DType, d.DType.Since(), v)
+	case d.Reduce.Since() > v && d.Reduce.Valid():
+		return Errorf(CodeBadRequest, "CALL: reduce op code %d (%s) needs protocol version %d; this connection speaks %d", uint8(d.Reduce), d.Reduce, d.Reduce.Since(), v)
+	}
+	return nil
+}
+
+// checkOverlap refuses an input and a result span that overlap, except
+// in place: an allgather whose input is the caller's own block of the
+// result, a reduce_scatter whose result is the caller's own block of the
+// input.
+func checkOverlap(d *collective.Desc, in, out []byte, rank, world int) error {
+	if len(in) == 0 || len(out) == 0 {
+		return nil
+	}
+	a0, b0 := uintptr(unsafe.Pointer(&in[0])), uintptr(unsafe.Pointer(&out[0]))
+	a1, b1 := a0+uintptr(len(in)), b0+uintptr(len(out))
+	if a1 <= b0 || b1 <= a0 {
+		return nil
+	}
+	es := uintptr(d.DType.Size())
+	var before uint64 // elements of the ranks before the caller
+	for w := 0; w < rank; w++ {
+		switch {
+		case d.Counts != nil:
+			before += d.Counts[w]
+		case d.Op == collective.OpAllGather:
+			before += d.Count
+		default:
+			before += d.Count / uint64(world)
+		}
+	}
+	own := uintptr(before) * es
+	if d.Op == collective.OpAllGather && a0 == b0+own && a1-a0 == uintptr(d.Count)*es ||
+		d.Op == collective.OpReduceScatter && b0 == a0+own {
+		return nil
+	}
+	return Errorf(CodeBadRequest, "CALL %s: the input and result spans overlap, and the input is not in place (the caller's own block at byte %d of the %s)", *d, own,
+		map[bool]string{true: "result", false: "input"}[d.Op == collective.OpAllGather])
 }

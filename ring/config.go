@@ -11,6 +11,11 @@ import (
 // and SmallBytes shape the frames and must be the same on every rank.
 type Config struct {
 	Rank, Size int
+	// Local is the number of world ranks each ring rank serves (a
+	// daemon's trainers): an avg divides by Size*Local, and the per-rank
+	// counts and roots of the version-3 collectives are world ranks,
+	// Local to a ring rank, in order. 0 means 1.
+	Local int
 	// Generation is this rank's proposal; Start adopts the maximum
 	// proposal of all ranks.
 	Generation uint32
@@ -107,6 +112,8 @@ func (c Config) Verify() error {
 		return fmt.Errorf("ring config: size %d, want >= 1", c.Size)
 	case c.Rank < 0 || c.Rank >= c.Size:
 		return fmt.Errorf("ring config: rank %d outside world of %d", c.Rank, c.Size)
+	case c.Local < 0:
+		return fmt.Errorf("ring config: local %d, want >= 0", c.Local)
 	case c.SegmentBytes < minSegmentBytes || c.SegmentBytes > maxSegmentBytes || c.SegmentBytes%8 != 0:
 		return fmt.Errorf("ring config: segment_bytes %d, want a multiple of 8 in [%d, %d]", c.SegmentBytes, minSegmentBytes, maxSegmentBytes)
 	case c.SmallBytes < 0 || c.SmallBytes > maxSmallBytes:

@@ -158,9 +158,26 @@
 //
 //   - small path: every element is ((x_0 op x_1) op x_2) ... op x_{N-1},
 //     computed by every rank alike;
+//
 //   - large path: an element in chunk c is ((x_c op x_{c+1}) op ...) op
 //     x_{c-1} (indices mod N), computed once by rank c-1 and copied to the
 //     others.
+//
+//   - reduce runs the allreduce's path and order (every rank computes the
+//     result; the caller keeps the root's);
+//
+//   - reduce_scatter (ReduceScatterLocal): an element in ring rank c's
+//     block is ((x_{c+1} op x_{c+2}) op ...) op x_c, computed by rank c
+//     alone, the received partial always on the left.
+//
+// x_i is rank i's local fold: its local inputs in order, each multiplied
+// by the prescale first. The rank that completes a value finishes it:
+// divided by the world size for avg, then multiplied by the postscale.
+// Float32 and float64 round every operation in their own type. Float16
+// and bfloat16 (arith.go) compute in float32 and round to their type
+// exactly where a value is written: the partial a rank sends (the small
+// path's x_i; the large path's partial of every hop), and the final
+// value, once, after finishing. No other rounding happens in between.
 //
 // Integer sums and products wrap (two's complement). Max and min
 // propagate NaN: if either operand is NaN the result is NaN. Which NaN,

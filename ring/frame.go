@@ -156,14 +156,21 @@ func (h *header) sameCall(o *header) bool {
 // remote fields with the local name give the remote fingerprint, the names
 // agree; otherwise the name is shown as differing.
 func (h *header) remoteDesc(local *collective.Desc) string {
-	d := collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Count: h.Count, Root: h.Root, Name: local.Name}
+	d := collective.Desc{Op: h.Op, DType: h.DType, Reduce: h.Reduce, Count: h.Count, Root: h.Root, Name: local.Name,
+		Shape: local.Shape, Counts: local.Counts, PreScale: local.PreScale, PostScale: local.PostScale}
 	if d.Fingerprint() == h.NameFP {
 		return d.String()
+	}
+	// Only the fingerprint travels: say what may differ.
+	what := "name differs"
+	if local.Extended() {
+		what = "name, shape, per-rank counts or scales differ"
+		d.Shape, d.Counts, d.PreScale, d.PostScale = collective.Shape{}, nil, 0, 0
 	}
 	d.Name = ""
 	s := d.String()
 	if s[len(s)-2] == '(' {
-		return s[:len(s)-1] + "name differs)"
+		return s[:len(s)-1] + what + ")"
 	}
-	return s[:len(s)-1] + ", name differs)"
+	return s[:len(s)-1] + ", " + what + ")"
 }

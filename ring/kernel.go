@@ -26,12 +26,28 @@ func kernelFor(dt collective.DType, op collective.ReduceOp) kernel {
 var kernels = portable
 
 // portable are the kernels in Go, for every host.
-var portable = [...][5]kernel{
-	collective.Float32: {collective.Sum: f32Sum, collective.Prod: f32Prod, collective.Max: f32Max, collective.Min: f32Min},
-	collective.Float64: {collective.Sum: f64Sum, collective.Prod: f64Prod, collective.Max: f64Max, collective.Min: f64Min},
-	collective.Int32:   {collective.Sum: i32Sum, collective.Prod: i32Prod, collective.Max: i32Max, collective.Min: i32Min},
-	collective.Int64:   {collective.Sum: i64Sum, collective.Prod: i64Prod, collective.Max: i64Max, collective.Min: i64Min},
-	collective.Bytes:   {},
+// Avg reduces with Sum; its division is the folder's (arith.go). The
+// 16-bit floats' kernels compute each element in float32 and round it.
+var portable = [...][6]kernel{
+	collective.Float32:  {collective.Sum: f32Sum, collective.Prod: f32Prod, collective.Max: f32Max, collective.Min: f32Min, collective.Avg: f32Sum},
+	collective.Float64:  {collective.Sum: f64Sum, collective.Prod: f64Prod, collective.Max: f64Max, collective.Min: f64Min, collective.Avg: f64Sum},
+	collective.Int32:    {collective.Sum: i32Sum, collective.Prod: i32Prod, collective.Max: i32Max, collective.Min: i32Min},
+	collective.Int64:    {collective.Sum: i64Sum, collective.Prod: i64Prod, collective.Max: i64Max, collective.Min: i64Min},
+	collective.Bytes:    {},
+	collective.Float16:  halfKernels(collective.Float16),
+	collective.BFloat16: halfKernels(collective.BFloat16),
+	collective.Int8:     {collective.Sum: bytesKernel(sumT[int8]), collective.Prod: bytesKernel(prodT[int8]), collective.Max: bytesKernel(maxT[int8]), collective.Min: bytesKernel(minT[int8])},
+	collective.Uint8:    {collective.Sum: bytesKernel(sumT[uint8]), collective.Prod: bytesKernel(prodT[uint8]), collective.Max: bytesKernel(maxT[uint8]), collective.Min: bytesKernel(minT[uint8])},
+}
+
+// bytesKernel runs a kernel on one-byte elements, which need no alignment.
+func bytesKernel[T int8 | uint8](f func(d, a, b []T)) kernel {
+	return func(d, a, b []byte) {
+		n := len(d)
+		f(unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(d))), n),
+			unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(a))), n),
+			unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n))
+	}
 }
 
 // littleEndianHost gates the unsafe fast path: it reinterprets the bytes
@@ -65,7 +81,7 @@ func views[T any](d, a, b []byte) (dd, aa, bb []T, ok bool) {
 }
 
 type number interface {
-	~int32 | ~int64 | ~float32 | ~float64
+	~int8 | ~uint8 | ~int32 | ~int64 | ~float32 | ~float64
 }
 
 // The loops below are unrolled by eight with three-index re-slices so

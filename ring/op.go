@@ -23,8 +23,11 @@ func (r *Ring) beginOp(d *collective.Desc, lent bool) error {
 		r.busy.Store(false)
 		return fmt.Errorf("ring rank %d: %s: %w: call Start first", r.rank, d.Op, ErrNotStarted)
 	}
-	r.desc = *d
-	r.fp = d.Fingerprint()
+	// Frames carry what every rank's call shares (a v allgather's own
+	// count is not).
+	r.desc = d.Matched()
+	r.fp = r.desc.Fingerprint()
+	d = &r.desc
 	// Every rank sees the same description, so all agree on the streams
 	// an op uses: large ops stripe their segments across every stream,
 	// small ones keep to the first, whose reader alone then stays awake.

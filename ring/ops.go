@@ -14,7 +14,11 @@ func (r *Ring) checkCall(d *collective.Desc, op collective.Op, n int) error {
 	if d.Op != op {
 		return fmt.Errorf("ring rank %d: %s called with a %s description: %w", r.rank, op, d.Op, collective.ErrInvalid)
 	}
-	if err := d.Validate(r.size); err != nil {
+	world := r.size // roots of broadcast and reduce are ring ranks
+	if op == collective.OpAllGather || op == collective.OpReduceScatter {
+		world = r.ranks() // per-rank counts are world ranks'
+	}
+	if err := d.Validate(world); err != nil {
 		return fmt.Errorf("ring rank %d: %s: %w", r.rank, op, err)
 	}
 	if n >= 0 && uint64(n) != d.Bytes() {
@@ -178,55 +182,60 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bo
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
+	return r.reduceOp(&d, buf, newFolder(&d, nil, others, true, r.ranks()), lent, stop)
+}
+
+// ReduceLocal is the reduction of a reduce (d.Op is collective.OpReduce):
+// ins are this rank's local inputs, folded in order as AllReduceLocal
+// folds them but left unchanged; work, of the same length, receives the
+// reduction on every rank. The caller copies it to the root's buffer;
+// the other ranks' copies cost the ring no more time than a gather to
+// the root would (its link carries as much either way).
+func (r *Ring) ReduceLocal(d collective.Desc, work []byte, ins [][]byte) error {
+	if err := r.checkCall(&d, collective.OpReduce, len(work)); err != nil {
+		return err
+	}
+	if len(ins) == 0 {
+		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, d.Op, collective.ErrInvalid)
+	}
+	for i, b := range ins {
+		if len(b) != len(work) {
+			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(b), len(work), collective.ErrInvalid)
+		}
+	}
+	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks()), false, nil)
+}
+
+// ranks is the number of world ranks the ring serves: avg's divisor.
+func (r *Ring) ranks() int { return r.size * max(r.cfg.Local, 1) }
+
+func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, lent bool, stop func() error) error {
 	lent = lent && r.size > 1 && r.isSmall(len(buf), d.DType.Size())
-	if err := r.beginOp(&d, lent); err != nil {
+	if err := r.beginOp(d, lent); err != nil {
 		return err
 	}
 	r.lentStop = stop
-	k := kernelFor(d.DType, d.Reduce)
-	f := localFold{k: k, others: others}
 	var err error
 	if r.size == 1 {
-		f.fold(buf, 0)
+		f.localFinal(buf, 0)
 		f.copyBack(buf, 0)
 	} else if err = r.healthy(); err == nil {
 		es := d.DType.Size()
 		if r.isSmall(len(buf), es) {
-			err = r.allReduceSmall(buf, k, f)
+			err = r.allReduceSmall(buf, &f)
 		} else {
-			err = r.allReduceRing(buf, es, k, f)
+			err = r.allReduceRing(buf, es, &f)
 		}
 	}
 	return r.end(err)
 }
 
-// localFold is AllReduceLocal's other buffers, folded into the first and
-// written back from it a range at a time.
-type localFold struct {
-	k      kernel
-	others [][]byte
-}
-
-// fold folds the others' bytes at off into seg, the first buffer's.
-func (f localFold) fold(seg []byte, off int) {
-	for _, o := range f.others {
-		f.k(seg, seg, o[off:off+len(seg)])
-	}
-}
-
-// copyBack writes seg, a final range of the first buffer, into the others.
-func (f localFold) copyBack(seg []byte, off int) {
-	for _, o := range f.others {
-		copy(o[off:off+len(seg)], seg)
-	}
-}
-
 // allReduceSmall circulates every rank's whole buffer once, then each
 // rank folds the N buffers in rank order 0..N-1 (the same arithmetic on
 // every rank, so the results are bit-identical).
-func (r *Ring) allReduceSmall(buf []byte, k kernel, f localFold) error {
+func (r *Ring) allReduceSmall(buf []byte, f *folder) error {
 	n, L := r.size, len(buf)
-	f.fold(buf, 0)
+	f.local(buf, 0)
 	slot := func(i int) []byte { return r.scratch[i*L : (i+1)*L] }
 	copy(slot(r.rank), buf)
 	for s := 0; s < n-1; s++ {
@@ -250,10 +259,7 @@ func (r *Ring) allReduceSmall(buf []byte, k kernel, f localFold) error {
 		copy(slot(mod(r.rank-s-1, n)), b.data)
 		r.release(b)
 	}
-	copy(buf, slot(0))
-	for i := 1; i < n; i++ {
-		k(buf, buf, slot(i))
-	}
+	f.total(buf, slot, n)
 	f.copyBack(buf, 0)
 	return nil
 }
@@ -269,7 +275,7 @@ func (r *Ring) allReduceSmall(buf []byte, k kernel, f localFold) error {
 // chunk when its partial sum arrives. A segment's final value is copied
 // back when it is known: chunk r+1 as allgather step 0 sends it, every
 // other chunk as it arrives.
-func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
+func (r *Ring) allReduceRing(buf []byte, es int, f *folder) error {
 	n := r.size
 	p := newPartition(len(buf)/es, n, es, r.cfg.SegmentBytes)
 	// Allgather segments land in buf itself once their turn comes
@@ -288,7 +294,7 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 		for j := 0; j < p.nseg; j++ {
 			so, sl := p.segment(sendC, j)
 			if step == 0 {
-				f.fold(buf[so:so+sl], so)
+				f.local(buf[so:so+sl], so)
 			}
 			if err := r.send(kindData, buf[so:so+sl], 0); err != nil {
 				return err
@@ -307,8 +313,8 @@ func (r *Ring) allReduceRing(buf []byte, es int, k kernel, f localFold) error {
 			dst := buf[ro : ro+rl]
 			switch {
 			case !gather:
-				f.fold(dst, ro)
-				k(dst, b.data, dst)
+				// Step n-2 completes the chunk this rank finishes.
+				f.combine(dst, b.data, ro, step == n-2)
 			case b.place:
 				// Received where it belongs (placeFor checked the
 				// reduce-scatter had sent these bytes before handing

@@ -20,6 +20,12 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	if uint64(len(buf)) != d.Bytes() {
 		return nil, fmt.Errorf("collectived: %s: buffer is %d bytes, the description needs %d", d, len(buf), d.Bytes())
 	}
+	if err := c.checkCall(&d); err != nil {
+		return nil, err
+	}
+	if d.Op == collective.OpAllGather || d.Op == collective.OpReduceScatter {
+		return nil, fmt.Errorf("collectived: %s: the result is not the input; use StartInto", d)
+	}
 	var call ipc.Call
 	call.Desc = d
 	// Its waiter polls for the reply only when the call is small: the

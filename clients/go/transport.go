@@ -29,6 +29,7 @@ type Handle struct {
 	seq      uint64
 	scratch  *Segment // a copied call's scratch segment, released in complete
 	copyBack []byte   // where a copied call's result goes
+	copyOff  int      // the result's offset in the scratch segment
 	finished bool
 	bulk     bool // a call too large for polling to pay (pollMaxBytes)
 	laneOK   bool // a call that may take the lane (lane.go)
@@ -119,10 +120,10 @@ func (h *Handle) complete(err error) error {
 // came (a timeout, a lost connection), when the daemon may still write
 // into it: then it is never used again.
 func (h *Handle) releaseScratch(err error) error {
-	s, buf := h.scratch, h.copyBack
-	h.scratch, h.copyBack = nil, nil
+	s, buf, off := h.scratch, h.copyBack, h.copyOff
+	h.scratch, h.copyBack, h.copyOff = nil, nil, 0
 	if err == nil {
-		copy(buf, s.mem[:len(buf)])
+		copy(buf, s.mem[off:off+len(buf)])
 	} else if !daemonAnswered(err) {
 		return err
 	}

@@ -341,7 +341,7 @@ def build() -> None:
         frame(T["HELLO"], 1, p_hello(b"CLVD", 1, 2, -1, 1, b"demo", b"")), "bad_flags")
     bad("header_flags_on_request", "c2d", frame(T["STATUS"], 1, b"", flags=1), "bad_flags")
     bad("call_undefined_flag", "c2d",
-        frame(T["CALL"], 3, p_call(1, 1, 1, 2, 0, 0, b"", b"")), "bad_flags")
+        frame(T["CALL"], 3, p_call(1, 1, 1, 4, 0, 0, b"", b"")), "bad_flags")
     bad("error_undefined_header_flag", "d2c", frame(T["ERROR"], 0, p_error(1, b"x"), flags=2),
         "bad_flags")
 

@@ -1,0 +1,98 @@
+package daemon
+
+import (
+	"github.com/collectived/collectived/collective"
+	"github.com/collectived/collectived/ring"
+)
+
+// The node-local phases of reduce, allgather and reduce_scatter: the
+// trainers' buffers are shared memory (or their inline copies), folded
+// and copied here; only the node's block crosses the ring.
+
+// scratch is a work buffer of n bytes, reused across calls.
+func (d *Daemon) scratch(n int) []byte {
+	if cap(d.work) < n {
+		d.work = make([]byte, n)
+	}
+	return d.work[:n]
+}
+
+// inputs lists the calls' input buffers in local-rank order.
+func (d *Daemon) inputs(calls []call) [][]byte {
+	d.localBufs = d.localBufs[:0]
+	for _, c := range calls {
+		d.localBufs = append(d.localBufs, c.c.Buf)
+	}
+	return d.localBufs
+}
+
+// reduce folds every node's trainers into the work buffer and copies the
+// result to the root, whose node this may be; the other trainers' buffers
+// are left as they were.
+func (d *Daemon) reduce(r *ring.Ring, desc collective.Desc, calls []call) error {
+	L := d.cfg.LocalSize
+	rootNode, rootLocal := int(desc.Root)/L, int(desc.Root)%L
+	rd := desc
+	rd.Root = uint32(rootNode)
+	work := d.scratch(len(calls[0].c.Buf))
+	err := r.ReduceLocal(rd, work, d.inputs(calls))
+	clear(d.localBufs)
+	if err == nil && rootNode == d.cfg.Rank {
+		copy(calls[rootLocal].c.Buf, work)
+	}
+	return err
+}
+
+// allGather places the node's trainers' blocks in the first trainer's
+// result, gathers the other nodes' blocks around them, and copies the
+// whole result to the other trainers.
+func (d *Daemon) allGather(r *ring.Ring, desc collective.Desc, calls []call) error {
+	out := calls[0].c.Out
+	es := desc.DType.Size()
+	off := worldOffset(&desc, d.worldRank(0), d.cfg.LocalSize*len(d.cfg.Peers)) * es
+	for _, c := range calls {
+		off += copy(out[off:], c.c.Buf)
+	}
+	if err := r.AllGatherInto(desc, out); err != nil {
+		return err
+	}
+	for _, c := range calls[1:] {
+		copy(c.c.Out, out)
+	}
+	return nil
+}
+
+// reduceScatter reduces the trainers' whole vectors into the work buffer,
+// of which the ring leaves this node's block final, and hands each
+// trainer its own block.
+func (d *Daemon) reduceScatter(r *ring.Ring, desc collective.Desc, calls []call) error {
+	work := d.scratch(len(calls[0].c.Buf))
+	err := r.ReduceScatterLocal(desc, work, d.inputs(calls))
+	clear(d.localBufs)
+	if err != nil {
+		return err
+	}
+	es := desc.DType.Size()
+	world := d.cfg.LocalSize * len(d.cfg.Peers)
+	for l, c := range calls {
+		off := worldOffset(&desc, d.worldRank(l), world) * es
+		copy(c.c.Out, work[off:off+len(c.c.Out)])
+	}
+	return nil
+}
+
+// worldOffset is the element offset of world rank w's block in an
+// allgather's result or a reduce_scatter's input.
+func worldOffset(desc *collective.Desc, w, world int) int {
+	switch {
+	case desc.Counts != nil:
+		var o uint64
+		for _, c := range desc.Counts[:w] {
+			o += c
+		}
+		return int(o)
+	case desc.Op == collective.OpReduceScatter:
+		return w * int(desc.Count) / world
+	}
+	return w * int(desc.Count)
+}

@@ -1,0 +1,215 @@
+package ring
+
+import (
+	"fmt"
+
+	"github.com/collectived/collectived/collective"
+)
+
+// The version-3 collectives whose result differs in size from the input:
+// allgather into one contiguous buffer and reduce-scatter. Blocks are
+// those of world ranks, Config.Local to a ring rank in order, so a ring
+// rank's block is its world ranks' blocks side by side.
+
+// blocks gives ring rank i's block of a world-rank layout: its byte
+// offset and length.
+type blocks struct {
+	d     *collective.Desc
+	es    int
+	local int
+}
+
+func (r *Ring) blocksOf(d *collective.Desc) blocks {
+	return blocks{d: d, es: d.DType.Size(), local: max(r.cfg.Local, 1)}
+}
+
+// worldCount is world rank w's count: its entry of Counts, else the
+// equal share (allgather: Count each; reduce_scatter: Count/W each).
+func (b blocks) worldCount(w, world int) uint64 {
+	switch {
+	case b.d.Counts != nil:
+		return b.d.Counts[w]
+	case b.d.Op == collective.OpReduceScatter:
+		return b.d.Count / uint64(world)
+	}
+	return b.d.Count
+}
+
+// span is ring rank i's block in bytes, of a ring of n.
+func (b blocks) span(i, n int) (off, length int) {
+	world := n * b.local
+	if b.d.Counts == nil {
+		c := int(b.worldCount(0, world)) * b.local * b.es
+		return i * c, c
+	}
+	var o, l uint64
+	for w := 0; w < i*b.local; w++ {
+		o += b.d.Counts[w]
+	}
+	for w := i * b.local; w < (i+1)*b.local; w++ {
+		l += b.d.Counts[w]
+	}
+	return int(o) * b.es, int(l) * b.es
+}
+
+// segments is how many frames every block travels in: the same for all
+// blocks of an op, so that each step's sends and receives pair up.
+func (r *Ring) segments(b blocks) int {
+	longest := 0
+	for i := 0; i < r.size; i++ {
+		_, l := b.span(i, r.size)
+		longest = max(longest, l)
+	}
+	seg := r.cfg.SegmentBytes / b.es * b.es
+	return max(1, (longest+seg-1)/seg)
+}
+
+// piece is segment j of nseg of a block of l bytes at off, cut in whole
+// elements.
+func piece(off, l, es, j, nseg int) (int, int) {
+	n := l / es
+	base, rem := n/nseg, n%nseg
+	s := j*base + min(j, rem)
+	c := base
+	if j < rem {
+		c++
+	}
+	return off + s*es, c * es
+}
+
+// AllGatherInto gathers every world rank's block into out, which holds
+// the whole result (world-rank order, d.Result elements) and, on entry,
+// this ring rank's own block already in place (its world ranks' blocks,
+// which the caller copied there). d is a world rank's call: Count its
+// block, or Counts every world rank's. Step s sends the block of ring
+// rank r-s and receives that of r-s-1, in segments relayed as they come.
+func (r *Ring) AllGatherInto(d collective.Desc, out []byte) error {
+	if err := r.checkCall(&d, collective.OpAllGather, -1); err != nil {
+		return err
+	}
+	b := r.blocksOf(&d)
+	if total, want := len(out), r.totalBytes(b); total != want {
+		return fmt.Errorf("ring rank %d: %s: result buffer is %d bytes, %s needs %d: %w", r.rank, d.Op, total, d.String(), want, collective.ErrInvalid)
+	}
+	if err := r.begin(&d); err != nil {
+		return err
+	}
+	var err error
+	if r.size > 1 {
+		if err = r.healthy(); err == nil {
+			err = r.allGatherInto(b, out)
+		}
+	}
+	return r.end(err)
+}
+
+func (r *Ring) totalBytes(b blocks) int {
+	o, l := b.span(r.size-1, r.size)
+	return o + l
+}
+
+func (r *Ring) allGatherInto(b blocks, out []byte) error {
+	n := r.size
+	nseg := r.segments(b)
+	for s := 0; s < n-1; s++ {
+		r.setStep(s)
+		so, sl := b.span(mod(r.rank-s, n), n)
+		ro, rl := b.span(mod(r.rank-s-1, n), n)
+		for j := 0; j < nseg; j++ {
+			po, pl := piece(so, sl, b.es, j, nseg)
+			if err := r.send(kindData, out[po:po+pl], 0); err != nil {
+				return err
+			}
+			if err := r.recvInto(out, ro, rl, b.es, j, nseg); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// recvInto receives segment j of the block at ro (rl bytes) into out.
+func (r *Ring) recvInto(out []byte, ro, rl, es, j, nseg int) error {
+	bf, err := r.recv(kindData)
+	if err != nil {
+		return err
+	}
+	qo, ql := piece(ro, rl, es, j, nseg)
+	if err := r.expectLen(bf, ql); err != nil {
+		return err
+	}
+	copy(out[qo:qo+ql], bf.data)
+	r.release(bf)
+	return nil
+}
+
+// ReduceScatterLocal reduces ins, this ring rank's local inputs (each the
+// whole vector, d.Count elements, left unchanged), across the ring and
+// leaves in work (as long as an input) this ring rank's block of the
+// result, at its place in the vector; the rest of work is scratch. Step
+// s sends the partial of block r-s-1 and receives that of block r-s-2,
+// which it combines with its own inputs (received partial on the left);
+// step n-2 completes block r. Block c's elements are thus
+// ((x_{c+1} op x_{c+2}) op ...) op x_c, computed by rank c alone.
+func (r *Ring) ReduceScatterLocal(d collective.Desc, work []byte, ins [][]byte) error {
+	if err := r.checkCall(&d, collective.OpReduceScatter, len(work)); err != nil {
+		return err
+	}
+	if len(ins) == 0 {
+		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, d.Op, collective.ErrInvalid)
+	}
+	for i, in := range ins {
+		if len(in) != len(work) {
+			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(in), len(work), collective.ErrInvalid)
+		}
+	}
+	f := newFolder(&d, ins[0], ins[1:], false, r.ranks())
+	b := r.blocksOf(&d)
+	if err := r.begin(&d); err != nil {
+		return err
+	}
+	var err error
+	if r.size == 1 {
+		f.localFinal(work, 0)
+	} else if err = r.healthy(); err == nil {
+		err = r.reduceScatter(b, work, &f)
+	}
+	return r.end(err)
+}
+
+func (r *Ring) reduceScatter(b blocks, work []byte, f *folder) error {
+	n := r.size
+	nseg := r.segments(b)
+	for s := 0; s < n-1; s++ {
+		r.setStep(s)
+		so, sl := b.span(mod(r.rank-s-1, n), n)
+		ro, rl := b.span(mod(r.rank-s-2, n), n)
+		for j := 0; j < nseg; j++ {
+			po, pl := piece(so, sl, b.es, j, nseg)
+			if s == 0 {
+				f.local(work[po:po+pl], po)
+			}
+			if err := r.send(kindData, work[po:po+pl], 0); err != nil {
+				return err
+			}
+			bf, err := r.recv(kindData)
+			if err != nil {
+				return err
+			}
+			qo, ql := piece(ro, rl, b.es, j, nseg)
+			if err := r.expectLen(bf, ql); err != nil {
+				return err
+			}
+			f.combine(work[qo:qo+ql], bf.data, qo, s == n-2)
+			r.release(bf)
+		}
+	}
+	return nil
+}
+
+// BlockSpan is ring rank i's block of a version-3 allgather or
+// reduce_scatter result (AllGatherInto's out, ReduceScatterLocal's work):
+// byte offset and length.
+func (r *Ring) BlockSpan(d *collective.Desc, i int) (off, length int) {
+	return r.blocksOf(d).span(i, r.size)
+}
