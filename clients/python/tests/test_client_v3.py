@@ -30,7 +30,7 @@ def fake3(request: pytest.FixtureRequest, tmp_path) -> Iterator[ScriptedDaemon]:
 
 @pytest.fixture
 def c3(fake3: ScriptedDaemon) -> Iterator[collectived.Client]:
-    with collectived.Client(fake3.path, job="demo", timeout=10.0,
+    with collectived.Client(fake3.path, job="demo", timeout=10.0, shapes=True,
                             no_lane=fake3.no_lane) as c:  # type: ignore[attr-defined]
         assert c.info.version == 3
         yield c
@@ -52,8 +52,9 @@ def test_allreduce_sends_the_shape(c3: collectived.Client, fake3: ScriptedDaemon
     assert (x == 4).all() and float(y) == 2.0 and list(z) == [2, 4, 6]
 
 
-def test_shapes_false_sends_none(fake3: ScriptedDaemon) -> None:
-    with collectived.Client(fake3.path, job="demo", shapes=False,
+def test_without_shapes_none_is_sent(fake3: ScriptedDaemon) -> None:
+    # The default: calls match by count, as the Go client's do.
+    with collectived.Client(fake3.path, job="demo",
                             no_lane=fake3.no_lane) as c:  # type: ignore[attr-defined]
         c.allreduce(np.ones((2, 3), np.float32))
         c.broadcast(np.ones((2, 2), np.int8), 1)
@@ -67,7 +68,7 @@ def test_more_than_eight_dimensions_is_refused(c3: collectived.Client,
     x = np.ones((1,) * 9, np.float32)
     with pytest.raises(collectived.UsageError, match=r"9 dimensions; the protocol carries at "
                                                      r"most 8: reshape it, or make the Client "
-                                                     r"with shapes=False"):
+                                                     r"without shapes=True"):
         c3.allreduce(x)
     assert fake3.calls == []
 

@@ -362,13 +362,14 @@ class Client:
             before it sleeps until the reader thread hands it over (default
             200 µs; 0 never watches).
         shapes: on a connection of protocol version 3, send every array's
-            shape with its call (default True), for the daemon to match:
+            shape with its call (default False), for the daemon to match:
             trainers whose arrays hold as many elements in other shapes
             then get MISMATCH naming both shapes. A 0-d array, and any call
-            on a daemon of version 1 or 2, sends none. ``shapes=False``
-            sends none at all (calls match by count, as before version 3);
-            every trainer of a job must choose alike, since a call with a
-            shape matches only calls with the same shape.
+            on a daemon of version 1 or 2, sends none. Without it no call
+            carries a shape and calls match by count, as before version 3
+            and as the Go client's do. Every trainer of a job must choose
+            alike: a call with a shape matches only calls with the same
+            shape, never one without.
 
     Calls are matched across the world by order, so issue collectives on one
     client from one thread (or serialize them); waiting on handles from
@@ -380,7 +381,7 @@ class Client:
                  job: Optional[str] = None, label: str = "", timeout: Optional[float] = None,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, observer: bool = False,
                  rank_retry: float = 0.0, no_lane: bool = False,
-                 spin: float = DEFAULT_SPIN, shapes: bool = True) -> None:
+                 spin: float = DEFAULT_SPIN, shapes: bool = False) -> None:
         if spin < 0:
             raise ValueError(f"spin is {spin} s; want 0 (never watch the lane) or more")
         self.path = socket or os.environ.get("COLLECTIVED_SOCKET") or DEFAULT_SOCKET
@@ -809,14 +810,14 @@ class Client:
     def _ext(self, buf: Buffer, counts: Optional[tuple[int, ...]] = None,
              scale: Optional[tuple[float, float]] = None) -> Optional[_Ext]:
         """What a call of ``buf`` carries in the CALL extension: its shape
-        (on a version-3 connection, unless ``shapes=False``; a 0-d array
+        (on a version-3 connection made with ``shapes=True``; a 0-d array
         has none), and ``counts`` and ``scale`` if given. None when there
         is nothing to carry: the call then has no extension at all."""
         shape = buf.shape if self._shapes else ()
         if len(shape) > P.MAX_DIMS:
             raise UsageError(f"an array of shape {shape} has {len(shape)} dimensions; the "
                              f"protocol carries at most {P.MAX_DIMS}: reshape it, or make the "
-                             "Client with shapes=False")
+                             "Client without shapes=True")
         if not shape and counts is None and scale is None:
             return None
         return _Ext(tuple(shape), counts, scale)
