@@ -107,6 +107,8 @@ def test_allgather_shapes_and_types(c3: collectived.Client) -> None:
     assert s.shape == (2,) and s.tolist() == [7, 7]
     b = c3.allgather(bytearray(b"ab"))
     assert isinstance(b, bytearray) and b == b"abab"
+    a = c3.allgather(array.array("f", [1.0, 2.0]))  # no NumPy: a memoryview of the format
+    assert isinstance(a, memoryview) and a.format == "f" and a.tolist() == [1.0, 2.0] * 2
     h = c3.allgather(np.array([1.5, -2.0], np.float16))
     assert h.dtype == np.float16 and h.tolist() == [1.5, -2.0, 1.5, -2.0]
 

@@ -148,7 +148,7 @@ def _new_like(buf: Buffer, n: int, shape: tuple[int, ...]) -> Any:
         return np.empty(shape, dtype=owner.dtype)
     fmt = memoryview(owner).format.lstrip("@=<")
     raw = bytearray(n * P.DTYPE_SIZES[buf.dtype])
-    return raw if fmt == "B" else memoryview(raw).cast(fmt)
+    return raw if fmt == "B" else memoryview(raw).cast(fmt)  # type: ignore[call-overload]
 
 
 def default_wait_timeout(timeout_ms: int, first_call_timeout_ms: Optional[int] = None) -> float:
