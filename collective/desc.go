@@ -61,9 +61,9 @@ type Desc struct {
 	Counts []uint64
 	// PreScale and PostScale, when nonzero, multiply every input element
 	// before and every result element after a float reduction. Zero means
-	// not given (a factor of 1); the wire never carries 0, and decoders
-	// store a factor of exactly 1 as 0, so that calls agree however a
-	// client spells "no scaling".
+	// not given (a factor of 1); the wire never carries 0. Matched takes a
+	// factor of exactly 1 as none, so that calls agree however a client
+	// spells "no scaling".
 	PreScale, PostScale float64
 }
 
@@ -91,9 +91,16 @@ func (d *Desc) Since() int {
 func (d *Desc) VCount() bool { return d.Op == OpAllGather && d.Counts != nil }
 
 // Matched is the part of d that every rank's call must share: d itself,
-// except that a "v" allgather's Count (the caller's own counts[r]) is
-// replaced by the sum of the counts and its first shape dimension by 0.
+// except that a scale factor of 1 is none (0), and a "v" allgather's
+// Count (the caller's own counts[r]) is replaced by the sum of the counts
+// and its first shape dimension by 0.
 func (d Desc) Matched() Desc {
+	if d.PreScale == 1 {
+		d.PreScale = 0
+	}
+	if d.PostScale == 1 {
+		d.PostScale = 0
+	}
 	if d.VCount() {
 		d.Count = d.Total()
 		if d.Shape.N > 0 {

@@ -19,14 +19,17 @@ func Float32ToBFloat16(f float32) uint16 {
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
-// Float16ToFloat32 widens an IEEE binary16 exactly.
+// Float16ToFloat32 widens an IEEE binary16 exactly; a NaN is made quiet
+// (its payload kept), as x86's F16C conversion does.
 func Float16ToFloat32(h uint16) float32 {
 	sign := uint32(h&0x8000) << 16
 	exp := uint32(h>>10) & 0x1f
 	frac := uint32(h & 0x3ff)
 	switch {
-	case exp == 0x1f: // infinity or NaN
-		return math.Float32frombits(sign | 0x7f800000 | frac<<13)
+	case exp == 0x1f && frac == 0:
+		return math.Float32frombits(sign | 0x7f800000)
+	case exp == 0x1f: // NaN, made quiet as the F16C instruction does
+		return math.Float32frombits(sign | 0x7fc00000 | frac<<13)
 	case exp != 0: // normal
 		return math.Float32frombits(sign | (exp+112)<<23 | frac<<13)
 	case frac == 0:

@@ -23,7 +23,7 @@ func TestCallExtensionBytes(t *testing.T) {
 	m := Call{
 		Desc: collective.Desc{Op: collective.OpAllGather, DType: collective.BFloat16, Count: 6, Name: "g",
 			Shape: shapeOf(2, 3), Counts: []uint64{6, 0}},
-		SHM: true, Segment: 3, Offset: 64, Out: true, OutSegment: 4, OutOffset: 128,
+		SHM: true, Segment: 3, Offset: 64, Out: true, OutSegment: 4, OutOffset: 128, Ext: true,
 	}
 	b := m.Encode(9)
 	le := binary.LittleEndian
@@ -49,7 +49,7 @@ func TestCallExtensionBytes(t *testing.T) {
 		t.Errorf("decoded %+v\nwant %+v", got, m)
 	}
 
-	// Scales: 1 is "none" on decoding, whichever client spelt it.
+	// Scales: a missing factor is sent as 1, and 1 matches none.
 	s := Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Float16, Reduce: collective.Avg, Count: 1, PreScale: 0.5}, Data: []byte{0, 0x3c}}
 	b = s.Encode(1)
 	p = b[HeaderSize:]
@@ -57,8 +57,11 @@ func TestCallExtensionBytes(t *testing.T) {
 	if ext[0] != 0 || ext[1] != extScale || le.Uint64(ext[4:]) != math.Float64bits(0.5) || le.Uint64(ext[12:]) != math.Float64bits(1) || string(ext[20:]) != "\x00\x3c" {
 		t.Fatalf("scaled inline call extension % x", ext)
 	}
-	if err := DecodeCall(p, &got, nil); err != nil || got.Desc.PreScale != 0.5 || got.Desc.PostScale != 0 {
+	if err := DecodeCall(p, &got, nil); err != nil || got.Desc.PreScale != 0.5 || got.Desc.PostScale != 1 {
 		t.Fatalf("decoded %+v, %v", got.Desc, err)
+	}
+	if !got.Desc.Equal(s.Desc) || got.Desc.Fingerprint() != s.Desc.Fingerprint() {
+		t.Errorf("%v does not match %v", got.Desc, s.Desc)
 	}
 	// A call without extension fields sends none: older daemons read it.
 	plain := Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 0}}
@@ -84,13 +87,13 @@ func TestCallExtensionErrors(t *testing.T) {
 		want string
 	}{
 		{"undefined flag", base(4, nil, nil), CodeBadFrame, "undefined bits"},
-		{"short extension", base(CallFlagExt, []byte{0, 0}, nil), CodeBadFrame, "at least 4"},
+		{"short extension", base(CallFlagExt, []byte{0, 0}, nil), CodeBadFrame, "runs past the payload: 2 bytes, at least 4"},
 		{"xflags", base(CallFlagExt, []byte{0, 8, 0, 0}, nil), CodeBadFrame, "extension flags 0x08"},
 		{"reserved", base(CallFlagExt, []byte{0, 0, 1, 0}, nil), CodeBadFrame, "extension reserved"},
 		{"nine dims", base(CallFlagExt, []byte{9, 0, 0, 0}, nil), CodeBadFrame, "9 dimensions"},
 		{"dims past the end", base(CallFlagExt, []byte{2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, nil), CodeBadFrame, "runs past"},
-		{"counts past the end", base(CallFlagExt, append([]byte{0, extCounts, 0, 0}, le.AppendUint32(le.AppendUint32(nil, 3), 0)...), nil), CodeBadFrame, "3 per-rank counts"},
-		{"out inline", base(CallFlagExt, []byte{0, extOut, 0, 0}, nil), CodeBadFrame, "inline call has the extension's OUT"},
+		{"counts past the end", base(CallFlagExt, append([]byte{0, extCounts, 0, 0}, le.AppendUint32(le.AppendUint32(nil, 3), 0)...), nil), CodeBadFrame, "3 per-rank counts runs past"},
+		{"out inline", base(CallFlagExt, []byte{0, extOut, 0, 0}, nil), CodeBadRequest, "inline call has the extension's OUT"},
 		{"out short", base(CallFlagExt|CallFlagSHM, []byte{0, extOut, 0, 0}, shmTail), CodeBadFrame, "want 32"},
 		{"zero scale", base(CallFlagExt, append([]byte{0, extScale, 0, 0}, make([]byte, 16)...), nil), CodeBadRequest, "prescale 0 must be finite and nonzero"},
 	}

@@ -450,6 +450,9 @@ type Call struct {
 	OutSegment uint32
 	OutOffset  uint64
 	Data       []byte
+	// Ext sends the extension even when it is empty (a decoded call that
+	// had the flag re-encodes to the same bytes).
+	Ext bool
 }
 
 func (m *Call) Append(b []byte, id uint64) []byte {
@@ -460,7 +463,7 @@ func (m *Call) Append(b []byte, id uint64) []byte {
 	if m.SHM {
 		flags |= CallFlagSHM
 	}
-	ext := d.Extended() || m.Out
+	ext := m.Ext || d.Extended() || m.Out
 	if ext {
 		flags |= CallFlagExt
 	}
@@ -524,8 +527,9 @@ func (m *Call) Encode(id uint64) []byte { return m.Append(nil, id) }
 // looked up in names (which may be nil) so that a loop repeating the same
 // names does not allocate; m.Desc.Counts reuses its storage. Structural
 // faults (flags, lengths, reserved) are fatal BAD_FRAME; an unknown dtype,
-// a non-UTF-8 name or a scale that is not finite and nonzero, which leave
-// the frame well formed, are non-fatal BAD_REQUEST. The description is not
+// a non-UTF-8 name, a scale that is not finite and nonzero, or the OUT flag
+// on an inline call, which leave the frame well formed, are non-fatal
+// BAD_REQUEST. The description is not
 // validated against a world size here: that is the receiver's job
 // (collective.Desc.Validate).
 func DecodeCall(p []byte, m *Call, names *Names) error {
@@ -545,6 +549,7 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits", flags)
 	}
 	m.SHM = flags&CallFlagSHM != 0
+	m.Ext = flags&CallFlagExt != 0
 	name, rest, ok := cutString8(p[16:])
 	if !ok {
 		return Fatalf(CodeBadFrame, "CALL: name length %d runs past the %d-byte payload", p[16], len(p))
@@ -577,9 +582,6 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 			}
 		}
 	} else {
-		if m.Out {
-			return Fatalf(CodeBadFrame, "CALL: an inline call has the extension's OUT flag; its result comes in CALL_OK")
-		}
 		size := uint64(m.Desc.DType.Size())
 		if size == 0 && m.Desc.Count != 0 {
 			return Errorf(CodeBadRequest, "CALL: unknown dtype code %d (known: %s)", uint8(m.Desc.DType), collective.DTypeNames())
@@ -595,6 +597,10 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 		return Errorf(CodeBadRequest, "CALL: name is not UTF-8")
 	}
 	m.Desc.Name = names.intern(m.Desc.Name, name)
+	if m.Out && !m.SHM {
+		m.Out = false
+		return Errorf(CodeBadRequest, "CALL %s: an inline call has the extension's OUT flag; its result comes in CALL_OK", m.Desc.String())
+	}
 	return badScale
 }
 
@@ -604,7 +610,7 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 func (m *Call) decodeExt(p []byte, counts []uint64) (rest []byte, badScale, err error) {
 	le := binary.LittleEndian
 	if len(p) < 4 {
-		return nil, nil, Fatalf(CodeBadFrame, "CALL: extension is %d bytes, at least 4 needed", len(p))
+		return nil, nil, Fatalf(CodeBadFrame, "CALL: extension runs past the payload: %d bytes, at least 4 needed", len(p))
 	}
 	ndim, xf := p[0], p[1]
 	if xf&^(extCounts|extScale|extOut) != 0 {
@@ -627,7 +633,7 @@ func (m *Call) decodeExt(p []byte, counts []uint64) (rest []byte, badScale, err 
 	p = p[8*int(ndim):]
 	if xf&extCounts != 0 {
 		if len(p) < 8 {
-			return nil, nil, Fatalf(CodeBadFrame, "CALL: per-rank counts header runs past the payload")
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: the per-rank counts header runs past the payload")
 		}
 		n := le.Uint32(p)
 		if r := le.Uint32(p[4:]); r != 0 {
@@ -635,7 +641,7 @@ func (m *Call) decodeExt(p []byte, counts []uint64) (rest []byte, badScale, err 
 		}
 		p = p[8:]
 		if uint64(len(p))/8 < uint64(n) {
-			return nil, nil, Fatalf(CodeBadFrame, "CALL: %d per-rank counts run past the payload", n)
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: the list of %d per-rank counts runs past the payload", n)
 		}
 		for i := 0; i < int(n); i++ {
 			counts = append(counts, le.Uint64(p[8*i:]))
@@ -648,15 +654,12 @@ func (m *Call) decodeExt(p []byte, counts []uint64) (rest []byte, badScale, err 
 	}
 	if xf&extScale != 0 {
 		if len(p) < 16 {
-			return nil, nil, Fatalf(CodeBadFrame, "CALL: scale factors run past the payload")
+			return nil, nil, Fatalf(CodeBadFrame, "CALL: the scale factors block runs past the payload")
 		}
 		for i, f := range [2]*float64{&m.Desc.PreScale, &m.Desc.PostScale} {
 			v := math.Float64frombits(le.Uint64(p[8*i:]))
 			if (v == 0 || math.IsNaN(v) || math.IsInf(v, 0)) && badScale == nil {
 				badScale = Errorf(CodeBadRequest, "CALL: %s %v must be finite and nonzero", [2]string{"prescale", "postscale"}[i], v)
-			}
-			if v == 1 {
-				v = 0 // no scaling, however spelt
 			}
 			*f = v
 		}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/shm"
@@ -228,45 +227,20 @@ func (s *Session) handleCall(f Frame) error {
 	if s.fromLane && s.laneBusy.Load() {
 		return Fatalf(CodeBadFrame, "CALL (id %d) came on the lane before the lane's last call was answered", f.ID)
 	}
+	if err := CheckExtFlag(f.Payload, int(s.hello.Version)); err != nil {
+		return err
+	}
 	c := &s.call
 	if err := DecodeCall(f.Payload, c, &s.names); err != nil {
 		return err
 	}
 	d := c.Desc
-	if err := s.checkVersion(f.Payload[3], c); err != nil {
+	lim := CallLimits{Version: int(s.hello.Version), WorldSize: int(s.helloOK.WorldSize), WorldRank: int(s.helloOK.WorldRank), InlineLimit: s.srv.cfg.InlineLimit}
+	if err := CheckCall(c, lim); err != nil {
 		return err
 	}
-	if err := d.Validate(int(s.helloOK.WorldSize)); err != nil {
-		return Errorf(CodeBadRequest, "CALL %s: %v", d, err)
-	}
-	if err := d.CheckRank(int(s.helloOK.WorldRank)); err != nil {
-		return Errorf(CodeBadRequest, "CALL %s: %v", d, err)
-	}
-	if c.SHM && d.Op == collective.OpBarrier {
-		return Errorf(CodeBadRequest, "CALL %s: a barrier has no buffer; the SHM flag must be clear", d)
-	}
-	limit := s.srv.cfg.InlineLimit
-	if !c.SHM && len(c.Data) > limit {
-		return Errorf(CodeTooLarge, "CALL %s: %d bytes inline, the limit is %d; use shared memory", d, len(c.Data), limit)
-	}
 	outward := d.Op == collective.OpAllGather || d.Op == collective.OpReduceScatter
-	es := uint64(d.DType.Size())
-	resultBytes := d.Result(int(s.helloOK.WorldRank), int(s.helloOK.WorldSize)) * es
-	if c.SHM {
-		if c.Offset%es != 0 {
-			return Errorf(CodeBadRequest, "CALL %s: offset %d in segment %d is not a multiple of the %s size %d", d, c.Offset, c.Segment, d.DType, es)
-		}
-		switch {
-		case outward && !c.Out:
-			return Errorf(CodeBadRequest, "CALL %s: a shared-memory %s needs a result span (the extension's OUT)", d, d.Op)
-		case !outward && c.Out:
-			return Errorf(CodeBadRequest, "CALL %s: %s works in place and takes no result span (OUT)", d, d.Op)
-		case c.Out && c.OutOffset%es != 0:
-			return Errorf(CodeBadRequest, "CALL %s: out_offset %d in segment %d is not a multiple of the %s size %d", d, c.OutOffset, c.OutSegment, d.DType, es)
-		}
-	} else if outward && resultBytes > uint64(limit) {
-		return Errorf(CodeTooLarge, "CALL %s: the result is %d bytes, over the inline limit %d; use shared memory", d, resultBytes, limit)
-	}
+	resultBytes := d.Result(lim.WorldRank, lim.WorldSize) * uint64(d.DType.Size())
 
 	s.mu.Lock()
 	if _, dup := s.inflight[f.ID]; dup {
@@ -285,7 +259,7 @@ func (s *Session) handleCall(f Frame) error {
 	}
 	s.mu.Unlock()
 	if r == nil {
-		r = &Request{s: s, frame: make([]byte, CallOKPrefix+limit)}
+		r = &Request{s: s, frame: make([]byte, CallOKPrefix+lim.InlineLimit)}
 	}
 
 	r.ID, r.Desc, r.Inline, r.lane = f.ID, d, !c.SHM, s.fromLane
@@ -304,13 +278,7 @@ func (s *Session) handleCall(f Frame) error {
 		r.Buf, r.release = buf, release
 		if c.Out {
 			out, rel, err := s.table.Acquire(c.OutSegment, c.OutOffset, resultBytes)
-			if err == nil {
-				err = checkOverlap(&d, buf, out, r.WorldRank, int(s.helloOK.WorldSize))
-			}
 			if err != nil {
-				if rel != nil {
-					rel()
-				}
 				release()
 				r.Buf, r.release = nil, nil
 				s.recycle(r)
@@ -354,62 +322,4 @@ func (s *Session) segmentError(d collective.Desc, err error) error {
 		return Errorf(CodeBadSegment, "CALL %s: %v", d, err)
 	}
 	return Errorf(CodeInternal, "CALL %s: %v", d, err)
-}
-
-// checkVersion refuses what the connection's protocol version does not
-// have: the extension flag (an undefined flag before version 3), and op,
-// dtype and reduce codes of a later version.
-func (s *Session) checkVersion(flags uint8, c *Call) error {
-	v := int(s.hello.Version)
-	if v >= 3 {
-		return nil
-	}
-	d := &c.Desc
-	switch {
-	case flags&CallFlagExt != 0:
-		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits in protocol version %d (the extension needs 3)", flags, v)
-	case d.Op == collective.OpAllGather:
-		return Errorf(CodeUnsupported, "CALL: allgather needs protocol version 3; this connection speaks %d", v)
-	case d.Op.Since() > v:
-		return Errorf(CodeBadRequest, "CALL: op code %d (%s) needs protocol version %d; this connection speaks %d", uint8(d.Op), d.Op, d.Op.Since(), v)
-	case d.DType.Since() > v && d.DType.Valid():
-		return Errorf(CodeBadRequest, "CALL: dtype code %d (%s) needs protocol version %d; this connection speaks %d", uint8(d.DType), d.DType, d.DType.Since(), v)
-	case d.Reduce.Since() > v && d.Reduce.Valid():
-		return Errorf(CodeBadRequest, "CALL: reduce op code %d (%s) needs protocol version %d; this connection speaks %d", uint8(d.Reduce), d.Reduce, d.Reduce.Since(), v)
-	}
-	return nil
-}
-
-// checkOverlap refuses an input and a result span that overlap, except
-// in place: an allgather whose input is the caller's own block of the
-// result, a reduce_scatter whose result is the caller's own block of the
-// input.
-func checkOverlap(d *collective.Desc, in, out []byte, rank, world int) error {
-	if len(in) == 0 || len(out) == 0 {
-		return nil
-	}
-	a0, b0 := uintptr(unsafe.Pointer(&in[0])), uintptr(unsafe.Pointer(&out[0]))
-	a1, b1 := a0+uintptr(len(in)), b0+uintptr(len(out))
-	if a1 <= b0 || b1 <= a0 {
-		return nil
-	}
-	es := uintptr(d.DType.Size())
-	var before uint64 // elements of the ranks before the caller
-	for w := 0; w < rank; w++ {
-		switch {
-		case d.Counts != nil:
-			before += d.Counts[w]
-		case d.Op == collective.OpAllGather:
-			before += d.Count
-		default:
-			before += d.Count / uint64(world)
-		}
-	}
-	own := uintptr(before) * es
-	if d.Op == collective.OpAllGather && a0 == b0+own && a1-a0 == uintptr(d.Count)*es ||
-		d.Op == collective.OpReduceScatter && b0 == a0+own {
-		return nil
-	}
-	return Errorf(CodeBadRequest, "CALL %s: the input and result spans overlap, and the input is not in place (the caller's own block at byte %d of the %s)", *d, own,
-		map[bool]string{true: "result", false: "input"}[d.Op == collective.OpAllGather])
 }

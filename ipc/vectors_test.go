@@ -20,6 +20,16 @@ type vector struct {
 	FD        bool                       `json:"fd"`
 	Error     string                     `json:"error"`
 	Valid     *bool                      `json:"valid"`
+	// Context is the connection a vector is read on (version 3, world
+	// unstated, when absent); Refused names the code the daemon answers a
+	// well-formed CALL with in that context.
+	Context struct {
+		WorldSize         int `json:"world_size"`
+		WorldRank         int `json:"world_rank"`
+		ConnectionVersion int `json:"connection_version"`
+	} `json:"context"`
+	Refused string `json:"refused"`
+	Rule    string `json:"rule"`
 }
 
 // vectorChecks maps a vector's check name to words our messages use for it.
@@ -32,11 +42,25 @@ var vectorChecks = map[string][]string{
 	"payload_length":     {"payload is", "runs past", "after the"},
 	"inline_data_length": {"inline data is"},
 	"bad_version":        {"protocol version"},
+	"bad_ndim":           {"dimensions"},
 }
 
 // decodeAny decodes a whole frame with the pre-HELLO bound and re-encodes
 // it with our encoder; it returns the re-encoded frame and the fields.
 func decodeAny(b []byte) (Header, map[string]any, []byte, error) {
+	h, _, f, out, err := decodeCallable(b, 3)
+	return h, f, out, err
+}
+
+// decodeCallable is decodeAny on a connection of the given version; it
+// also returns a decoded CALL for the daemon's further checks.
+func decodeCallable(b []byte, version int) (Header, *Call, map[string]any, []byte, error) {
+	var call *Call
+	h, f, out, err := decodeFrame(b, version, &call)
+	return h, call, f, out, err
+}
+
+func decodeFrame(b []byte, version int, callOut **Call) (Header, map[string]any, []byte, error) {
 	h, err := DecodeHeader(b, MaxHelloFrame)
 	if err != nil {
 		return h, nil, nil, err
@@ -128,20 +152,40 @@ func decodeAny(b []byte) (Header, map[string]any, []byte, error) {
 		f["json"] = string(m.JSON)
 		out = m.Encode(h.ID)
 	case TypeCall:
-		var m Call
-		if err := DecodeCall(p, &m, nil); err != nil {
+		if err := CheckExtFlag(p, version); err != nil {
 			return h, nil, nil, err
 		}
-		flags := uint64(0)
-		if m.SHM {
-			flags = 1
+		m := new(Call)
+		if err := DecodeCall(p, m, nil); err != nil {
+			return h, nil, nil, err
 		}
+		*callOut = m
+		flags := uint64(p[3]) // the EXT bit is the sender's choice when the extension is empty
 		f = map[string]any{"op": uint64(m.Desc.Op), "dtype": uint64(m.Desc.DType), "reduce": uint64(m.Desc.Reduce),
 			"flags": flags, "root": uint64(m.Desc.Root), "count": m.Desc.Count, "name": m.Desc.Name}
 		if m.SHM {
 			f["segment"], f["offset"] = uint64(m.Segment), m.Offset
+			if m.Out {
+				f["out_segment"], f["out_offset"] = uint64(m.OutSegment), m.OutOffset
+			}
 		} else {
 			f["data"] = hex.EncodeToString(m.Data)
+		}
+		if p[3]&CallFlagExt != 0 {
+			var xf uint64
+			if m.Desc.Counts != nil {
+				xf |= uint64(extCounts)
+				f["counts"] = m.Desc.Counts
+			}
+			if m.Desc.Scaled() {
+				xf |= uint64(extScale)
+				f["prescale"], f["postscale"] = orOne(m.Desc.PreScale), orOne(m.Desc.PostScale)
+			}
+			if m.Out {
+				xf |= uint64(extOut)
+			}
+			f["xflags"] = xf
+			f["dims"] = append([]uint64{}, m.Desc.Shape.Slice()...)
 		}
 		out = m.Encode(h.ID)
 	case TypeCallOK:
@@ -183,7 +227,15 @@ func TestSharedVectors(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", v.Name, err)
 		}
-		h, fields, out, err := decodeAny(b)
+		version := 3
+		if v.Context.ConnectionVersion != 0 {
+			version = v.Context.ConnectionVersion
+		}
+		h, call, fields, out, err := decodeCallable(b, version)
+		if v.Refused != "" {
+			checkRefused(t, v, call, err)
+			continue
+		}
 		if v.Valid != nil && !*v.Valid {
 			words := vectorChecks[v.Error]
 			if words == nil {
@@ -234,6 +286,15 @@ func TestSharedVectors(t *testing.T) {
 			}
 			var same bool
 			switch g := got.(type) {
+			case []uint64:
+				var w []uint64
+				same = json.Unmarshal(rawv, &w) == nil && len(w) == len(g)
+				for i := 0; same && i < len(w); i++ {
+					same = w[i] == g[i]
+				}
+			case float64:
+				var w float64
+				same = json.Unmarshal(rawv, &w) == nil && w == g
 			case string:
 				var w string
 				same = json.Unmarshal(rawv, &w) == nil && w == g
@@ -248,5 +309,28 @@ func TestSharedVectors(t *testing.T) {
 				t.Errorf("%s: %s = %v, vector says %s", v.Name, k, got, rawv)
 			}
 		}
+	}
+}
+
+// checkRefused checks a well-formed CALL the daemon refuses in the
+// vector's context: decoding or CheckCall gives the vector's code, not
+// fatal.
+func checkRefused(t *testing.T, v vector, call *Call, decodeErr error) {
+	t.Helper()
+	err := decodeErr
+	if err == nil {
+		if call == nil {
+			t.Errorf("%s: refused vector is not a CALL", v.Name)
+			return
+		}
+		version := 3
+		if v.Context.ConnectionVersion != 0 {
+			version = v.Context.ConnectionVersion
+		}
+		err = CheckCall(call, CallLimits{Version: version, WorldSize: v.Context.WorldSize, WorldRank: v.Context.WorldRank, InlineLimit: 1 << 16})
+	}
+	var e *Error
+	if !errors.As(err, &e) || e.Code.String() != v.Refused || e.Fatal {
+		t.Errorf("%s (%s): %v, want a non-fatal %s", v.Name, v.Rule, err, v.Refused)
 	}
 }

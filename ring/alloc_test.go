@@ -115,8 +115,20 @@ func BenchmarkAllReduce(b *testing.B) {
 }
 
 func benchAllReduce(b *testing.B, n, streams, size int, tweak func(*Config)) {
+	benchAllReduceOf(b, collective.Float32, n, streams, size, tweak)
+}
+
+// BenchmarkAllReduceElements: 16 Mi elements in world 2, float32 against
+// the 16-bit floats (half the bytes, computed in float32).
+func BenchmarkAllReduceElements(b *testing.B) {
+	for _, dt := range []collective.DType{collective.Float32, collective.BFloat16, collective.Float16} {
+		b.Run(dt.String(), func(b *testing.B) { benchAllReduceOf(b, dt, 2, 1, 16<<20*dt.Size(), nil) })
+	}
+}
+
+func benchAllReduceOf(b *testing.B, dt collective.DType, n, streams, size int, tweak func(*Config)) {
 	rings := newWorld(b, worldOpts{n: n, streams: streams, tweak: tweak})
-	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}
+	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: collective.Sum, Count: uint64(size / dt.Size())}
 	bufs := make([][]byte, n)
 	for i := range bufs {
 		bufs[i] = make([]byte, size)

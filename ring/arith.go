@@ -3,6 +3,7 @@ package ring
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 
 	"github.com/collectived/collectived/collective"
 )
@@ -29,11 +30,16 @@ type folder struct {
 	// pre, div and post are the prescale, avg's divisor and the postscale;
 	// 0 where there is none.
 	pre, div, post float64
+	// f32 is the float32 working space of the 16-bit types.
+	f32 *halfScratch
 }
 
-func newFolder(d *collective.Desc, first []byte, others [][]byte, back bool, ranks int) folder {
+// halfScratch holds a block's float32 accumulator and operand.
+type halfScratch struct{ acc, v [block]float32 }
+
+func newFolder(d *collective.Desc, first []byte, others [][]byte, back bool, ranks int, f32 *halfScratch) folder {
 	f := folder{k: kernelFor(d.DType, d.Reduce), dt: d.DType, op: d.Reduce, half: d.DType.Half(),
-		first: first, others: others, back: back, pre: d.PreScale, post: d.PostScale}
+		first: first, others: others, back: back, pre: d.PreScale, post: d.PostScale, f32: f32}
 	if f.pre == 1 {
 		f.pre = 0
 	}
@@ -64,6 +70,13 @@ func (f *folder) input(i int, seg []byte, off int) []byte {
 // local sets seg, the working buffer's bytes at off, to the fold of the
 // local inputs there, in local-rank order, prescaled.
 func (f *folder) local(seg []byte, off int) {
+	if f.half && len(f.others) == 0 && f.pre == 0 {
+		// One input, no arithmetic: the input itself, unchanged.
+		if f.first != nil {
+			copy(seg, f.first[off:off+len(seg)])
+		}
+		return
+	}
 	if f.half {
 		f.fold16(seg, nil, off, false)
 		return
@@ -153,8 +166,24 @@ const block = 256
 // lead (op) (pre*x_0 (op) pre*x_1 ...), computed in float32, lead the
 // received partial (nil: none); final divides and scales before rounding.
 func (f *folder) fold16(dst, lead []byte, off int, final bool) {
-	var acc, v [block]float32
 	n := len(dst) / 2
+	if lead != nil && f.sumsTwo(final) {
+		// One local input (in dst), a sum, nothing to scale: the fused
+		// vector loop, then the tail the usual way.
+		v := n &^ 7
+		if v > 0 {
+			if f.dt == collective.BFloat16 {
+				addBF16(&dst[0], &lead[0], &dst[0], v)
+			} else {
+				addF16(&dst[0], &lead[0], &dst[0], v)
+			}
+		}
+		if v == n {
+			return
+		}
+		dst, lead, off, n = dst[2*v:], lead[2*v:], off+2*v, n-v
+	}
+	acc, v := &f.f32.acc, &f.f32.v
 	pre := float32(f.pre)
 	for b := 0; b < n; b += block {
 		m := min(block, n-b)
@@ -181,10 +210,18 @@ func (f *folder) fold16(dst, lead []byte, off int, final bool) {
 	}
 }
 
+// sumsTwo reports whether a combine is round(received + dst) alone, which
+// the fused vector loops compute.
+func (f *folder) sumsTwo(final bool) bool {
+	vec := f.dt == collective.BFloat16 && halfVec.bf16 || f.dt == collective.Float16 && halfVec.f16
+	return vec && littleEndianHost && f.first == nil && len(f.others) == 0 && f.pre == 0 &&
+		(f.op == collective.Sum || f.op == collective.Avg) && !(final && f.scales())
+}
+
 // sum16 is total for the 16-bit floats: one float32 fold of every part,
 // rounded once.
 func (f *folder) sum16(dst []byte, parts func(i int) []byte, n int) {
-	var acc, v [block]float32
+	acc, v := &f.f32.acc, &f.f32.v
 	count := len(dst) / 2
 	for b := 0; b < count; b += block {
 		m := min(block, count-b)
@@ -211,7 +248,22 @@ func (f *folder) finish32(acc []float32) {
 	}
 }
 
+// halfVec tells which 16-bit types have vector conversions on this CPU
+// (half_amd64.go).
+var halfVec struct{ bf16, f16 bool }
+
 func (f *folder) widen(dst []float32, src []byte) {
+	if v := len(dst) &^ 7; v > 0 && littleEndianHost {
+		switch {
+		case f.dt == collective.BFloat16 && halfVec.bf16:
+			widenBF16(&dst[0], &src[0], v)
+		case f.dt == collective.Float16 && halfVec.f16:
+			widenF16(&dst[0], &src[0], v)
+		default:
+			v = 0
+		}
+		dst, src = dst[v:], src[2*v:]
+	}
 	h, ok := view[uint16](src[:2*len(dst)])
 	if !ok {
 		f.widenSlow(dst, src)
@@ -230,6 +282,17 @@ func (f *folder) widen(dst []float32, src []byte) {
 }
 
 func (f *folder) narrow(dst []byte, src []float32) {
+	if v := len(src) &^ 7; v > 0 && littleEndianHost {
+		switch {
+		case f.dt == collective.BFloat16 && halfVec.bf16:
+			narrowBF16(&dst[0], &src[0], v)
+		case f.dt == collective.Float16 && halfVec.f16:
+			narrowF16(&dst[0], &src[0], v)
+		default:
+			v = 0
+		}
+		dst, src = dst[2*v:], src[v:]
+	}
 	h, ok := view[uint16](dst[:2*len(src)])
 	if !ok {
 		f.narrowSlow(dst, src)
@@ -280,23 +343,26 @@ func mulBy(x []float32, s float32) {
 	}
 }
 
-// combine32 sets d[i] = a[i] (op) b[i] in float32; max and min propagate
-// NaN as the kernels do.
+// combine32 sets d[i] = a[i] (op) b[i] in float32, with the float32
+// kernels (vector code where the CPU has it); max and min propagate NaN
+// as the kernels do.
 func combine32(op collective.ReduceOp, d, a, b []float32) {
-	switch op {
-	case collective.Sum, collective.Avg:
-		sumT(d, a, b)
-	case collective.Prod:
-		prodT(d, a, b)
-	case collective.Max:
-		maxT(d, a, b)
-	case collective.Min:
-		minT(d, a, b)
+	if op == collective.Avg {
+		op = collective.Sum
 	}
+	kernelFor(collective.Float32, op)(f32bytes(d), f32bytes(a), f32bytes(b))
+}
+
+func f32bytes(x []float32) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))
 }
 
 // halfKernels are the pairwise kernels of a 16-bit float type, for
-// Reduce: each element computed in float32 and rounded.
+// Reduce: each element computed in float32 and rounded. (Their float32
+// space escapes to the heap: Reduce is not on the ring's data path.)
 func halfKernels(dt collective.DType) [6]kernel {
 	var ks [6]kernel
 	for op := collective.Sum; op <= collective.Avg; op++ {

@@ -13,7 +13,7 @@ func BenchmarkCombine(b *testing.B) {
 		b.Run(dt.String(), func(b *testing.B) {
 			n := 1 << 20
 			d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: collective.Sum, Count: uint64(n)}
-			f := newFolder(&d, nil, nil, true, 2)
+			f := newFolder(&d, nil, nil, true, 2, new(halfScratch))
 			dst := make([]byte, n*dt.Size())
 			recv := make([]byte, n*dt.Size())
 			b.SetBytes(int64(len(dst)))

@@ -163,7 +163,7 @@ func (r *Ring) ReduceScatterLocal(d collective.Desc, work []byte, ins [][]byte) 
 			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(in), len(work), collective.ErrInvalid)
 		}
 	}
-	f := newFolder(&d, ins[0], ins[1:], false, r.ranks())
+	f := newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32)
 	b := r.blocksOf(&d)
 	if err := r.begin(&d); err != nil {
 		return err

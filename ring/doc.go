@@ -177,7 +177,9 @@
 // and bfloat16 (arith.go) compute in float32 and round to their type
 // exactly where a value is written: the partial a rank sends (the small
 // path's x_i; the large path's partial of every hop), and the final
-// value, once, after finishing. No other rounding happens in between.
+// value, once, after finishing. No other rounding happens in between, and
+// a value no arithmetic touched (one local input, no prescale) is passed
+// on as it came.
 //
 // Integer sums and products wrap (two's complement). Max and min
 // propagate NaN: if either operand is NaN the result is NaN. Which NaN,

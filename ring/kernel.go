@@ -34,10 +34,16 @@ var portable = [...][6]kernel{
 	collective.Int32:    {collective.Sum: i32Sum, collective.Prod: i32Prod, collective.Max: i32Max, collective.Min: i32Min},
 	collective.Int64:    {collective.Sum: i64Sum, collective.Prod: i64Prod, collective.Max: i64Max, collective.Min: i64Min},
 	collective.Bytes:    {},
-	collective.Float16:  halfKernels(collective.Float16),
-	collective.BFloat16: halfKernels(collective.BFloat16),
+	collective.Float16:  {}, // halfKernels, set by init: they use the float32 kernels
+	collective.BFloat16: {},
 	collective.Int8:     {collective.Sum: bytesKernel(sumT[int8]), collective.Prod: bytesKernel(prodT[int8]), collective.Max: bytesKernel(maxT[int8]), collective.Min: bytesKernel(minT[int8])},
 	collective.Uint8:    {collective.Sum: bytesKernel(sumT[uint8]), collective.Prod: bytesKernel(prodT[uint8]), collective.Max: bytesKernel(maxT[uint8]), collective.Min: bytesKernel(minT[uint8])},
+}
+
+func init() {
+	portable[collective.Float16] = halfKernels(collective.Float16)
+	portable[collective.BFloat16] = halfKernels(collective.BFloat16)
+	kernels[collective.Float16], kernels[collective.BFloat16] = portable[collective.Float16], portable[collective.BFloat16]
 }
 
 // bytesKernel runs a kernel on one-byte elements, which need no alignment.

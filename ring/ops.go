@@ -182,7 +182,7 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bo
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
-	return r.reduceOp(&d, buf, newFolder(&d, nil, others, true, r.ranks()), lent, stop)
+	return r.reduceOp(&d, buf, newFolder(&d, nil, others, true, r.ranks(), &r.f32), lent, stop)
 }
 
 // ReduceLocal is the reduction of a reduce (d.Op is collective.OpReduce):
@@ -203,7 +203,7 @@ func (r *Ring) ReduceLocal(d collective.Desc, work []byte, ins [][]byte) error {
 			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(b), len(work), collective.ErrInvalid)
 		}
 	}
-	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks()), false, nil)
+	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32), false, nil)
 }
 
 // ranks is the number of world ranks the ring serves: avg's divisor.

@@ -33,6 +33,10 @@ type Links struct {
 // under way. Abort, Err, Status, Generation and Close may be called from
 // any goroutine.
 type Ring struct {
+	// f32 is the 16-bit floats' float32 working space (arith.go), kept
+	// here so that the op goroutine's reductions allocate nothing.
+	f32 halfScratch
+
 	cfg        Config
 	log        *slog.Logger
 	rank, size int

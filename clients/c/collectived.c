@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -130,8 +131,94 @@ const char *cvd_frame_type_name(uint8_t type)
 
 size_t cvd_dtype_size(int dtype)
 {
-	static const size_t sizes[] = {0, 4, 8, 4, 8, 1};
-	return (dtype >= 0 && dtype <= CVD_BYTES) ? sizes[dtype] : 0;
+	static const size_t sizes[] = {0, 4, 8, 4, 8, 1, 2, 2, 1, 1};
+	return (dtype >= 0 && dtype <= CVD_UINT8) ? sizes[dtype] : 0;
+}
+
+static const char *dtype_name(int dtype)
+{
+	static const char *const names[] = {"none", "float32", "float64", "int32", "int64", "bytes",
+					    "float16", "bfloat16", "int8", "uint8"};
+	return (dtype >= 0 && dtype <= CVD_UINT8) ? names[dtype] : "unknown";
+}
+
+static const char *op_name(int op)
+{
+	static const char *const names[] = {"none", "allreduce", "broadcast", "allgather", "barrier",
+					    "reduce_scatter", "reduce"};
+	return (op >= 0 && op <= CVD_REDUCE) ? names[op] : "unknown";
+}
+
+static const char *reduce_name(int r)
+{
+	static const char *const names[] = {"none", "sum", "prod", "max", "min", "avg"};
+	return (r >= 0 && r <= CVD_AVG) ? names[r] : "unknown";
+}
+
+uint64_t cvd_call_ext_count(const cvd_call_ext *x, uint32_t i)
+{
+	if (x->counts)
+		return x->counts[i];
+	return x->counts_le ? get64(x->counts_le + 8 * (size_t)i) : 0;
+}
+
+static double get_f64(const uint8_t *p)
+{
+	uint64_t u = get64(p);
+	double d;
+	memcpy(&d, &u, sizeof d);
+	return d;
+}
+
+static void put_f64(uint8_t *p, double d)
+{
+	uint64_t u;
+	memcpy(&u, &d, sizeof u);
+	put64(p, u);
+}
+
+/* Bytes of an extension (without the SHM spans), or (size_t)-1 if it
+ * cannot be encoded. */
+static size_t ext_len(const cvd_call_ext *x)
+{
+	size_t n;
+	if (!x || x->ndim > CVD_MAX_NDIM || (x->xflags & ~(CVD_X_COUNTS | CVD_X_SCALE | CVD_X_OUT)))
+		return (size_t)-1;
+	n = 4 + 8 * (size_t)x->ndim;
+	if (x->xflags & CVD_X_COUNTS) {
+		if (x->ncounts && !x->counts && !x->counts_le)
+			return (size_t)-1;
+		if ((size_t)x->ncounts > ((size_t)-1 - 64) / 8 - n)
+			return (size_t)-1;
+		n += 8 + 8 * (size_t)x->ncounts;
+	}
+	if (x->xflags & CVD_X_SCALE)
+		n += 16;
+	return n;
+}
+
+/* Write the extension at o; returns its length. */
+static size_t put_ext(uint8_t *o, const cvd_call_ext *x)
+{
+	size_t off = 4, i;
+	o[0] = x->ndim;
+	o[1] = x->xflags;
+	put16(o + 2, 0);
+	for (i = 0; i < x->ndim; i++, off += 8)
+		put64(o + off, x->dims[i]);
+	if (x->xflags & CVD_X_COUNTS) {
+		put32(o + off, x->ncounts);
+		put32(o + off + 4, 0);
+		off += 8;
+		for (i = 0; i < x->ncounts; i++, off += 8)
+			put64(o + off, cvd_call_ext_count(x, (uint32_t)i));
+	}
+	if (x->xflags & CVD_X_SCALE) {
+		put_f64(o + off, x->prescale);
+		put_f64(o + off + 8, x->postscale);
+		off += 16;
+	}
+	return off;
 }
 
 int cvd_frame_header(const uint8_t *hdr, uint32_t max_len, cvd_frame *f, uint32_t *length,
@@ -180,8 +267,19 @@ static size_t hello_ok_len(unsigned v)
 
 int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err)
 {
+	return cvd_frame_payload_ext(f, p, len, CVD_PROTOCOL_VERSION, NULL, err);
+}
+
+int cvd_frame_payload_ext(cvd_frame *f, const uint8_t *p, size_t len, unsigned version,
+			  cvd_call_ext *xout, cvd_error *err)
+{
 	const char *name = cvd_frame_type_name(f->type);
-	size_t off, esize;
+	size_t off, esize, i;
+	cvd_call_ext xlocal, *x = xout ? xout : &xlocal;
+	unsigned defined;
+	if (version == 0)
+		version = CVD_PROTOCOL_VERSION;
+	memset(x, 0, sizeof *x);
 	switch (f->type) {
 	case CVD_T_HELLO:
 		NEED(17, "the fixed fields and job length");
@@ -258,23 +356,84 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err
 		f->dtype = p[1];
 		f->reduce = p[2];
 		f->flags = p[3];
-		if (f->flags & ~CVD_CALL_SHM)
+		defined = CVD_CALL_SHM | (version >= 3 ? CVD_CALL_EXT : 0);
+		if (f->flags & ~defined) {
+			if (!(f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT)))
+				return frame_err(err, "bad_flags", "CALL flag EXT (0x02) needs protocol version 3; "
+						 "this connection speaks %u", version);
 			return frame_err(err, "bad_flags", "CALL flags 0x%02x not defined", f->flags);
+		}
 		f->root = get32(p + 4);
 		f->count = get64(p + 8);
 		f->name_len = p[16];
 		NEED(17 + f->name_len, "the name");
 		f->name = p + 17;
 		off = 17 + f->name_len;
+		if (f->flags & CVD_CALL_EXT) {
+			if (len < off + 4)
+				return frame_err(err, "payload_length", "CALL payload is %lu bytes, too short for "
+						 "the extension (4 bytes after the name)", (unsigned long)len);
+			x->ndim = p[off];
+			x->xflags = p[off + 1];
+			if (x->xflags & ~(CVD_X_COUNTS | CVD_X_SCALE | CVD_X_OUT))
+				return frame_err(err, "bad_flags", "CALL extension xflags 0x%02x not defined",
+						 x->xflags);
+			ZERO(get16(p + off + 2), "extension reserved field");
+			if (x->ndim > CVD_MAX_NDIM) /* well formed perhaps, but no shape has them */
+				return frame_err(err, "bad_ndim", "CALL shape has %u dimensions, at most %d",
+						 x->ndim, CVD_MAX_NDIM);
+			off += 4;
+			if (len - off < 8 * (size_t)x->ndim)
+				return frame_err(err, "payload_length", "CALL shape of %u dimensions runs past "
+						 "the %lu-byte payload", x->ndim, (unsigned long)len);
+			for (i = 0; i < x->ndim; i++, off += 8)
+				x->dims[i] = get64(p + off);
+			if (x->xflags & CVD_X_COUNTS) {
+				if (len - off < 8)
+					return frame_err(err, "payload_length", "CALL payload is %lu bytes, too "
+							 "short for ncounts", (unsigned long)len);
+				x->ncounts = get32(p + off);
+				ZERO(get32(p + off + 4), "counts reserved field");
+				off += 8;
+				/* by division: no 8 * ncounts is formed that could wrap */
+				if ((len - off) / 8 < x->ncounts)
+					return frame_err(err, "payload_length", "CALL counts (%lu) run past the "
+							 "%lu-byte payload", (unsigned long)x->ncounts,
+							 (unsigned long)len);
+				x->counts_le = p + off;
+				off += 8 * (size_t)x->ncounts;
+			}
+			if (x->xflags & CVD_X_SCALE) {
+				if (len - off < 16)
+					return frame_err(err, "payload_length", "CALL payload is %lu bytes, too "
+							 "short for prescale and postscale", (unsigned long)len);
+				x->prescale = get_f64(p + off);
+				x->postscale = get_f64(p + off + 8);
+				off += 16;
+			}
+		}
 		if (f->flags & CVD_CALL_SHM) {
-			EXACT(off + 16);
+			/* the input span, then with OUT the result's */
+			int out = (f->flags & CVD_CALL_EXT) && (x->xflags & CVD_X_OUT);
+			if (len != off + (out ? 32 : 16))
+				return frame_err(err, "payload_length", "CALL payload is %lu bytes, must be %lu "
+						 "(a shared-memory call ends with %s)", (unsigned long)len,
+						 (unsigned long)(off + (out ? 32 : 16)),
+						 out ? "its input and OUT spans" : "its span");
 			f->segment = get32(p + off);
 			ZERO(get32(p + off + 4), "segment reserved field");
 			f->offset = get64(p + off + 8);
+			if (out) {
+				x->out_segment = get32(p + off + 16);
+				ZERO(get32(p + off + 20), "OUT segment reserved field");
+				x->out_offset = get64(p + off + 24);
+			}
 			return 0;
 		}
+		/* Inline: the rest is data (an inline call has no OUT block;
+		 * OUT set there is the daemon's BAD_REQUEST, not a frame error). */
 		esize = cvd_dtype_size(f->dtype);
-		if (f->dtype > CVD_BYTES && f->count != 0) /* well formed, length uncheckable */
+		if (f->dtype > CVD_UINT8 && f->count != 0) /* well formed, length uncheckable */
 			return frame_err(err, "bad_dtype", "CALL dtype code %u unknown", f->dtype);
 		f->data = p + off;
 		f->data_len = len - off;
@@ -319,6 +478,12 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *p, size_t len, cvd_error *err
 int cvd_frame_decode(const uint8_t *buf, size_t len, uint32_t max_len, cvd_frame *f,
 		     cvd_error *err)
 {
+	return cvd_frame_decode_ext(buf, len, max_len, CVD_PROTOCOL_VERSION, f, NULL, err);
+}
+
+int cvd_frame_decode_ext(const uint8_t *buf, size_t len, uint32_t max_len, unsigned version,
+			 cvd_frame *f, cvd_call_ext *x, cvd_error *err)
+{
 	uint32_t plen;
 	int rc;
 	if (len < CVD_HEADER_SIZE)
@@ -329,12 +494,14 @@ int cvd_frame_decode(const uint8_t *buf, size_t len, uint32_t max_len, cvd_frame
 	if (len - CVD_HEADER_SIZE != plen)
 		return frame_err(err, "payload_length", "header says %lu payload bytes, frame has %lu",
 				 (unsigned long)plen, (unsigned long)(len - CVD_HEADER_SIZE));
-	return cvd_frame_payload(f, buf + CVD_HEADER_SIZE, plen, err);
+	return cvd_frame_payload_ext(f, buf + CVD_HEADER_SIZE, plen, version, x, err);
 }
 
-/* Payload length of *f, or (size_t)-1 if it cannot be encoded. */
-static size_t payload_len(const cvd_frame *f)
+/* Payload length of *f (with x, its extension), or (size_t)-1 if it
+ * cannot be encoded. */
+static size_t payload_len(const cvd_frame *f, const cvd_call_ext *x)
 {
+	size_t xl = 0;
 	switch (f->type) {
 	case CVD_T_HELLO:
 		if (f->job_len > 255 || f->label_len > 255)
@@ -347,9 +514,15 @@ static size_t payload_len(const cvd_frame *f)
 	case CVD_T_LANE: case CVD_T_WAKE: case CVD_T_WAKE_CLIENT: return 0;
 	case CVD_T_LANE_OK: return 8;
 	case CVD_T_CALL:
-		if (f->name_len > 255)
+		if (f->name_len > 255 || (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT)))
 			return (size_t)-1;
-		return 17 + f->name_len + ((f->flags & CVD_CALL_SHM) ? 16 : f->data_len);
+		if (f->flags & CVD_CALL_EXT) {
+			if ((xl = ext_len(x)) == (size_t)-1)
+				return (size_t)-1;
+			if ((f->flags & CVD_CALL_SHM) && (x->xflags & CVD_X_OUT))
+				xl += 16;
+		}
+		return 17 + f->name_len + xl + ((f->flags & CVD_CALL_SHM) ? 16 : f->data_len);
 	case CVD_T_CALL_OK: return 16 + f->data_len;
 	case CVD_T_STATUS_OK: return f->data_len;
 	case CVD_T_ERROR: return 4 + f->data_len;
@@ -357,8 +530,9 @@ static size_t payload_len(const cvd_frame *f)
 	return (size_t)-1;
 }
 
-/* Header and payload up to (not including) the CALL inline data. */
-static size_t encode_prefix(const cvd_frame *f, uint8_t *o, size_t plen)
+/* Header and payload up to (not including) the CALL inline data; x is
+ * the CALL's extension (with CVD_CALL_EXT). */
+static size_t encode_prefix(const cvd_frame *f, const cvd_call_ext *x, uint8_t *o, size_t plen)
 {
 	size_t off;
 	put32(o, (uint32_t)plen);
@@ -423,10 +597,17 @@ static size_t encode_prefix(const cvd_frame *f, uint8_t *o, size_t plen)
 		if (f->name_len)
 			memcpy(o + 17, f->name, f->name_len);
 		off = 17 + f->name_len;
+		if (f->flags & CVD_CALL_EXT)
+			off += put_ext(o + off, x);
 		if (f->flags & CVD_CALL_SHM) {
 			put32(o + off, f->segment);
 			put32(o + off + 4, 0);
 			put64(o + off + 8, f->offset);
+			if ((f->flags & CVD_CALL_EXT) && (x->xflags & CVD_X_OUT)) {
+				put32(o + off + 16, x->out_segment);
+				put32(o + off + 20, 0);
+				put64(o + off + 24, x->out_offset);
+			}
 			return CVD_HEADER_SIZE + plen;
 		}
 		return CVD_HEADER_SIZE + off;
@@ -445,12 +626,17 @@ static size_t encode_prefix(const cvd_frame *f, uint8_t *o, size_t plen)
 
 size_t cvd_frame_encode(const cvd_frame *f, uint8_t *out, size_t cap)
 {
-	size_t plen = payload_len(f), pre;
+	return cvd_frame_encode_ext(f, NULL, out, cap);
+}
+
+size_t cvd_frame_encode_ext(const cvd_frame *f, const cvd_call_ext *x, uint8_t *out, size_t cap)
+{
+	size_t plen = payload_len(f, x), pre;
 	if (plen == (size_t)-1 || plen > 0xffffffffu)
 		return 0;
 	if (cap < CVD_HEADER_SIZE + plen)
 		return CVD_HEADER_SIZE + plen;
-	pre = encode_prefix(f, out, plen);
+	pre = encode_prefix(f, x, out, plen);
 	if (pre < CVD_HEADER_SIZE + plen && f->data_len)
 		memcpy(out + pre, f->data, f->data_len);
 	return CVD_HEADER_SIZE + plen;
@@ -475,9 +661,11 @@ struct cvd_request {
 	int user;      /* returned to the caller (else internal) */
 	int orphan;    /* nobody waits any more: freed when the reply arrives */
 	cvd_error err; /* err.code != 0: failed */
-	uint8_t *copy_back;  /* inline call: result lands here */
-	size_t nbytes;
+	int inline_call;     /* CALL: its data went in the frame, its result comes in CALL_OK */
+	uint8_t *copy_back;  /* CALL: the result lands here (NULL: already in place) */
+	size_t nbytes;       /* ... this many bytes of it */
 	seg *scratch;        /* scratch call: copy back from it, then release */
+	size_t scratch_off;  /* where in the scratch segment the result lies */
 	uint32_t generation;
 	uint64_t seq;
 	uint32_t segment;    /* ALLOC_OK/REGISTER_OK */
@@ -808,30 +996,30 @@ static int dispatch(cvd_client *c, const cvd_frame *f)
 		c->info.generation = f->generation;
 		r->generation = f->generation;
 		r->seq = f->seq;
-		if (r->scratch) { /* the result is in the scratch segment: copy it out */
-			if (f->data_len) {
-				set_err(&e, CVD_E_PROTOCOL, "CALL_OK for a shared-memory call carries %lu bytes",
-					(unsigned long)f->data_len);
-				req_fail(r, &e);
-				goto out;
-			}
-			memcpy(r->copy_back, r->scratch->base, r->nbytes);
-			r->scratch->busy = 0;
-			r->scratch = NULL;
-		} else if (r->copy_back) {
+		if (r->inline_call) {
+			/* the result: as long as the op table says (the request's
+			 * data length, but for allgather and reduce_scatter) */
 			if (f->data_len != r->nbytes) {
-				set_err(&e, CVD_E_PROTOCOL, "CALL_OK result is %lu bytes, the call sent %lu",
+				set_err(&e, CVD_E_PROTOCOL, "CALL_OK result is %lu bytes, the call expects %lu",
 					(unsigned long)f->data_len, (unsigned long)r->nbytes);
 				req_fail(r, &e);
 				goto out;
 			}
 			if (r->nbytes)
 				memcpy(r->copy_back, f->data, r->nbytes);
-		} else if (f->data_len) {
+			break;
+		}
+		if (f->data_len) {
 			set_err(&e, CVD_E_PROTOCOL, "CALL_OK for a shared-memory call carries %lu bytes",
 				(unsigned long)f->data_len);
 			req_fail(r, &e);
 			goto out;
+		}
+		if (r->scratch) { /* the result is in the scratch segment: copy it out */
+			if (r->copy_back && r->nbytes)
+				memcpy(r->copy_back, r->scratch->base + r->scratch_off, r->nbytes);
+			r->scratch->busy = 0;
+			r->scratch = NULL;
 		}
 		break;
 	case CVD_T_STATUS_OK:
@@ -1766,85 +1954,330 @@ static seg *take_scratch(cvd_client *c, size_t n, cvd_error *err)
 
 /* ------------------------------------------------------------------ calls */
 
-cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
+void cvd_call_opts_init(cvd_call_opts *o) { memset(o, 0, sizeof *o); }
+
+static int is_float(int dtype)
 {
-	uint8_t pre[CVD_HEADER_SIZE + 17 + 255 + 16];
+	return dtype == CVD_FLOAT32 || dtype == CVD_FLOAT64 || dtype == CVD_FLOAT16 || dtype == CVD_BFLOAT16;
+}
+
+/* What of this call needs protocol version 3 (NULL: nothing). */
+static const char *needs_v3(const cvd_call *call, int reduces, const uint64_t *counts, int shape, int scale,
+			    char *buf, size_t cap)
+{
+	if (call->op == CVD_ALLGATHER || call->op == CVD_REDUCE_SCATTER || call->op == CVD_REDUCE)
+		snprintf(buf, cap, "%s", op_name(call->op));
+	else if (call->op != CVD_BARRIER && call->dtype >= CVD_FLOAT16)
+		snprintf(buf, cap, "dtype %s", dtype_name(call->dtype));
+	else if (reduces && call->reduce == CVD_AVG)
+		snprintf(buf, cap, "reduce op avg");
+	else if (counts)
+		snprintf(buf, cap, "per-rank counts");
+	else if (shape)
+		snprintf(buf, cap, "a shape");
+	else if (scale)
+		snprintf(buf, cap, "prescale and postscale");
+	else
+		return NULL;
+	return buf;
+}
+
+/* The offset, in elements, of rank r's block: counts[0] + ... + counts[r-1]
+ * (the caller checked that the sum does not wrap), or r * each. */
+static uint64_t block_start(const uint64_t *counts, uint64_t each, uint32_t r)
+{
+	uint64_t sum = 0;
+	uint32_t i;
+	if (!counts)
+		return each * r;
+	for (i = 0; i < r; i++)
+		sum += counts[i];
+	return sum;
+}
+
+/* Start any call. fn names the caller's function in error messages. */
+static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
+			       const cvd_call_opts *opts, const char *fn, cvd_error *err)
+{
+	uint8_t pre_stack[CVD_HEADER_SIZE + 17 + 255 + 4 + 8 * CVD_MAX_NDIM + 8 + 16 + 32 + 8 * 16];
+	uint8_t *pre = pre_stack, *heap = NULL;
 	struct iovec iov[2];
 	cvd_frame f;
+	cvd_call_ext x;
 	cvd_request *r;
-	size_t esize, nbytes, name_len = call->name ? strlen(call->name) : 0;
-	seg *s = NULL;
-	int niov = 1;
-	if (call->op != CVD_ALLREDUCE && call->op != CVD_BROADCAST && call->op != CVD_BARRIER &&
-	    call->op != CVD_ALLGATHER) {
-		set_err(err, CVD_E_INVALID, "unknown collective code %d", (int)call->op);
+	const char *name = call->name ? call->name : (opts ? opts->name : NULL);
+	size_t esize, in_bytes, out_bytes = 0, name_len = name ? strlen(name) : 0, plen, prefix_len;
+	uint64_t out_count = 0, own_start = 0, sum = 0;
+	uint32_t w = c->info.world_size, rank = c->info.world_rank, i;
+	int op = (int)call->op, has_out = op == CVD_ALLGATHER || op == CVD_REDUCE_SCATTER;
+	int reduces = op == CVD_ALLREDUCE || op == CVD_REDUCE || op == CVD_REDUCE_SCATTER;
+	int niov = 1, shm = 0, scale = 0;
+	double pre_s = 1, post_s = 1;
+	size_t ndim = opts ? opts->ndim : 0;
+	seg *in_seg = NULL, *out_seg = NULL, *s = NULL;
+	size_t in_part = 0, out_part = 0; /* bytes of input and output copied through scratch */
+	char what[64];
+	const char *v3;
+
+	if (op < CVD_ALLREDUCE || op > CVD_REDUCE) {
+		set_err(err, CVD_E_INVALID, "%s: unknown collective code %d", fn, op);
 		return NULL;
 	}
 	esize = cvd_dtype_size(call->dtype);
-	if (call->op != CVD_BARRIER && esize == 0) {
-		set_err(err, CVD_E_INVALID, "unknown dtype code %d", (int)call->dtype);
+	if (op != CVD_BARRIER && esize == 0) {
+		set_err(err, CVD_E_INVALID, "%s: unknown dtype code %d", fn, (int)call->dtype);
 		return NULL;
 	}
 	if (name_len > 255) {
-		set_err(err, CVD_E_INVALID, "call name is %lu bytes, limit 255", (unsigned long)name_len);
+		set_err(err, CVD_E_INVALID, "%s: call name is %lu bytes, limit 255", fn, (unsigned long)name_len);
 		return NULL;
 	}
-	if (call->op == CVD_BARRIER ? call->count != 0 : (call->count && !call->buf)) {
-		set_err(err, CVD_E_INVALID, "%s", call->op == CVD_BARRIER ? "a barrier takes no buffer"
-								: "NULL buffer with a nonzero count");
+	if (op == CVD_BARRIER ? call->count != 0 : (call->count && !call->buf)) {
+		set_err(err, CVD_E_INVALID, "%s: %s", fn, op == CVD_BARRIER ? "a barrier takes no buffer"
+									: "NULL buffer with a nonzero count");
 		return NULL;
 	}
 	if (esize && call->count > (size_t)-1 / esize) {
-		set_err(err, CVD_E_INVALID, "count %lu overflows", (unsigned long)call->count);
+		set_err(err, CVD_E_INVALID, "%s: count %lu overflows", fn, (unsigned long)call->count);
 		return NULL;
 	}
-	nbytes = call->count * esize;
-	if (!(r = new_req(c, CVD_T_CALL_OK, err)))
+	in_bytes = call->count * esize;
+	if (opts) {
+		pre_s = opts->prescale == 0 ? 1 : opts->prescale;
+		post_s = opts->postscale == 0 ? 1 : opts->postscale;
+		scale = pre_s != 1 || post_s != 1;
+	}
+	v3 = needs_v3(call, reduces, counts, ndim != 0, scale, what, sizeof what);
+	if (v3 && c->info.version < 3) {
+		set_err(err, CVD_E_UNSUPPORTED, "%s: %s needs protocol version 3; the daemon speaks %u", fn, v3,
+			(unsigned)c->info.version);
 		return NULL;
-	r->user = 1;
-	r->call_bytes = nbytes;
-	memset(&f, 0, sizeof f);
-	f.type = CVD_T_CALL;
-	f.id = r->id;
-	f.op = (uint8_t)call->op;
-	f.dtype = (uint8_t)(call->op == CVD_BARRIER ? 0 : call->dtype);
-	f.reduce = (uint8_t)(call->op == CVD_ALLREDUCE ? call->reduce : 0);
-	f.root = call->op == CVD_BROADCAST ? call->root : 0;
-	f.count = call->count;
-	f.name = (const uint8_t *)call->name;
-	f.name_len = name_len;
-	if (nbytes)
-		s = find_seg(c, (const uint8_t *)call->buf, nbytes, esize);
-	if (s) {
-		f.flags = CVD_CALL_SHM;
-		f.segment = s->id;
-		f.offset = (uint64_t)((const uint8_t *)call->buf - s->base);
-	} else if (nbytes == 0 || (int64_t)nbytes <= c->inline_max ||
-		   (!(s = take_scratch(c, nbytes, err)) && nbytes <= c->info.inline_limit)) {
-		/* inline: within inline_max, or a call the daemon takes inline
-		 * that found no scratch segment free (take_scratch) */
-		f.data = (const uint8_t *)call->buf;
-		f.data_len = nbytes;
-		r->copy_back = (uint8_t *)call->buf;
-		r->nbytes = nbytes;
-	} else {
-		if (!s) {
-			free_req(r);
+	}
+	if (!has_out && (out || counts)) {
+		set_err(err, CVD_E_INVALID, "%s: %s takes %s", fn, op_name(op),
+			out ? "no output buffer (its result is in place)" : "no per-rank counts");
+		return NULL;
+	}
+	if (ndim > CVD_MAX_NDIM || (ndim && !opts->shape)) {
+		set_err(err, CVD_E_INVALID, "%s: a shape of %lu dimensions%s (at most %d)", fn, (unsigned long)ndim,
+			ndim && !opts->shape ? " without its dimensions" : "", CVD_MAX_NDIM);
+		return NULL;
+	}
+	if (ndim) {
+		/* the product, stopping before it could wrap */
+		uint64_t prod = 1;
+		int zero = 0, big = 0;
+		for (i = 0; i < ndim; i++) {
+			if (opts->shape[i] == 0)
+				zero = 1;
+			else if (!big && prod > UINT64_MAX / opts->shape[i])
+				big = 1;
+			else if (!big)
+				prod *= opts->shape[i];
+		}
+		if (zero ? call->count != 0 : (big || prod != (uint64_t)call->count)) {
+			set_err(err, CVD_E_INVALID, "%s: the shape's product is %s%llu, the count %lu", fn,
+				!zero && big ? "over " : "", zero ? 0ull : (unsigned long long)prod,
+				(unsigned long)call->count);
 			return NULL;
 		}
-		memcpy(s->base, call->buf, nbytes);
-		f.flags = CVD_CALL_SHM;
-		f.segment = s->id;
-		f.offset = 0;
+	}
+	if (scale && (!isfinite(pre_s) || !isfinite(post_s))) {
+		set_err(err, CVD_E_INVALID, "%s: prescale %g and postscale %g must be finite", fn, pre_s, post_s);
+		return NULL;
+	}
+	if (has_out) {
+		if (c->observer) {
+			set_err(err, CVD_E_INVALID, "%s: an observer takes no part in collectives", fn);
+			return NULL;
+		}
+		if (counts) {
+			for (i = 0; i < w; i++) {
+				if (counts[i] > UINT64_MAX - sum) {
+					set_err(err, CVD_E_INVALID, "%s: the counts' sum overflows", fn);
+					return NULL;
+				}
+				sum += counts[i];
+			}
+			if (op == CVD_ALLGATHER && counts[rank] != (uint64_t)call->count) {
+				set_err(err, CVD_E_INVALID, "%s: count %lu disagrees with counts[%lu] = %llu, this "
+					"rank's own", fn, (unsigned long)call->count, (unsigned long)rank,
+					(unsigned long long)counts[rank]);
+				return NULL;
+			}
+			if (op == CVD_REDUCE_SCATTER && sum != (uint64_t)call->count) {
+				set_err(err, CVD_E_INVALID, "%s: the counts sum to %llu, the count is %lu", fn,
+					(unsigned long long)sum, (unsigned long)call->count);
+				return NULL;
+			}
+			out_count = op == CVD_ALLGATHER ? sum : counts[rank];
+			own_start = block_start(counts, 0, rank);
+		} else if (op == CVD_ALLGATHER) {
+			if (w && call->count > UINT64_MAX / w) {
+				set_err(err, CVD_E_INVALID, "%s: count %lu times %lu ranks overflows", fn,
+					(unsigned long)call->count, (unsigned long)w);
+				return NULL;
+			}
+			out_count = (uint64_t)call->count * w;
+			own_start = (uint64_t)call->count * rank;
+		} else {
+			if (w == 0 || call->count % w != 0) {
+				set_err(err, CVD_E_INVALID, "%s: count %lu is not a multiple of the world size %lu", fn,
+					(unsigned long)call->count, (unsigned long)w);
+				return NULL;
+			}
+			out_count = call->count / w;
+			own_start = out_count * rank;
+		}
+		if (out_count > (uint64_t)((size_t)-1 / esize)) {
+			set_err(err, CVD_E_INVALID, "%s: a result of %llu elements overflows", fn,
+				(unsigned long long)out_count);
+			return NULL;
+		}
+		out_bytes = (size_t)out_count * esize;
+		if (out_bytes && !out) {
+			set_err(err, CVD_E_INVALID, "%s: %s needs an output buffer of %llu elements", fn,
+				op_name(op), (unsigned long long)out_count);
+			return NULL;
+		}
+	}
+
+	memset(&f, 0, sizeof f);
+	memset(&x, 0, sizeof x);
+	f.type = CVD_T_CALL;
+	f.op = (uint8_t)op;
+	f.dtype = (uint8_t)(op == CVD_BARRIER ? 0 : call->dtype);
+	f.reduce = (uint8_t)(reduces ? call->reduce : 0);
+	f.root = (op == CVD_BROADCAST || op == CVD_REDUCE) ? call->root : 0;
+	f.count = call->count;
+	f.name = (const uint8_t *)name;
+	f.name_len = name_len;
+	x.ndim = (uint8_t)ndim;
+	for (i = 0; i < ndim; i++)
+		x.dims[i] = opts->shape[i];
+	if (counts) {
+		x.xflags |= CVD_X_COUNTS;
+		x.ncounts = w;
+		x.counts = counts;
+	}
+	if (scale) {
+		x.xflags |= CVD_X_SCALE;
+		x.prescale = pre_s;
+		x.postscale = post_s;
+	}
+	if (ndim || counts || scale)
+		f.flags |= CVD_CALL_EXT;
+
+	/* Where the buffers go: both in segments (an empty one anywhere), the
+	 * spans only; else inline, or through a scratch segment. */
+	if (in_bytes)
+		in_seg = find_seg(c, (const uint8_t *)call->buf, in_bytes, esize);
+	if (out_bytes)
+		out_seg = find_seg(c, (const uint8_t *)out, out_bytes, esize);
+	if ((in_seg || out_seg) && (in_seg || !in_bytes) && (out_seg || !out_bytes)) {
+		shm = 1;
+	} else if (in_bytes || out_bytes) {
+		/* inline: the frame (its extension too) within max_frame, the
+		 * result within inline_limit */
+		int fits = in_bytes <= c->info.inline_limit && out_bytes <= c->info.inline_limit &&
+			   CVD_HEADER_SIZE + 17 + name_len + (f.flags & CVD_CALL_EXT ? ext_len(&x) : 0) + in_bytes <=
+				   (size_t)c->info.max_frame + CVD_HEADER_SIZE;
+		int small = (int64_t)in_bytes <= c->inline_max && (int64_t)out_bytes <= c->inline_max;
+		if (!(small && fits)) {
+			cvd_error se;
+			memset(&se, 0, sizeof se);
+			in_part = in_seg ? 0 : in_bytes;
+			out_part = out_seg ? 0 : out_bytes;
+			/* NULL with code 0: no small scratch segment free, go inline */
+			s = take_scratch(c, in_part + out_part, &se);
+			if (!s && (se.code != 0 || !fits)) {
+				if (se.code == 0)
+					set_err(&se, CVD_E_TOO_LARGE, "%lu bytes in and %lu out fit neither the frame "
+						"nor a free scratch segment", (unsigned long)in_bytes,
+						(unsigned long)out_bytes);
+				prefix_msg(se.message, sizeof se.message, ": ");
+				prefix_msg(se.message, sizeof se.message, fn);
+				copy_err(err, &se);
+				return NULL;
+			}
+			shm = s != NULL;
+		}
+	}
+	if (shm) {
+		/* input span: the caller's segment, else scratch from 0; for an
+		 * empty input, the caller's own block of the output (in place) */
+		f.flags |= CVD_CALL_SHM;
+		if (in_seg) {
+			f.segment = in_seg->id;
+			f.offset = (uint64_t)((const uint8_t *)call->buf - in_seg->base);
+		} else if (in_part) {
+			f.segment = s->id;
+			f.offset = 0;
+		} else {
+			seg *o = out_seg ? out_seg : s;
+			f.segment = o->id;
+			f.offset = (out_seg ? (uint64_t)((const uint8_t *)out - out_seg->base) : in_part) +
+				   own_start * esize;
+		}
+		if (has_out) {
+			f.flags |= CVD_CALL_EXT;
+			x.xflags |= CVD_X_OUT;
+			if (out_seg) {
+				x.out_segment = out_seg->id;
+				x.out_offset = (uint64_t)((const uint8_t *)out - out_seg->base);
+			} else if (out_part) {
+				x.out_segment = s->id;
+				x.out_offset = in_part;
+			} else { /* an empty result: the caller's own block of the input */
+				seg *o = in_seg ? in_seg : s;
+				x.out_segment = o->id;
+				x.out_offset = f.offset + own_start * esize;
+			}
+		}
+	}
+	if (!shm) {
+		f.data = (const uint8_t *)call->buf;
+		f.data_len = in_bytes;
+	}
+	plen = payload_len(&f, &x);
+	prefix_len = CVD_HEADER_SIZE + plen - (shm ? 0 : in_bytes);
+	if (plen == (size_t)-1 || plen > c->info.max_frame) {
+		set_err(err, CVD_E_INVALID, "%s: the call's frame would be %lu bytes, over the daemon's max_frame "
+			"%lu (%lu per-rank counts)", fn, (unsigned long)plen, (unsigned long)c->info.max_frame,
+			(unsigned long)x.ncounts);
+		goto fail;
+	}
+	if (prefix_len > sizeof pre_stack) {
+		if (!(heap = (uint8_t *)malloc(prefix_len))) {
+			set_err(err, CVD_E_NOMEM, "%s: no memory for a %lu-byte frame", fn, (unsigned long)prefix_len);
+			goto fail;
+		}
+		pre = heap;
+	}
+	if (!(r = new_req(c, CVD_T_CALL_OK, err)))
+		goto fail;
+	r->user = 1;
+	r->call_bytes = in_bytes + out_bytes;
+	f.id = r->id;
+	if (!shm) {
+		r->inline_call = 1;
+		r->copy_back = (uint8_t *)(has_out ? out : call->buf);
+		r->nbytes = has_out ? out_bytes : in_bytes;
+	} else if (s) {
+		if (in_part)
+			memcpy(s->base, call->buf, in_part);
 		r->scratch = s;
-		r->copy_back = (uint8_t *)call->buf;
-		r->nbytes = nbytes;
+		if (has_out ? out_part != 0 : 1) {
+			r->copy_back = (uint8_t *)(has_out ? out : call->buf);
+			r->scratch_off = has_out ? in_part : 0;
+			r->nbytes = has_out ? out_part : in_bytes;
+		}
 	}
 	iov[0].iov_base = pre;
-	iov[0].iov_len = encode_prefix(&f, pre, payload_len(&f));
-	if (!(f.flags & CVD_CALL_SHM) && nbytes) {
+	iov[0].iov_len = encode_prefix(&f, &x, pre, plen);
+	if (!shm && in_bytes) {
 		iov[1].iov_base = call->buf;
-		iov[1].iov_len = nbytes;
+		iov[1].iov_len = in_bytes;
 		niov = 2;
 	}
 	if (submit(c, r, iov, niov, -1, err) != 0) {
@@ -1852,26 +2285,250 @@ cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
 		if (r->scratch)
 			r->scratch->busy = 0;
 		free(r);
+		free(heap);
 		return NULL;
 	}
+	free(heap);
 	return r;
+fail:
+	if (s)
+		s->busy = 0;
+	free(heap);
+	return NULL;
+}
+
+cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err)
+{
+	return start_call(c, call, NULL, NULL, NULL, "cvd_call_async", err);
+}
+
+cvd_request *cvd_call_async_opts(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
+				 const cvd_call_opts *opts, cvd_error *err)
+{
+	return start_call(c, call, out, counts, opts, "cvd_call_async_opts", err);
+}
+
+/* The checks of the functions of one op: a reduce op and dtype that
+ * reduce (avg and scale factors only on floats); scale factors only on
+ * reductions. */
+static int check_args(const char *fn, int reduces, cvd_dtype dtype, cvd_op op, const cvd_call_opts *opts,
+		      cvd_error *err)
+{
+	int scale = opts && ((opts->prescale != 0 && opts->prescale != 1) ||
+			     (opts->postscale != 0 && opts->postscale != 1));
+	if (cvd_dtype_size(dtype) == 0) {
+		set_err(err, CVD_E_INVALID, "%s: unknown dtype code %d", fn, (int)dtype);
+		return -1;
+	}
+	if (!reduces) {
+		if (scale) {
+			set_err(err, CVD_E_INVALID, "%s: prescale and postscale apply to reductions only", fn);
+			return -1;
+		}
+		return 0;
+	}
+	if (op < CVD_SUM || op > CVD_AVG || dtype == CVD_BYTES) {
+		set_err(err, CVD_E_INVALID, "%s: needs a numeric dtype (not bytes) and sum, prod, max, min or avg, "
+			"not %s of %s", fn, reduce_name(op), dtype_name(dtype));
+		return -1;
+	}
+	if ((op == CVD_AVG || scale) && !is_float(dtype)) {
+		set_err(err, CVD_E_INVALID, "%s: %s needs a float dtype (float16, bfloat16, float32 or float64), "
+			"not %s", fn, op == CVD_AVG ? "avg" : "prescale and postscale", dtype_name(dtype));
+		return -1;
+	}
+	if (scale && op != CVD_SUM && op != CVD_AVG) {
+		set_err(err, CVD_E_INVALID, "%s: prescale and postscale need sum or avg, not %s", fn,
+			reduce_name(op));
+		return -1;
+	}
+	return 0;
+}
+
+/* One call of op by the function fn; vform: counts are required. */
+static cvd_request *one_op(cvd_client *c, const char *fn, cvd_collective op, const void *buf, size_t count,
+			   void *out, const uint64_t *counts, int vform, cvd_dtype dtype, cvd_op reduce,
+			   uint32_t root, const cvd_call_opts *opts, cvd_error *err)
+{
+	cvd_call call;
+	int reduces = op == CVD_ALLREDUCE || op == CVD_REDUCE || op == CVD_REDUCE_SCATTER;
+	if (check_args(fn, reduces, dtype, reduce, opts, err) != 0)
+		return NULL;
+	if (vform && !counts) {
+		set_err(err, CVD_E_INVALID, "%s: NULL counts (one per rank of the world)", fn);
+		return NULL;
+	}
+	memset(&call, 0, sizeof call);
+	call.op = op;
+	call.dtype = dtype;
+	call.reduce = reduces ? reduce : CVD_OP_NONE;
+	call.root = root;
+	call.buf = (void *)(uintptr_t)buf; /* read only, for the ops that write to out */
+	call.count = count;
+	return start_call(c, &call, out, counts, opts, fn, err);
+}
+
+static int sync_of(cvd_request *r, cvd_error *err)
+{
+	if (!r)
+		return err ? err->code : CVD_E_INVALID;
+	return cvd_wait(r, -1, err);
 }
 
 cvd_request *cvd_allreduce_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype,
 				 cvd_op op, cvd_error *err)
 {
-	cvd_call call;
-	memset(&call, 0, sizeof call);
-	call.op = CVD_ALLREDUCE;
-	call.dtype = dtype;
-	call.reduce = op;
-	call.buf = buf;
-	call.count = count;
-	if (op < CVD_SUM || op > CVD_MIN || dtype == CVD_BYTES) {
-		set_err(err, CVD_E_INVALID, "allreduce needs a numeric dtype and sum, prod, max or min");
-		return NULL;
+	return one_op(c, "cvd_allreduce", CVD_ALLREDUCE, buf, count, NULL, NULL, 0, dtype, op, 0, NULL, err);
+}
+
+cvd_request *cvd_allreduce_opts_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
+				      const cvd_call_opts *opts, cvd_error *err)
+{
+	return one_op(c, "cvd_allreduce", CVD_ALLREDUCE, buf, count, NULL, NULL, 0, dtype, op, 0, opts, err);
+}
+
+int cvd_allreduce_opts(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
+		       const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_allreduce_opts_async(c, buf, count, dtype, op, opts, err), err);
+}
+
+cvd_request *cvd_allgather_async(cvd_client *c, const void *send, void *recv, size_t count, cvd_dtype dtype,
+				 const cvd_call_opts *opts, cvd_error *err)
+{
+	return one_op(c, "cvd_allgather", CVD_ALLGATHER, send, count, recv, NULL, 0, dtype, CVD_OP_NONE, 0, opts,
+		      err);
+}
+
+int cvd_allgather(cvd_client *c, const void *send, void *recv, size_t count, cvd_dtype dtype,
+		  const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_allgather_async(c, send, recv, count, dtype, opts, err), err);
+}
+
+cvd_request *cvd_allgatherv_async(cvd_client *c, const void *send, size_t count, void *recv,
+				  const uint64_t *counts, cvd_dtype dtype, const cvd_call_opts *opts,
+				  cvd_error *err)
+{
+	return one_op(c, "cvd_allgatherv", CVD_ALLGATHER, send, count, recv, counts, 1, dtype, CVD_OP_NONE, 0, opts,
+		      err);
+}
+
+int cvd_allgatherv(cvd_client *c, const void *send, size_t count, void *recv, const uint64_t *counts,
+		   cvd_dtype dtype, const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_allgatherv_async(c, send, count, recv, counts, dtype, opts, err), err);
+}
+
+cvd_request *cvd_reduce_scatter_async(cvd_client *c, const void *send, void *recv, size_t count,
+				      cvd_dtype dtype, cvd_op op, const cvd_call_opts *opts, cvd_error *err)
+{
+	return one_op(c, "cvd_reduce_scatter", CVD_REDUCE_SCATTER, send, count, recv, NULL, 0, dtype, op, 0, opts,
+		      err);
+}
+
+int cvd_reduce_scatter(cvd_client *c, const void *send, void *recv, size_t count, cvd_dtype dtype,
+		       cvd_op op, const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_reduce_scatter_async(c, send, recv, count, dtype, op, opts, err), err);
+}
+
+cvd_request *cvd_reduce_scatterv_async(cvd_client *c, const void *send, size_t count, void *recv,
+				       const uint64_t *counts, cvd_dtype dtype, cvd_op op,
+				       const cvd_call_opts *opts, cvd_error *err)
+{
+	return one_op(c, "cvd_reduce_scatterv", CVD_REDUCE_SCATTER, send, count, recv, counts, 1, dtype, op, 0,
+		      opts, err);
+}
+
+int cvd_reduce_scatterv(cvd_client *c, const void *send, size_t count, void *recv, const uint64_t *counts,
+			cvd_dtype dtype, cvd_op op, const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_reduce_scatterv_async(c, send, count, recv, counts, dtype, op, opts, err), err);
+}
+
+cvd_request *cvd_reduce_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
+			      uint32_t root, const cvd_call_opts *opts, cvd_error *err)
+{
+	return one_op(c, "cvd_reduce", CVD_REDUCE, buf, count, NULL, NULL, 0, dtype, op, root, opts, err);
+}
+
+int cvd_reduce(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op, uint32_t root,
+	       const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_reduce_async(c, buf, count, dtype, op, root, opts, err), err);
+}
+
+/* ------------------------------------------------------------------ 16-bit floats */
+
+static uint32_t f32_bits(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, sizeof u);
+	return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+	float x;
+	memcpy(&x, &u, sizeof x);
+	return x;
+}
+
+uint16_t cvd_f32_to_bf16(float x)
+{
+	uint32_t u = f32_bits(x);
+	if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, make it quiet */
+		return (uint16_t)((u >> 16) | 0x0040u);
+	/* round to nearest even at bit 16; a carry moves into the exponent,
+	 * up to infinity */
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+float cvd_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t cvd_f32_to_f16(float x)
+{
+	uint32_t u = f32_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, m, r, rem, half;
+	unsigned shift;
+	if (a > 0x7f800000u) /* NaN: quiet, the payload's top bits kept */
+		return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+	if (a >= 0x477ff000u) /* 65520 and up (and infinity): to infinity */
+		return (uint16_t)(sign | 0x7c00u);
+	if (a >= 0x38800000u) { /* 2^-14 and up: a normal float16 */
+		m = a - 0x38000000u; /* exponent rebiased from 127 to 15 */
+		m += 0xfffu + ((m >> 13) & 1u);
+		return (uint16_t)(sign | (m >> 13));
 	}
-	return cvd_call_async(c, &call, err);
+	if (a < 0x33000000u) /* below 2^-25, half the smallest subnormal: to zero */
+		return (uint16_t)sign;
+	/* a subnormal float16: the value in units of 2^-24, rounded */
+	m = (a & 0x7fffffu) | 0x800000u;
+	shift = 126u - (a >> 23); /* 14..24 */
+	r = m >> shift;
+	rem = m & ((1u << shift) - 1u);
+	half = 1u << (shift - 1u);
+	if (rem > half || (rem == half && (r & 1u)))
+		r++;
+	return (uint16_t)(sign | r);
+}
+
+float cvd_f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+	if (e == 0x1f)
+		return bits_f32(sign | 0x7f800000u | (m << 13));
+	if (e)
+		return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+	if (!m)
+		return bits_f32(sign);
+	e = 113; /* a subnormal: normalize */
+	while (!(m & 0x400u)) {
+		m <<= 1;
+		e--;
+	}
+	return bits_f32(sign | (e << 23) | ((m & 0x3ffu) << 13));
 }
 
 int cvd_wait(cvd_request *req, int64_t timeout_ms, cvd_error *err)
@@ -1914,6 +2571,12 @@ int cvd_call_sync(cvd_client *c, const cvd_call *call, cvd_error *err)
 	if (!r)
 		return err ? err->code : CVD_E_INVALID;
 	return cvd_wait(r, -1, err);
+}
+
+int cvd_call_sync_opts(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
+		       const cvd_call_opts *opts, cvd_error *err)
+{
+	return sync_of(cvd_call_async_opts(c, call, out, counts, opts, err), err);
 }
 
 int cvd_allreduce(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,

@@ -1,6 +1,7 @@
 /*
- * collectived.h - C client of collectived (client protocol version 3,
- * docs/PROTOCOL.md). C99, libc only; usable from C++.
+ * collectived.h - C client of collectived, client protocol version 3
+ * (docs/PROTOCOL.md; against an older daemon it speaks 2, or 1). C99,
+ * libc only; usable from C++.
  *
  * A trainer connects to its node's daemon, then runs collectives whose
  * results land in its own buffer:
@@ -11,7 +12,17 @@
  *     float *g = cvd_alloc(c, n * sizeof(float), &err); // shared memory: zero copy
  *     ...fill g...
  *     if (cvd_allreduce(c, g, n, CVD_FLOAT32, CVD_SUM, &err) != 0) ...
+ *     cvd_allgather(c, x, all, n, CVD_BFLOAT16, NULL, &err); // all: n * cvd_size(c)
  *     cvd_close(c);
+ *
+ * Collectives (docs/PROTOCOL.md, CALL: "What each op does"): allreduce,
+ * broadcast and barrier in every protocol version; allgather(v),
+ * reduce_scatter(v), reduce, the dtypes float16, bfloat16, int8 and
+ * uint8, the reduce op avg, shapes and scale factors (cvd_call_opts) need
+ * a daemon of protocol version 3: against an older one these calls fail
+ * at once with CVD_E_UNSUPPORTED ("needs protocol version 3"), sending
+ * nothing. A count is always the number of elements in the caller's
+ * input buffer.
  *
  * How a buffer travels:
  *   - it lies inside a segment from cvd_alloc()/cvd_register(): only
@@ -65,7 +76,11 @@ typedef enum cvd_dtype {
 	CVD_FLOAT64 = 2,
 	CVD_INT32 = 3,
 	CVD_INT64 = 4,
-	CVD_BYTES = 5
+	CVD_BYTES = 5,    /* untyped: broadcast and allgather only */
+	CVD_FLOAT16 = 6,  /* IEEE 754 binary16 (version 3; see cvd_f32_to_f16) */
+	CVD_BFLOAT16 = 7, /* the upper half of a binary32 (version 3; see cvd_f32_to_bf16) */
+	CVD_INT8 = 8,     /* version 3 */
+	CVD_UINT8 = 9     /* version 3 */
 } cvd_dtype;
 
 /* Reduce operations (wire codes). */
@@ -74,15 +89,18 @@ typedef enum cvd_op {
 	CVD_SUM = 1,
 	CVD_PROD = 2,
 	CVD_MAX = 3,
-	CVD_MIN = 4
+	CVD_MIN = 4,
+	CVD_AVG = 5 /* sum, then one division by the world size; float dtypes only (version 3) */
 } cvd_op;
 
 /* Collectives (wire codes). */
 typedef enum cvd_collective {
 	CVD_ALLREDUCE = 1,
 	CVD_BROADCAST = 2,
-	CVD_ALLGATHER = 3, /* reserved in protocol version 1 */
-	CVD_BARRIER = 4
+	CVD_ALLGATHER = 3,      /* version 3 */
+	CVD_BARRIER = 4,
+	CVD_REDUCE_SCATTER = 5, /* version 3 */
+	CVD_REDUCE = 6          /* version 3 */
 } cvd_collective;
 
 /* Error codes: 1..22 come from the daemon, negative ones from the client. */
@@ -222,15 +240,48 @@ int cvd_free(cvd_client *c, void *ptr, cvd_error *err);
 typedef struct cvd_call {
 	cvd_collective op;
 	cvd_dtype dtype;  /* CVD_DTYPE_NONE for a barrier */
-	cvd_op reduce;    /* allreduce only, else CVD_OP_NONE */
-	uint32_t root;    /* broadcast only */
-	void *buf;        /* in place; untouched until the request completes */
-	size_t count;     /* elements */
+	cvd_op reduce;    /* allreduce, reduce, reduce_scatter; else CVD_OP_NONE */
+	uint32_t root;    /* broadcast and reduce: the root's world rank */
+	void *buf;        /* the input: in place, except for allgather and reduce_scatter,
+			   * whose result goes to cvd_call_async_opts's out; untouched
+			   * until the request completes */
+	size_t count;     /* elements in buf */
 	const char *name; /* NULL or at most 255 bytes; part of matching */
 } cvd_call;
 
+/* What protocol version 3 adds to a call, all optional (the pointer to it
+ * may be NULL; a zeroed struct, or cvd_call_opts_init, means none of it).
+ * A call with any of it needs a daemon of version 3. */
+#define CVD_MAX_NDIM 8
+typedef struct cvd_call_opts {
+	const char *name;      /* the call's name, for the functions without a cvd_call
+				* (cvd_allgather, ...); a cvd_call's own name wins */
+	const uint64_t *shape; /* ndim dimensions, outermost first; their product must
+				* be the call's count; part of matching (for allgatherv
+				* the first dimension is the caller's own) */
+	size_t ndim;           /* 0 (no shape) .. CVD_MAX_NDIM */
+	double prescale;       /* allreduce, reduce, reduce_scatter of a float dtype with
+				* sum or avg: every input element is multiplied by it
+				* before the reduction, every result element by postscale
+				* after; finite and nonzero; 0: 1. Sent (and compared bit
+				* for bit when calls are matched) only when one of the two
+				* is not 1 */
+	double postscale;
+} cvd_call_opts;
+
+/* Fill *o with the defaults: no name, no shape, no scaling. */
+void cvd_call_opts_init(cvd_call_opts *o);
+
 /* Start a call; NULL on error. Complete it with cvd_wait(). */
 cvd_request *cvd_call_async(cvd_client *c, const cvd_call *call, cvd_error *err);
+/* Any call with what version 3 adds: out is the result buffer of an
+ * allgather or reduce_scatter (NULL for other ops); counts, NULL or
+ * cvd_size(c) per-rank element counts, makes an allgather or
+ * reduce_scatter its "v" form (see cvd_allgatherv, cvd_reduce_scatterv);
+ * opts may be NULL. Only what is needed to build the frame is checked
+ * here; the daemon checks the rest (BAD_REQUEST naming the field). */
+cvd_request *cvd_call_async_opts(cvd_client *c, const cvd_call *call, void *out,
+				 const uint64_t *counts, const cvd_call_opts *opts, cvd_error *err);
 cvd_request *cvd_allreduce_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype,
 				 cvd_op op, cvd_error *err);
 /* Wait at most timeout_ms (< 0: the client's default). Returns 0 or an
@@ -253,6 +304,69 @@ int cvd_broadcast(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, uint3
 int cvd_barrier(cvd_client *c, cvd_error *err);
 /* Any call, synchronously. */
 int cvd_call_sync(cvd_client *c, const cvd_call *call, cvd_error *err);
+int cvd_call_sync_opts(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
+		       const cvd_call_opts *opts, cvd_error *err);
+
+/* The collectives of protocol version 3 (CVD_E_UNSUPPORTED, sending
+ * nothing, against an older daemon). opts may be NULL. The input and the
+ * output may each be plain memory or lie in a segment (cvd_alloc,
+ * cvd_register); both in segments: nothing is copied. They must not
+ * overlap, except in place: an allgather's input exactly the caller's own
+ * block of the output, a reduce_scatter's output exactly the caller's own
+ * block of the input. Every _async form returns NULL on error; complete
+ * it with cvd_wait().
+ *
+ * allreduce with a shape or scale factors; avg with plain cvd_allreduce. */
+int cvd_allreduce_opts(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
+		       const cvd_call_opts *opts, cvd_error *err);
+cvd_request *cvd_allreduce_opts_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype,
+				      cvd_op op, const cvd_call_opts *opts, cvd_error *err);
+/* recv (count * cvd_size(c) elements) gets every rank's count elements of
+ * send, rank 0's first. */
+int cvd_allgather(cvd_client *c, const void *send, void *recv, size_t count, cvd_dtype dtype,
+		  const cvd_call_opts *opts, cvd_error *err);
+cvd_request *cvd_allgather_async(cvd_client *c, const void *send, void *recv, size_t count,
+				 cvd_dtype dtype, const cvd_call_opts *opts, cvd_error *err);
+/* counts: cvd_size(c) elements, rank i's count (zero allowed); count must
+ * be counts[cvd_rank(c)]. recv (the sum of counts elements) gets rank i's
+ * elements at offset counts[0] + ... + counts[i-1]. */
+int cvd_allgatherv(cvd_client *c, const void *send, size_t count, void *recv,
+		   const uint64_t *counts, cvd_dtype dtype, const cvd_call_opts *opts, cvd_error *err);
+cvd_request *cvd_allgatherv_async(cvd_client *c, const void *send, size_t count, void *recv,
+				  const uint64_t *counts, cvd_dtype dtype, const cvd_call_opts *opts,
+				  cvd_error *err);
+/* send holds count elements (a multiple of cvd_size(c)); recv gets the
+ * caller's block of their reduction: count / cvd_size(c) elements from
+ * offset cvd_rank(c) * count / cvd_size(c). */
+int cvd_reduce_scatter(cvd_client *c, const void *send, void *recv, size_t count, cvd_dtype dtype,
+		       cvd_op op, const cvd_call_opts *opts, cvd_error *err);
+cvd_request *cvd_reduce_scatter_async(cvd_client *c, const void *send, void *recv, size_t count,
+				      cvd_dtype dtype, cvd_op op, const cvd_call_opts *opts,
+				      cvd_error *err);
+/* counts: cvd_size(c) elements summing to count; recv gets
+ * counts[cvd_rank(c)] elements, from offset counts[0] + ... of the
+ * reduction. */
+int cvd_reduce_scatterv(cvd_client *c, const void *send, size_t count, void *recv,
+			const uint64_t *counts, cvd_dtype dtype, cvd_op op, const cvd_call_opts *opts,
+			cvd_error *err);
+cvd_request *cvd_reduce_scatterv_async(cvd_client *c, const void *send, size_t count, void *recv,
+				       const uint64_t *counts, cvd_dtype dtype, cvd_op op,
+				       const cvd_call_opts *opts, cvd_error *err);
+/* In place: at the root (a world rank) buf gets the reduction; elsewhere
+ * it is left as it was. */
+int cvd_reduce(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op, uint32_t root,
+	       const cvd_call_opts *opts, cvd_error *err);
+cvd_request *cvd_reduce_async(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
+			      uint32_t root, const cvd_call_opts *opts, cvd_error *err);
+
+/* 16-bit floats, which C has no portable type for: conversions from and
+ * to float, rounding to nearest even (overflow to infinity; a NaN stays a
+ * NaN, made quiet), as the daemon rounds (docs/PROTOCOL.md, Reductions).
+ * Widening is exact. */
+uint16_t cvd_f32_to_f16(float x);
+float cvd_f16_to_f32(uint16_t h);
+uint16_t cvd_f32_to_bf16(float x);
+float cvd_bf16_to_f32(uint16_t h);
 
 /* STATUS: the daemon's JSON document, malloc'd and NUL-terminated (free()
  * it); *len gets its length if len is not NULL. NULL on error. */
@@ -277,6 +391,10 @@ enum {
 #define CVD_FLAG_FATAL 0x01     /* ERROR header flag */
 #define CVD_HELLO_OBSERVER 0x01 /* HELLO payload flag */
 #define CVD_CALL_SHM 0x01       /* CALL payload flag */
+#define CVD_CALL_EXT 0x02       /* CALL payload flag: the extension follows the name (version 3) */
+#define CVD_X_COUNTS 0x01       /* extension xflags */
+#define CVD_X_SCALE 0x02
+#define CVD_X_OUT 0x04
 
 typedef struct cvd_frame {
 	uint8_t type;
@@ -316,6 +434,24 @@ typedef struct cvd_frame {
 	uint16_t code;
 } cvd_frame;
 
+/* A version-3 CALL's extension (flag CVD_CALL_EXT), kept apart from
+ * cvd_frame so that cvd_frame keeps its layout. */
+typedef struct cvd_call_ext {
+	uint8_t ndim;                  /* 0..CVD_MAX_NDIM */
+	uint8_t xflags;                /* CVD_X_COUNTS | CVD_X_SCALE | CVD_X_OUT */
+	uint64_t dims[CVD_MAX_NDIM];
+	uint32_t ncounts;              /* with CVD_X_COUNTS */
+	const uint64_t *counts;        /* encoding: ncounts counts; NULL: counts_le */
+	const uint8_t *counts_le;      /* decoding: the frame's 8 * ncounts bytes (little-endian
+					* u64s, maybe unaligned: read them with cvd_call_ext_count) */
+	double prescale, postscale;    /* with CVD_X_SCALE */
+	uint32_t out_segment;          /* with CVD_X_OUT (shared-memory calls only) */
+	uint64_t out_offset;
+} cvd_call_ext;
+
+/* Count i of x (from counts, else from counts_le). */
+uint64_t cvd_call_ext_count(const cvd_call_ext *x, uint32_t i);
+
 /* Name of a frame type ("HELLO", ...), NULL if unknown. */
 const char *cvd_frame_type_name(uint8_t type);
 /* Element size of a dtype code, 0 for none/unknown. */
@@ -330,8 +466,23 @@ int cvd_frame_payload(cvd_frame *f, const uint8_t *payload, size_t len, cvd_erro
 int cvd_frame_decode(const uint8_t *buf, size_t len, uint32_t max_len, cvd_frame *f,
 		     cvd_error *err);
 /* Encode *f. Returns the frame's length; writes it only if it fits in cap.
- * Returns 0 for an unencodable frame (unknown type, string over 255 bytes). */
+ * Returns 0 for an unencodable frame (unknown type, string over 255 bytes,
+ * a CALL with CVD_CALL_EXT: use cvd_frame_encode_ext). */
 size_t cvd_frame_encode(const cvd_frame *f, uint8_t *out, size_t cap);
+/* The same with a CALL's extension, as on a connection of protocol version
+ * `version` (0: the newest), which decides whether CVD_CALL_EXT is a
+ * defined flag (bad_flags before 3). x receives the extension of a CALL
+ * with CVD_CALL_EXT (zeroed otherwise); x may be NULL: the extension is
+ * then checked but not kept (f->flags still shows it). The plain
+ * functions above decode as on a version-3 connection. A shape of more
+ * than CVD_MAX_NDIM dimensions fails with check "bad_ndim". */
+int cvd_frame_payload_ext(cvd_frame *f, const uint8_t *payload, size_t len, unsigned version,
+			  cvd_call_ext *x, cvd_error *err);
+int cvd_frame_decode_ext(const uint8_t *buf, size_t len, uint32_t max_len, unsigned version,
+			 cvd_frame *f, cvd_call_ext *x, cvd_error *err);
+/* Encode *f and, if it is a CALL with CVD_CALL_EXT, *x (which must not be
+ * NULL then); as cvd_frame_encode otherwise. */
+size_t cvd_frame_encode_ext(const cvd_frame *f, const cvd_call_ext *x, uint8_t *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,25 @@ int main()
 	    std::memcmp(g.data, data, sizeof data) != 0)
 		return fail("decoded CALL differs from the encoded one", err);
 
+	// Version 3: a CALL with its extension, and the 16-bit float helpers.
+	const uint64_t counts[2] = {2, 0};
+	cvd_call_ext x;
+	std::memset(&x, 0, sizeof x);
+	x.xflags = CVD_X_COUNTS;
+	x.ncounts = 2;
+	x.counts = counts;
+	f.op = CVD_ALLGATHER;
+	f.reduce = CVD_OP_NONE;
+	f.flags = CVD_CALL_EXT;
+	std::vector<uint8_t> ext(cvd_frame_encode_ext(&f, &x, nullptr, 0));
+	cvd_call_ext y;
+	if (ext.empty() || cvd_frame_encode_ext(&f, &x, ext.data(), ext.size()) != ext.size() ||
+	    cvd_frame_decode_ext(ext.data(), ext.size(), CVD_PRE_HELLO_MAX_FRAME, 3, &g, &y, &err) != 0 ||
+	    y.ncounts != 2 || cvd_call_ext_count(&y, 0) != 2)
+		return fail("CALL with counts", err);
+	if (cvd_f32_to_bf16(1.0f) != 0x3f80 || cvd_f16_to_f32(cvd_f32_to_f16(-2.5f)) != -2.5f)
+		return fail("16-bit float helpers", err);
+
 	// A socket that does not exist: a named error, no crash.
 	cvd_options o;
 	cvd_options_init(&o);
@@ -49,6 +68,6 @@ int main()
 	    std::strcmp(cvd_strerror(err.code), "CONNECT") != 0 ||
 	    std::strstr(err.message, "/nonexistent/collectived.sock") == nullptr)
 		return fail("cvd_connect to a missing socket", err);
-	std::printf("C++ use: codec and connect error OK\n");
+	std::printf("C++ use: codec, version-3 extension, 16-bit floats and connect error OK\n");
 	return 0;
 }

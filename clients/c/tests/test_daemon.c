@@ -21,19 +21,9 @@
 
 #include "../collectived.h"
 #include "check.h"
+#include "world.h"
 
-#define JOB "ctest-job"
 #define TOKEN_ENV "COLLECTIVED_TEST_TOKEN"
-#define MAX_NODES 4
-
-typedef struct world {
-	int nodes, local, size;
-	char dir[64];
-	char cfg[128];
-	char sock[MAX_NODES][128];
-	char log[MAX_NODES][128];
-	pid_t pid[MAX_NODES];
-} world;
 
 static void sleep_ms(long ms)
 {
@@ -130,7 +120,7 @@ static void remove_marks(const world *w)
 	closedir(d);
 }
 
-static void world_stop(world *w)
+void world_stop(world *w)
 {
 	int r, i, st;
 	for (r = 0; r < w->nodes; r++)
@@ -154,7 +144,7 @@ static void world_stop(world *w)
 	rmdir(w->dir);
 }
 
-static int world_start(world *w, const char *bin, int nodes, int local)
+int world_start(world *w, const char *bin, int nodes, int local)
 {
 	FILE *f;
 	int r;
@@ -238,15 +228,13 @@ static int world_start(world *w, const char *bin, int nodes, int local)
 	return 0;
 }
 
-typedef void (*trainer_fn)(cvd_client *c, const world *w);
-
 /* cvd_options.spin_us and inline_max of the trainers run_trainers starts. */
 static int64_t trainer_spin_us;
 static int64_t trainer_inline_max;
 static int trainer_no_lane;
 
 /* Fork one trainer per world rank; each runs fn and reports its counters. */
-static void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s)
+void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s)
 {
 	pid_t pids[16];
 	int pipes[16];
@@ -738,13 +726,20 @@ static void run_example(const world *w, const char *example)
 
 int run_daemon_tests(const char *bin)
 {
-	static const int shapes[][2] = {{1, 1}, {2, 2}};
+	static const int shapes[][2] = {{1, 1}, {2, 1}, {2, 2}};
 	size_t s;
 	for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
 		world w;
 		if (world_start(&w, bin, shapes[s][0], shapes[s][1]) != 0)
 			continue;
 		printf("world %dx%d up\n", w.nodes, w.local);
+		/* the collectives of protocol version 3 (test_daemon3.c); the
+		 * 2x1 world runs only these */
+		run_v3_daemon_tests(&w);
+		if (w.local == 1 && w.nodes == 2) {
+			world_stop(&w);
+			continue;
+		}
 		parent_checks(&w);
 		run_trainers(&w, info_and_async, "info_and_async", 120);
 		run_trainers(&w, lane_checks, "lane_checks", 120);
@@ -767,8 +762,10 @@ int run_daemon_tests(const char *bin)
 		trainer_spin_us = 1000000; /* capped at 10 ms */
 		run_trainers(&w, info_and_async, "info_and_async, polling 10 ms", 120);
 		trainer_spin_us = 0;
-		if (w.size > 1)
+		if (w.size > 1) {
 			run_example(&w, "build/allreduce");
+			run_example(&w, "build/sharded");
+		}
 		world_stop(&w);
 	}
 	return 0;

@@ -7,7 +7,8 @@
  * name: "silent" never, "hold" only after the next call (out of order),
  * "fatal" with ERROR BAD_FRAME FATAL id 0 and a close, anything else at
  * once with the data unchanged. In the lane modes it speaks version 2 and
- * answers LANE with a LANE_OK the client must refuse. */
+ * answers LANE with a LANE_OK the client must refuse. In mode PEER_V3_W4
+ * it plays world rank 1 of a world of 4 (see v3_answer). */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
@@ -66,7 +67,28 @@ static void send_hello_ok(int fd, uint64_t id, uint16_t v)
 }
 
 enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER,
-       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2, PEER_V2_ONLY, PEER_V2_ANSWERS_3, PEER_V3 };
+       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2, PEER_V2_ONLY, PEER_V2_ANSWERS_3, PEER_V3, PEER_V3_W4 };
+
+/* PEER_V3_W4: world rank 1 of a world of 4 on one node (local size 4),
+ * inline limit 64. It keeps the segments it gives (ALLOC) mapped, writes
+ * every CALL frame it receives to v3_record (a u32 length, then the
+ * frame), and answers as if the other ranks had called too: an allgather
+ * gets the caller's block at its place and block j (j != 1) filled with
+ * other_byte(j, i); a reduce_scatter gets the caller's own block of its
+ * input (as if the others gave zeros to a sum); other calls their data
+ * back. A call named "short" gets an inline result one byte short. Spans
+ * outside their segment get BAD_SEGMENT. */
+#define W4_SIZE 4
+#define W4_RANK 1
+static char v3_record[96];
+
+static uint8_t other_byte(uint32_t j, size_t i) { return (uint8_t)(0x40 + 16 * j + i); }
+
+typedef struct peer_seg {
+	uint32_t id;
+	uint8_t *base;
+	size_t size;
+} peer_seg;
 
 /* f with fd attached to its first byte, as the daemon sends LANE_OK. */
 static void send_frame_fd(int fd, const cvd_frame *f, int pass)
@@ -93,8 +115,92 @@ static void send_frame_fd(int fd, const cvd_frame *f, int pass)
 		_exit(2);
 }
 
+static void send_frame_fd(int fd, const cvd_frame *f, int pass);
+
+static uint8_t *span(peer_seg *segs, size_t nsegs, uint32_t id, uint64_t off, uint64_t len)
+{
+	size_t i;
+	for (i = 0; i < nsegs; i++)
+		if (segs[i].id == id && off <= segs[i].size && len <= segs[i].size - off)
+			return segs[i].base + off;
+	return NULL;
+}
+
+static void v3_answer(int fd, const uint8_t *frame, size_t n, peer_seg *segs, size_t nsegs)
+{
+	static uint8_t res[8192];
+	cvd_frame f, r;
+	cvd_call_ext x;
+	cvd_error err;
+	const uint8_t *in;
+	uint8_t *out = res;
+	uint64_t cnt[W4_SIZE], start = 0, total = 0, outn;
+	size_t esize, j, i, rlen = 0;
+	uint32_t len32 = (uint32_t)n;
+	FILE *rec = fopen(v3_record, "ab");
+	if (!rec || fwrite(&len32, 4, 1, rec) != 1 || fwrite(frame, 1, n, rec) != n)
+		_exit(7);
+	fclose(rec);
+	memset(&r, 0, sizeof r);
+	if (cvd_frame_decode_ext(frame, n, 8192, 3, &f, &x, &err) != 0) {
+		r.type = CVD_T_ERROR;
+		r.frame_flags = CVD_FLAG_FATAL;
+		r.code = CVD_E_BAD_FRAME;
+		r.data = (const uint8_t *)err.message;
+		r.data_len = strlen(err.message);
+		send_frame(fd, &r);
+		_exit(0);
+	}
+	r.id = f.id;
+	esize = cvd_dtype_size(f.dtype);
+	in = (f.flags & CVD_CALL_SHM) ? span(segs, nsegs, f.segment, f.offset, f.count * esize) : f.data;
+	for (j = 0; j < W4_SIZE; j++)
+		cnt[j] = (x.xflags & CVD_X_COUNTS) && x.ncounts == W4_SIZE ? cvd_call_ext_count(&x, (uint32_t)j)
+		       : f.op == CVD_ALLGATHER ? f.count : f.count / W4_SIZE;
+	for (j = 0; j < W4_SIZE; j++) {
+		if (j < W4_RANK)
+			start += cnt[j];
+		total += cnt[j];
+	}
+	outn = f.op == CVD_ALLGATHER ? total * esize : f.op == CVD_REDUCE_SCATTER ? cnt[W4_RANK] * esize : f.count * esize;
+	if ((f.flags & CVD_CALL_SHM) && (f.op == CVD_ALLGATHER || f.op == CVD_REDUCE_SCATTER))
+		out = (x.xflags & CVD_X_OUT) ? span(segs, nsegs, x.out_segment, x.out_offset, outn) : NULL;
+	if (!in || !out || outn > sizeof res) {
+		static const char msg[] = "scripted peer: span outside its segment";
+		r.type = CVD_T_ERROR;
+		r.code = CVD_E_BAD_SEGMENT;
+		r.data = (const uint8_t *)msg;
+		r.data_len = sizeof msg - 1;
+		send_frame(fd, &r);
+		return;
+	}
+	if (f.op == CVD_ALLGATHER) {
+		uint64_t at = 0;
+		/* the caller's block first: in place, it is already there */
+		memmove(out + start * esize, in, cnt[W4_RANK] * esize);
+		for (j = 0; j < W4_SIZE; at += cnt[j], j++)
+			for (i = 0; j != W4_RANK && i < cnt[j] * esize; i++)
+				out[at * esize + i] = other_byte((uint32_t)j, i);
+		rlen = total * esize;
+	} else if (f.op == CVD_REDUCE_SCATTER) {
+		memmove(out, in + start * esize, cnt[W4_RANK] * esize);
+		rlen = cnt[W4_RANK] * esize;
+	} else if (!(f.flags & CVD_CALL_SHM)) {
+		memcpy(res, in, f.data_len);
+		rlen = f.data_len;
+	}
+	r.type = CVD_T_CALL_OK;
+	if (!(f.flags & CVD_CALL_SHM)) {
+		r.data = res;
+		r.data_len = rlen - (f.name_len == 5 && memcmp(f.name, "short", 5) == 0 ? 1 : 0);
+	}
+	send_frame(fd, &r);
+}
+
 static void peer(int lfd, int refuse)
 {
+	peer_seg segs[16];
+	size_t nsegs = 0;
 	uint8_t buf[8192], held[8192];
 	size_t held_n = 0;
 	cvd_frame f, r;
@@ -148,8 +254,55 @@ static void peer(int lfd, int refuse)
 			_exit(0);
 		memset(&r, 0, sizeof r);
 		r.id = f.id;
+		if (f.type == CVD_T_HELLO && refuse == PEER_V3_W4) {
+			memset(&r, 0, sizeof r);
+			r.id = f.id;
+			r.type = CVD_T_HELLO_OK;
+			r.version = 3;
+			r.info.world_rank = W4_RANK;
+			r.info.local_rank = W4_RANK;
+			r.info.world_size = r.info.local_size = W4_SIZE;
+			r.info.node_count = 1;
+			r.info.inline_limit = 64;
+			r.info.max_frame = 4096;
+			r.info.max_in_flight = 8;
+			r.info.timeout_ms = 1000;
+			r.size = 60000;
+			send_frame(fd, &r);
+			continue;
+		}
 		if (f.type == CVD_T_HELLO) {
 			send_hello_ok(fd, f.id, refuse == PEER_V3 ? 3 : refuse >= PEER_LANE_SHORT_FD ? 2 : 1);
+			continue;
+		}
+		if (f.type == CVD_T_ALLOC && refuse == PEER_V3_W4 && nsegs < 16) {
+			char tmp[] = "/tmp/cvd-seg-XXXXXX"; /* a file will do: the client maps what it gets */
+			int mfd = mkstemp(tmp);
+			void *m;
+			if (mfd < 0 || ftruncate(mfd, (off_t)f.size) != 0)
+				_exit(8);
+			unlink(tmp);
+			m = mmap(NULL, (size_t)f.size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+			if (m == MAP_FAILED)
+				_exit(8);
+			segs[nsegs].id = (uint32_t)nsegs + 1;
+			segs[nsegs].base = (uint8_t *)m;
+			segs[nsegs].size = (size_t)f.size;
+			r.type = CVD_T_ALLOC_OK;
+			r.segment = segs[nsegs].id;
+			r.size = f.size;
+			nsegs++;
+			send_frame_fd(fd, &r, mfd);
+			close(mfd);
+			continue;
+		}
+		if (f.type == CVD_T_FREE && refuse == PEER_V3_W4) {
+			r.type = CVD_T_FREE_OK;
+			send_frame(fd, &r);
+			continue;
+		}
+		if (f.type == CVD_T_CALL && refuse == PEER_V3_W4) {
+			v3_answer(fd, buf, 16 + plen, segs, nsegs);
 			continue;
 		}
 		if (f.type == CVD_T_LANE) {
@@ -383,6 +536,343 @@ static void expect_out_of_fds(const char *path, const cvd_options *o)
 	stop_peer(p, path);
 }
 
+/* The CALL frames the PEER_V3_W4 peer received, in order: up to max of
+ * them into frames (each malloc'd: free them). */
+static size_t recorded(uint8_t **frames, size_t *lens, size_t max)
+{
+	FILE *f = fopen(v3_record, "rb");
+	uint32_t n;
+	size_t k = 0;
+	if (!f)
+		return 0;
+	while (k < max && fread(&n, 4, 1, f) == 1) {
+		frames[k] = (uint8_t *)malloc(n);
+		if (!frames[k] || fread(frames[k], 1, n, f) != n) {
+			free(frames[k]);
+			break;
+		}
+		lens[k++] = n;
+	}
+	fclose(f);
+	return k;
+}
+
+/* The last CALL the peer received, decoded into *f and *x (its bytes in
+ * *keep, which the caller frees); 0 if there is none. */
+static int last_call(cvd_frame *f, cvd_call_ext *x, uint8_t **keep)
+{
+	uint8_t *frames[64];
+	size_t lens[64], n = recorded(frames, lens, 64), i;
+	cvd_error err;
+	int ok = 0;
+	*keep = NULL;
+	if (n) {
+		ok = cvd_frame_decode_ext(frames[n - 1], lens[n - 1], 8192, 3, f, x, &err) == 0;
+		CHECK(ok, "the last CALL does not decode: %s", err.message);
+		*keep = frames[n - 1];
+	}
+	for (i = 0; i + 1 < n; i++)
+		free(frames[i]);
+	return ok;
+}
+
+/* What PEER_V3_W4 answers an allgather(v) with: the caller's bytes at its
+ * block, other_byte(j, i) in block j. */
+static void expect_allgather(uint8_t *want, const void *mine, const uint64_t *counts, size_t count, size_t esize)
+{
+	size_t j, i, at = 0;
+	for (j = 0; j < W4_SIZE; j++) {
+		size_t n = (counts ? counts[j] : count) * esize;
+		for (i = 0; i < n; i++)
+			want[at + i] = j == W4_RANK ? ((const uint8_t *)mine)[i] : other_byte((uint32_t)j, i);
+		at += n;
+	}
+}
+
+/* The version-3 calls against a peer of protocol version 3 playing rank 1
+ * of a world of 4 with an inline limit of 64 bytes: the frames they send
+ * (op, extension, spans) and where their results land, for each way the
+ * buffers travel (inline, a scratch segment, the caller's segments), and
+ * the errors the client finds itself. */
+static void test_v3_calls(const char *path)
+{
+	cvd_options o;
+	cvd_error err;
+	cvd_client *c;
+	cvd_frame f;
+	cvd_call_ext x;
+	cvd_call_opts opts;
+	uint8_t *keep = NULL, want[1024];
+	float send8[8], recv32[32];
+	double d6[6];
+	int32_t i8[8], o2[2];
+	uint64_t before;
+	size_t i;
+	pid_t p;
+	snprintf(v3_record, sizeof v3_record, "%s.frames", path);
+	unlink(v3_record);
+	p = start_peer(path, PEER_V3_W4);
+	cvd_options_init(&o);
+	o.job = "demo";
+	o.no_lane = 1;
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && cvd_rank(c) == W4_RANK && cvd_size(c) == W4_SIZE, "connect to the v3 peer: %s",
+	      c ? "wrong world" : err.message);
+	if (!c) {
+		stop_peer(p, path);
+		return;
+	}
+	for (i = 0; i < 8; i++) {
+		send8[i] = (float)i + 0.5f;
+		i8[i] = (int32_t)i;
+	}
+
+	/* inline allgather: 8 bytes in, 32 out; no extension */
+	memset(recv32, 0, sizeof recv32);
+	CHECK(cvd_allgather(c, send8, recv32, 2, CVD_FLOAT32, NULL, &err) == 0, "inline allgather: %s", err.message);
+	expect_allgather(want, send8, NULL, 2, 4);
+	CHECK(memcmp(recv32, want, 32) == 0, "inline allgather: wrong result");
+	CHECK(last_call(&f, &x, &keep) && f.op == CVD_ALLGATHER && f.dtype == CVD_FLOAT32 && f.flags == 0 &&
+	      f.count == 2 && f.data_len == 8, "inline allgather frame: op %u flags %u count %llu data %lu", f.op,
+	      f.flags, (unsigned long long)f.count, (unsigned long)f.data_len);
+	free(keep);
+
+	/* 32 bytes in, 128 out: over the inline limit, through one scratch
+	 * segment, the input at 0 and the output after it (OUT) */
+	memset(recv32, 0, sizeof recv32);
+	CHECK(cvd_allgather(c, send8, recv32, 8, CVD_FLOAT32, NULL, &err) == 0, "scratch allgather: %s", err.message);
+	expect_allgather(want, send8, NULL, 8, 4);
+	CHECK(memcmp(recv32, want, 128) == 0, "scratch allgather: wrong result");
+	CHECK(last_call(&f, &x, &keep) && f.flags == (CVD_CALL_SHM | CVD_CALL_EXT) && x.xflags == CVD_X_OUT &&
+	      x.ndim == 0 && f.offset == 0 && x.out_segment == f.segment && x.out_offset == 32,
+	      "scratch allgather frame: flags %u xflags %u segment %u+%llu out %u+%llu", f.flags, x.xflags,
+	      f.segment, (unsigned long long)f.offset, x.out_segment, (unsigned long long)x.out_offset);
+	free(keep);
+
+	/* in place in the caller's segment: the input is its own block of the
+	 * output; only the spans travel */
+	{
+		float *seg = (float *)cvd_alloc(c, 4096, &err);
+		CHECK(seg != NULL, "alloc: %s", err.message);
+		if (seg) {
+			float *outp = seg + 16, *mine = outp + W4_RANK * 3;
+			for (i = 0; i < 3; i++)
+				mine[i] = (float)i * 2;
+			memcpy(send8, mine, 12);
+			before = cvd_bytes_sent(c);
+			CHECK(cvd_allgather(c, mine, outp, 3, CVD_FLOAT32, NULL, &err) == 0, "in-place allgather: %s",
+			      err.message);
+			CHECK(cvd_bytes_sent(c) - before < 128, "in-place allgather sent %llu bytes",
+			      (unsigned long long)(cvd_bytes_sent(c) - before));
+			expect_allgather(want, send8, NULL, 3, 4);
+			CHECK(memcmp(outp, want, 48) == 0, "in-place allgather: wrong result");
+			CHECK(last_call(&f, &x, &keep) && (f.flags & CVD_CALL_SHM) && x.xflags == CVD_X_OUT &&
+			      f.segment == x.out_segment && x.out_offset == 64 && f.offset == 64 + 12,
+			      "in-place allgather spans: %u+%llu out %u+%llu", f.segment, (unsigned long long)f.offset,
+			      x.out_segment, (unsigned long long)x.out_offset);
+			free(keep);
+			/* reduce_scatter with the input in the segment, the output
+			 * (96 bytes, over the inline limit) in plain memory: a
+			 * scratch segment for the output only */
+			for (i = 0; i < 96; i++)
+				seg[i] = (float)(10 + i);
+			memset(recv32, 0, sizeof recv32);
+			CHECK(cvd_reduce_scatter(c, seg, recv32, 96, CVD_FLOAT32, CVD_SUM, NULL, &err) == 0,
+			      "reduce_scatter, input in a segment: %s", err.message);
+			CHECK(recv32[0] == 34 && recv32[23] == 57 && recv32[24] == 0, "reduce_scatter result %g %g %g",
+			      recv32[0], recv32[23], recv32[24]);
+			CHECK(last_call(&f, &x, &keep) && (f.flags & CVD_CALL_SHM) && f.offset == 0 &&
+			      x.xflags == CVD_X_OUT && x.out_segment != f.segment && x.out_offset == 0,
+			      "reduce_scatter spans: %u+%llu out %u+%llu", f.segment, (unsigned long long)f.offset,
+			      x.out_segment, (unsigned long long)x.out_offset);
+			free(keep);
+			/* reduce_scatterv whose own block is empty, input in the
+			 * segment: the (empty) output span is that block, in place */
+			{
+				static const uint64_t counts[4] = {3, 0, 4, 1};
+				CHECK(cvd_reduce_scatterv(c, seg, 8, recv32, counts, CVD_FLOAT32, CVD_MAX, NULL, &err) == 0,
+				      "reduce_scatterv, empty block: %s", err.message);
+				CHECK(last_call(&f, &x, &keep) && (f.flags & CVD_CALL_SHM) && f.offset == 0 &&
+				      x.xflags == (CVD_X_COUNTS | CVD_X_OUT) && x.ncounts == 4 &&
+				      cvd_call_ext_count(&x, 2) == 4 && x.out_segment == f.segment && x.out_offset == 12,
+				      "empty block spans: xflags %u %u+%llu out %u+%llu", x.xflags, f.segment,
+				      (unsigned long long)f.offset, x.out_segment, (unsigned long long)x.out_offset);
+				free(keep);
+			}
+			CHECK(cvd_free(c, seg, &err) == 0, "free: %s", err.message);
+		}
+	}
+
+	/* allgatherv inline: this rank gives nothing, the result is 48 bytes */
+	{
+		static const uint64_t counts[4] = {1, 0, 2, 3};
+		memset(d6, 0, sizeof d6);
+		CHECK(cvd_allgatherv(c, NULL, 0, d6, counts, CVD_FLOAT64, NULL, &err) == 0, "allgatherv: %s", err.message);
+		expect_allgather(want, NULL, counts, 0, 8);
+		CHECK(memcmp(d6, want, 48) == 0, "allgatherv: wrong result");
+		CHECK(last_call(&f, &x, &keep) && f.flags == CVD_CALL_EXT && x.xflags == CVD_X_COUNTS && x.ncounts == 4 &&
+		      cvd_call_ext_count(&x, 0) == 1 && cvd_call_ext_count(&x, 3) == 3 && f.count == 0 && f.data_len == 0,
+		      "allgatherv frame: flags %u xflags %u ncounts %u", f.flags, x.xflags, x.ncounts);
+		free(keep);
+		/* the count must be this rank's own */
+		CHECK(cvd_allgatherv(c, send8, 2, d6, counts, CVD_FLOAT64, NULL, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "cvd_allgatherv: count 2 disagrees with counts[1] = 0"),
+		      "allgatherv with a count not its own: %d %s", err.code, err.message);
+		CHECK(cvd_allgatherv(c, send8, 0, d6, NULL, CVD_FLOAT64, NULL, &err) == CVD_E_INVALID,
+		      "allgatherv without counts: %d %s", err.code, err.message);
+	}
+
+	/* reduce_scatterv inline with a shape and scale factors, by name */
+	{
+		static const uint64_t counts[4] = {1, 2, 3, 2}, shape[2] = {4, 2};
+		float in8[8];
+		double pre = 1.0 / 3;
+		for (i = 0; i < 8; i++)
+			in8[i] = (float)(i + 1);
+		cvd_call_opts_init(&opts);
+		opts.name = "grads";
+		opts.shape = shape;
+		opts.ndim = 2;
+		opts.prescale = pre;
+		opts.postscale = -2.5;
+		memset(recv32, 0, sizeof recv32);
+		CHECK(cvd_reduce_scatterv(c, in8, 8, recv32, counts, CVD_FLOAT32, CVD_AVG, &opts, &err) == 0,
+		      "reduce_scatterv with options: %s", err.message);
+		CHECK(recv32[0] == 2 && recv32[1] == 3 && recv32[2] == 0, "reduce_scatterv result %g %g", recv32[0],
+		      recv32[1]);
+		CHECK(last_call(&f, &x, &keep) && f.op == CVD_REDUCE_SCATTER && f.reduce == CVD_AVG && f.flags == CVD_CALL_EXT &&
+		      f.name_len == 5 && memcmp(f.name, "grads", 5) == 0 &&
+		      x.xflags == (CVD_X_COUNTS | CVD_X_SCALE) && x.ndim == 2 && x.dims[0] == 4 && x.dims[1] == 2 &&
+		      memcmp(&x.prescale, &pre, 8) == 0 && x.postscale == -2.5,
+		      "reduce_scatterv frame: op %u reduce %u flags %u xflags %u ndim %u pre %.17g post %g", f.op, f.reduce,
+		      f.flags, x.xflags, x.ndim, x.prescale, x.postscale);
+		free(keep);
+		/* a shape whose product is not the count */
+		opts.ndim = 1;
+		CHECK(cvd_reduce_scatterv(c, in8, 8, recv32, counts, CVD_FLOAT32, CVD_SUM, &opts, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "the shape's product is 4, the count 8"), "bad shape: %d %s", err.code,
+		      err.message);
+		/* scale factors on integers, avg of integers, scale on max */
+		opts.ndim = 0;
+		CHECK(cvd_reduce_scatter(c, i8, o2, 8, CVD_INT32, CVD_SUM, &opts, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "prescale and postscale needs a float dtype"), "scale on int32: %s", err.message);
+		CHECK(cvd_allreduce(c, i8, 8, CVD_INT32, CVD_AVG, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "avg needs a float dtype (float16, bfloat16, float32 or float64), not int32"),
+		      "avg on int32: %s", err.message);
+		CHECK(cvd_allreduce_opts(c, in8, 8, CVD_FLOAT32, CVD_MAX, &opts, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "need sum or avg, not max"), "scale on max: %s", err.message);
+		CHECK(cvd_reduce_scatter(c, in8, recv32, 6, CVD_FLOAT32, CVD_SUM, NULL, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "count 6 is not a multiple of the world size 4"), "count 6 of 4 ranks: %s",
+		      err.message);
+		CHECK(cvd_reduce_scatterv(c, in8, 7, recv32, counts, CVD_FLOAT32, CVD_SUM, NULL, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "the counts sum to 8, the count is 7"), "counts not summing: %s", err.message);
+	}
+
+	/* reduce: the root and the reduce op travel; bfloat16 */
+	{
+		uint16_t b[3] = {cvd_f32_to_bf16(1), cvd_f32_to_bf16(-2), cvd_f32_to_bf16(0.5f)};
+		CHECK(cvd_reduce(c, b, 3, CVD_BFLOAT16, CVD_SUM, 3, NULL, &err) == 0, "reduce: %s", err.message);
+		CHECK(last_call(&f, &x, &keep) && f.op == CVD_REDUCE && f.root == 3 && f.reduce == CVD_SUM &&
+		      f.dtype == CVD_BFLOAT16 && f.flags == 0 && f.data_len == 6 && b[2] == 0x3f00,
+		      "reduce frame: op %u root %u reduce %u dtype %u", f.op, f.root, f.reduce, f.dtype);
+		free(keep);
+	}
+
+	/* a result of the wrong length is the daemon's fault: the call fails */
+	cvd_call_opts_init(&opts);
+	opts.name = "short";
+	CHECK(cvd_allgather(c, send8, recv32, 2, CVD_FLOAT32, &opts, &err) == CVD_E_PROTOCOL &&
+	      strstr(err.message, "CALL_OK result is 31 bytes, the call expects 32"), "short result: %d %s", err.code,
+	      err.message);
+	/* the generic form: an allgather needs its output buffer */
+	{
+		cvd_call call;
+		memset(&call, 0, sizeof call);
+		call.op = CVD_ALLGATHER;
+		call.dtype = CVD_INT32;
+		call.buf = i8;
+		call.count = 2;
+		CHECK(cvd_call_sync(c, &call, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "allgather needs an output buffer of 8 elements"), "allgather without out: %s",
+		      err.message);
+		call.op = CVD_ALLREDUCE;
+		call.reduce = CVD_SUM;
+		CHECK(cvd_call_sync_opts(c, &call, o2, NULL, NULL, &err) == CVD_E_INVALID &&
+		      strstr(err.message, "allreduce takes no output buffer"), "allreduce with out: %s", err.message);
+	}
+	cvd_close(c);
+	stop_peer(p, path);
+	unlink(v3_record);
+}
+
+/* A daemon of protocol version 2: every version-3 call fails at once,
+ * naming the version, and sends nothing; the connection goes on. */
+static void test_v3_calls_on_v2(const char *path)
+{
+	cvd_options o;
+	cvd_error err;
+	cvd_client *c;
+	cvd_call_opts opts;
+	static const uint64_t counts[2] = {1, 1}, shape[1] = {2};
+	float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[16];
+	uint64_t before;
+	int k;
+	pid_t p = start_peer(path, PEER_V2_ONLY);
+	cvd_options_init(&o);
+	o.job = "demo";
+	o.no_lane = 1;
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && cvd_get_info(c)->version == 2, "connect to a version-2 daemon: %s", c ? "" : err.message);
+	if (!c) {
+		stop_peer(p, path);
+		return;
+	}
+	cvd_call_opts_init(&opts);
+	before = cvd_bytes_sent(c);
+	for (k = 0; k < 9; k++) {
+		static const char *const want[] = {
+			"cvd_allgather: allgather needs protocol version 3; the daemon speaks 2",
+			"cvd_allgatherv: allgather needs protocol version 3",
+			"cvd_reduce_scatter: reduce_scatter needs protocol version 3",
+			"cvd_reduce_scatterv: reduce_scatter needs protocol version 3",
+			"cvd_reduce: reduce needs protocol version 3",
+			"cvd_allreduce: dtype bfloat16 needs protocol version 3",
+			"cvd_allreduce: reduce op avg needs protocol version 3",
+			"cvd_allreduce: a shape needs protocol version 3",
+			"cvd_allreduce: prescale and postscale needs protocol version 3"};
+		int rc;
+		switch (k) {
+		case 0: rc = cvd_allgather(c, x, y, 1, CVD_FLOAT32, NULL, &err); break;
+		case 1: rc = cvd_allgatherv(c, x, 1, y, counts, CVD_FLOAT32, NULL, &err); break;
+		case 2: rc = cvd_reduce_scatter(c, x, y, 2, CVD_FLOAT32, CVD_SUM, NULL, &err); break;
+		case 3: rc = cvd_reduce_scatterv(c, x, 2, y, counts, CVD_FLOAT32, CVD_SUM, NULL, &err); break;
+		case 4: rc = cvd_reduce(c, x, 2, CVD_FLOAT32, CVD_SUM, 0, NULL, &err); break;
+		case 5: rc = cvd_allreduce(c, x, 2, CVD_BFLOAT16, CVD_SUM, &err); break;
+		case 6: rc = cvd_allreduce(c, x, 2, CVD_FLOAT32, CVD_AVG, &err); break;
+		case 7:
+			opts.shape = shape;
+			opts.ndim = 1;
+			rc = cvd_allreduce_opts(c, x, 2, CVD_FLOAT32, CVD_SUM, &opts, &err);
+			break;
+		default:
+			opts.ndim = 0;
+			opts.postscale = 0.5;
+			rc = cvd_allreduce_opts(c, x, 2, CVD_FLOAT32, CVD_SUM, &opts, &err);
+			break;
+		}
+		CHECK(rc == CVD_E_UNSUPPORTED && err.code == CVD_E_UNSUPPORTED && strstr(err.message, want[k]),
+		      "version-3 call %d on a version-2 daemon: %d %s", k, rc, err.message);
+	}
+	CHECK(cvd_bytes_sent(c) == before, "%llu bytes sent for refused calls",
+	      (unsigned long long)(cvd_bytes_sent(c) - before));
+	/* ... and a scale factor of 1 is no scaling at all: this one goes */
+	opts.postscale = 1;
+	CHECK(cvd_allreduce_opts(c, x, 2, CVD_FLOAT32, CVD_SUM, &opts, &err) == 0 && cvd_barrier(c, &err) == 0,
+	      "calls of version 2 after the refused ones: %s", err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+}
+
 void run_scripted_tests(void)
 {
 	char path[64];
@@ -528,4 +1018,6 @@ void run_scripted_tests(void)
 		       "a version-3 answer to a version-2 HELLO");
 	/* refused before HELLO is read: the daemon's error, not a broken pipe */
 	expect_refused(path, &o, PEER_REFUSE, CVD_E_PERMISSION, "uid 1000 is not allowed", NULL, "refused");
+	test_v3_calls_on_v2(path);
+	test_v3_calls(path);
 }
