@@ -24,7 +24,7 @@ CASES = {
     # allgather of two float16 (1.0, 2.0) inline, name "g", shape (2,).
     "allgather_f16_inline_shape": (
         P.Call(7, P.OP_ALLGATHER, P.DT_FLOAT16, P.RED_NONE, 2, name="g", flags=P.CALL_EXT,
-               data=h("003c 0040"), shape=(2,)),
+               data=h("003c 0040"), dims=(2,)),
         h("""22000000 05 00 0000 0700000000000000
              03 06 00 02 00000000 0200000000000000 01 67
              01 00 0000 0200000000000000
@@ -34,8 +34,9 @@ CASES = {
     # 3 offset 64 and the result at segment 4 offset 8 (every xflag).
     "reduce_scatterv_bf16_avg_shm_all": (
         P.Call(9, P.OP_REDUCE_SCATTER, P.DT_BFLOAT16, P.RED_AVG, 6,
-               flags=P.CALL_SHM | P.CALL_EXT, segment=3, offset=64, shape=(3, 2),
-               counts=(4, 2), scale=(0.5, 2.0), out=(4, 8)),
+               flags=P.CALL_SHM | P.CALL_EXT, segment=3, offset=64, dims=(3, 2),
+               xflags=P.XF_COUNTS | P.XF_SCALE | P.XF_OUT, counts=(4, 2), prescale=0.5,
+               postscale=2.0, out_segment=4, out_offset=8),
         h("""6d000000 05 00 0000 0900000000000000
              05 07 05 03 00000000 0600000000000000 00
              02 07 0000 0300000000000000 0200000000000000
@@ -46,7 +47,7 @@ CASES = {
     # allreduce of float32 with a scale only: ndim 0 (no shape), SCALE.
     "allreduce_f32_scale_only": (
         P.Call(1, P.OP_ALLREDUCE, P.DT_FLOAT32, P.RED_SUM, 1, flags=P.CALL_EXT,
-               data=h("0000803f"), scale=(0.25, 1.0)),
+               data=h("0000803f"), xflags=P.XF_SCALE, prescale=0.25, postscale=1.0),
         h("""29000000 05 00 0000 0100000000000000
              01 01 01 02 00000000 0100000000000000 00
              00 02 0000
@@ -61,7 +62,7 @@ CASES = {
     # allgatherv of uint8 inline: counts [1, 0, 2] (this rank gives 1).
     "allgatherv_u8_counts": (
         P.Call(3, P.OP_ALLGATHER, P.DT_UINT8, P.RED_NONE, 1, flags=P.CALL_EXT,
-               data=h("aa"), counts=(1, 0, 2)),
+               data=h("aa"), xflags=P.XF_COUNTS, counts=(1, 0, 2)),
         h("""36000000 05 00 0000 0300000000000000
              03 09 00 02 00000000 0100000000000000 00
              00 01 0000
@@ -71,7 +72,8 @@ CASES = {
     # them 0 (so count 0), with its OUT span.
     "allgather_shm_zero_dim_out": (
         P.Call(4, P.OP_ALLGATHER, P.DT_FLOAT64, P.RED_NONE, 0,
-               flags=P.CALL_SHM | P.CALL_EXT, segment=1, offset=0, shape=(4, 0, 2), out=(1, 4096)),
+               flags=P.CALL_SHM | P.CALL_EXT, segment=1, offset=0, dims=(4, 0, 2),
+               xflags=P.XF_OUT, out_segment=1, out_offset=4096),
         h("""4d000000 05 00 0000 0400000000000000
              03 02 00 03 00000000 0000000000000000 00
              03 04 0000 0400000000000000 0000000000000000 0200000000000000
@@ -111,7 +113,7 @@ def test_codes() -> None:
 def test_ext_size() -> None:
     for name, (call, frame) in CASES.items():
         if call.flags & P.CALL_EXT:
-            want = len(P.encode_call_ext(call.shape, call.counts, call.scale, call.out is not None))
+            want = len(P.encode_call_ext(call.dims, call.counts, call.scale, call.out is not None))
             assert P.call_ext_size(len(call.shape), None if call.counts is None else
                                    len(call.counts), call.scale is not None) == want, name
 
@@ -181,13 +183,14 @@ _FIXED_EXT = h("03 01 00 02 00000000 0100000000000000 00")  # allgather f32 coun
     (_FIXED_EXT + h("00 02 0000 000000000000f03f"), "payload_length", "prescale and postscale"),
     (_FIXED_EXT + h("00 00 0000 0000803f 00"), "inline_data_length",
      "CALL inline data is 5 bytes, count 1 x element size 4 needs 4"),
-    (_FIXED_EXT + h("00 04 0000 0000803f"), "bad_out", "OUT on an inline call"),
-    (_FIXED_EXT + h("09 00 0000") + bytes(72) + h("0000803f"), "bad_shape",
-     "shape has 9 dimensions, limit 8"),
+    (_FIXED_EXT + h("00 04 0000 0000803f") + bytes(16), "inline_data_length",
+     "CALL inline data is 20 bytes"),
+    (_FIXED_EXT + h("09 00 0000"), "bad_ndim", "shape has 9 dimensions, limit 8"),
     (h("03 01 00 03 00000000 0100000000000000 00 00 04 0000")
      + h("01000000 00000000 0000000000000000"), "payload_length", "must be"),
 ], ids=["no ext", "short shape", "short counts head", "short counts", "short scale",
-        "data too long", "out inline", "9 dimensions", "shm without its out span"])
+        "data too long", "an out span on an inline call is data", "9 dimensions",
+        "shm without its out span"])
 def test_decode_lengths_and_request_checks(payload: bytes, check: str, words: str) -> None:
     with pytest.raises(P.FrameError) as ei:
         P.decode(_with_payload(payload), 1 << 16)
@@ -196,16 +199,37 @@ def test_decode_lengths_and_request_checks(payload: bytes, check: str, words: st
 
 def test_encode_refuses_what_the_layout_cannot_say() -> None:
     with pytest.raises(ValueError, match="set flags CALL_EXT"):
-        P.encode(P.Call(1, P.OP_ALLREDUCE, P.DT_FLOAT32, P.RED_SUM, 1, data=bytes(4), shape=(1,)))
+        P.encode(P.Call(1, P.OP_ALLREDUCE, P.DT_FLOAT32, P.RED_SUM, 1, data=bytes(4), dims=(1,)))
     with pytest.raises(ValueError, match="set flags CALL_EXT"):
         P.encode(P.Call(1, P.OP_ALLREDUCE, P.DT_FLOAT32, P.RED_SUM, 1, data=bytes(4),
-                        scale=(2.0, 1.0)))
-    with pytest.raises(ValueError, match="out span is for shared-memory calls only"):
+                        xflags=P.XF_SCALE, prescale=2.0, postscale=1.0))
+    with pytest.raises(ValueError, match="xflags COUNTS needs counts"):
         P.encode(P.Call(1, P.OP_ALLGATHER, P.DT_FLOAT32, 0, 1, flags=P.CALL_EXT, data=bytes(4),
-                        out=(1, 0)))
+                        xflags=P.XF_COUNTS))
     with pytest.raises(ValueError, match="shape has 9 dimensions, limit 8"):
         P.encode(P.Call(1, P.OP_ALLREDUCE, P.DT_FLOAT32, P.RED_SUM, 1, flags=P.CALL_EXT,
-                        data=bytes(4), shape=(1,) * 9))
+                        data=bytes(4), dims=(1,) * 9))
+
+
+def test_inline_call_with_out_has_no_span() -> None:
+    # OUT on an inline call (the daemon refuses it as a request): no span
+    # follows; every byte after the extension is data.
+    c = P.Call(8, P.OP_ALLGATHER, P.DT_FLOAT32, 0, 1, flags=P.CALL_EXT, xflags=P.XF_OUT,
+               data=h("0000803f"))
+    frame = _with_payload(_FIXED_EXT + h("00 04 0000 0000803f"), 8)
+    assert P.encode(c) == frame
+    got = P.decode(frame, 1 << 16)
+    assert isinstance(got, P.Call) and got.xflags == P.XF_OUT and got.out is None
+    assert bytes(got.data) == h("0000803f")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_ext_is_undefined_before_version_3(version: int) -> None:
+    frame = CASES["allgather_f16_inline_shape"][1]
+    with pytest.raises(P.FrameError, match=rf"bad_flags: CALL flag EXT on a connection of "
+                                           rf"protocol version {version}"):
+        P.decode(frame, 1 << 16, version)
+    assert isinstance(P.decode(frame, 1 << 16, 3), P.Call)
 
 
 def test_empty_extension_is_four_bytes() -> None:

@@ -81,7 +81,13 @@ class _Ext:
 def _apply_ext(call: P.Call, ext: Optional[_Ext]) -> None:
     if ext is not None:
         call.flags |= P.CALL_EXT
-        call.shape, call.counts, call.scale = ext.shape, ext.counts, ext.scale
+        call.dims = ext.shape
+        if ext.counts is not None:
+            call.xflags |= P.XF_COUNTS
+            call.counts = ext.counts
+        if ext.scale is not None:
+            call.xflags |= P.XF_SCALE
+            call.prescale, call.postscale = ext.scale
 
 
 # This process's id, kept by a fork hook rather than asked of the kernel on
@@ -1047,7 +1053,8 @@ class Client:
             assert in_seg is not None and out_seg is not None
             call.flags |= P.CALL_SHM
             call.segment, call.offset = in_seg
-            call.out = out_seg
+            call.xflags |= P.XF_OUT
+            call.out_segment, call.out_offset = out_seg
         h = Handle(self, what, value)
         self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back, False), what,
                       handle=h, cleanup=cleanup, keep=(buf.owner, out.owner, value),

@@ -9,12 +9,11 @@ layout therefore depends on its version). The client asks for version 3
 Every decode failure raises :class:`FrameError` whose ``check`` names the
 rule that failed, using the names of ``clients/testdata/README.md``
 (``frame_too_long``, ``unknown_type``, ``reserved_nonzero``, ``bad_flags``,
-``bad_magic``, ``payload_length``, ``inline_data_length``, ``bad_version``), plus four that
+``bad_magic``, ``payload_length``, ``inline_data_length``, ``bad_version``), plus two that
 no vector pins because the daemon treats them as request errors rather than
 broken frames: ``bad_dtype`` (an inline CALL with an unknown dtype and a
-nonzero count), ``bad_utf8`` (a string that is not UTF-8), ``bad_shape``
-(a CALL shape of more than 8 dimensions) and ``bad_out`` (the extension's
-OUT flag on an inline CALL).
+nonzero count) and ``bad_utf8`` (a string that is not UTF-8). Version 3
+adds ``bad_ndim`` (a CALL shape of more than 8 dimensions).
 
 Version 3's CALL extension (``CALL_EXT``: shape, per-rank counts, scale
 factors, a result span) is encoded and decoded here too; which calls may
@@ -203,11 +202,12 @@ class Call:
     (``segment``, ``offset``); otherwise ``data`` holds it inline.
 
     With ``flags & CALL_EXT`` (version 3) the extension follows the name:
-    ``shape`` (``()``: none; at most :data:`MAX_DIMS` dimensions), and
-    each of ``counts`` (the per-rank counts of the "v" forms), ``scale``
-    (prescale, postscale) and ``out`` (the result's segment and offset,
-    shared-memory calls only) when not None; its xflags say which. Without
-    ``CALL_EXT`` those must stay empty."""
+    ``dims`` (the shape, ``()``: none), ``xflags``, and as ``xflags``
+    says ``counts`` (COUNTS: the per-rank counts of the "v" forms),
+    ``prescale`` and ``postscale`` (SCALE) and, on a shared-memory call,
+    ``out_segment`` and ``out_offset`` (OUT: the result's span; an inline
+    call with OUT has no such block). The fields are the shared vectors'
+    (clients/testdata/README.md). Without ``CALL_EXT`` they stay empty."""
 
     id: int
     op: int
@@ -221,10 +221,30 @@ class Call:
     offset: int = 0
     data: bytes | bytearray | memoryview = b""
     frame_flags: int = 0
-    shape: tuple[int, ...] = ()
-    counts: Optional[tuple[int, ...]] = None
-    scale: Optional[tuple[float, float]] = None
-    out: Optional[tuple[int, int]] = None
+    xflags: int = 0
+    dims: tuple[int, ...] | list[int] = ()
+    counts: Optional[tuple[int, ...] | list[int]] = None
+    prescale: float = 0.0
+    postscale: float = 0.0
+    out_segment: int = 0
+    out_offset: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape (``dims``), as a tuple."""
+        return tuple(self.dims)
+
+    @property
+    def scale(self) -> Optional[tuple[float, float]]:
+        """(prescale, postscale) if the call has SCALE, else None."""
+        return (self.prescale, self.postscale) if self.xflags & XF_SCALE else None
+
+    @property
+    def out(self) -> Optional[tuple[int, int]]:
+        """The result's (segment, offset) of a shared-memory call with OUT."""
+        if self.xflags & XF_OUT and self.flags & CALL_SHM:
+            return (self.out_segment, self.out_offset)
+        return None
 
 
 @dataclass
@@ -333,8 +353,15 @@ def encode_call_prefix(msg: Call) -> bytes:
     if len(nb) > 255:
         raise ValueError(f"call name is {len(nb)} bytes, limit 255")
     if msg.flags & CALL_EXT:
-        ext = encode_call_ext(msg.shape, msg.counts, msg.scale, msg.out is not None)
-    elif msg.shape or msg.counts is not None or msg.scale is not None or msg.out is not None:
+        if msg.xflags & XF_COUNTS and msg.counts is None:
+            raise ValueError("a CALL with xflags COUNTS needs counts")
+        if msg.counts is not None and not msg.xflags & XF_COUNTS:
+            raise ValueError("a CALL's counts need xflags COUNTS")
+        ext = encode_call_ext(msg.dims, msg.counts if msg.xflags & XF_COUNTS else None,
+                              (msg.prescale, msg.postscale) if msg.xflags & XF_SCALE else None,
+                              bool(msg.xflags & XF_OUT), msg.xflags)
+    elif (msg.dims or msg.counts is not None or msg.xflags or msg.prescale or msg.postscale
+          or msg.out_segment or msg.out_offset):
         raise ValueError("a CALL's shape, counts, scale and out travel in its extension: "
                          "set flags CALL_EXT")
     else:
@@ -342,10 +369,8 @@ def encode_call_prefix(msg: Call) -> bytes:
     tail = b""
     if msg.flags & CALL_SHM:
         tail = encode_segment_ref(msg.segment, msg.offset)
-        if msg.out is not None:
-            tail += encode_segment_ref(*msg.out)
-    elif msg.out is not None:
-        raise ValueError("a CALL's out span is for shared-memory calls only (flags CALL_SHM)")
+        if msg.xflags & XF_OUT:
+            tail += encode_segment_ref(msg.out_segment, msg.out_offset)
     length = CALL_FIXED_SIZE + len(nb) + len(ext) + len(tail) + (
         len(msg.data) if not msg.flags & CALL_SHM else 0)
     return encode_call_head(length, msg.id, msg.op, msg.dtype, msg.reduce, msg.flags, msg.root,
@@ -354,15 +379,17 @@ def encode_call_prefix(msg: Call) -> bytes:
 
 def encode_call_ext(shape: tuple[int, ...] | list[int] = (),
                     counts: Optional[tuple[int, ...] | list[int]] = None,
-                    scale: Optional[tuple[float, float]] = None, out: bool = False) -> bytes:
+                    scale: Optional[tuple[float, float]] = None, out: bool = False,
+                    xflags: int = 0) -> bytes:
     """A version-3 CALL's extension, from ``ndim`` through ``postscale``
     (what follows the name when flags has ``CALL_EXT``). ``out`` sets
     the OUT xflag; the out span itself follows the segment reference
-    (:func:`encode_segment_ref`)."""
+    (:func:`encode_segment_ref`). ``xflags``: bits to set besides those
+    the arguments imply."""
     if len(shape) > MAX_DIMS:
         raise ValueError(f"shape has {len(shape)} dimensions, limit {MAX_DIMS}")
-    xflags = ((XF_COUNTS if counts is not None else 0) | (XF_SCALE if scale is not None else 0)
-              | (XF_OUT if out else 0))
+    xflags |= ((XF_COUNTS if counts is not None else 0) | (XF_SCALE if scale is not None else 0)
+               | (XF_OUT if out else 0))
     b = _EXT_HEAD.pack(len(shape), xflags, 0)
     if shape:
         b += struct.pack(f"<{len(shape)}Q", *shape)
@@ -504,8 +531,11 @@ def _utf8(b: memoryview, tname: str, what: str) -> str:
 
 
 def decode_payload(ftype: int, flags: int, fid: int,
-                   payload: bytes | bytearray | memoryview) -> Message:
-    """Decode the payload of a frame whose header passed :func:`parse_header`.
+                   payload: bytes | bytearray | memoryview,
+                   version: int = PROTOCOL_VERSION) -> Message:
+    """Decode the payload of a frame whose header passed :func:`parse_header`,
+    as on a connection of protocol ``version`` (a CALL's EXT flag is
+    undefined before 3).
 
     Byte buffers (CALL data, CALL_OK result) are returned as memoryview
     slices of ``payload``, not copies.
@@ -573,7 +603,7 @@ def decode_payload(ftype: int, flags: int, fid: int,
         (size,) = _U64.unpack_from(p, 0)
         return LaneOk(fid, size, frame_flags=flags)
     if ftype == CALL:
-        return _decode_call(p, flags, fid)
+        return _decode_call(p, flags, fid, version)
     if ftype == STATUS_OK:
         return StatusOk(fid, _utf8(p, tname, "JSON document"), frame_flags=flags)
     # ERROR
@@ -584,7 +614,7 @@ def decode_payload(ftype: int, flags: int, fid: int,
     return Error(fid, code, msg, frame_flags=flags)
 
 
-def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
+def _decode_call(p: memoryview, flags: int, fid: int, version: int = PROTOCOL_VERSION) -> Call:
     _need(p, _CALL_FIXED.size, "CALL", "the description")
     op, dtype, red, cflags, root, count, nlen = _CALL_FIXED.unpack_from(p, 0)
     if cflags & ~(CALL_SHM | CALL_EXT):
@@ -595,20 +625,23 @@ def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
     off += nlen
     shape: tuple[int, ...] = ()
     counts: Optional[tuple[int, ...]] = None
-    scale: Optional[tuple[float, float]] = None
+    scale = (0.0, 0.0)
     xflags = 0
     if cflags & CALL_EXT:
+        if version < 3:
+            raise FrameError("bad_flags", f"CALL flag EXT on a connection of protocol version "
+                             f"{version} (the extension is version 3's)")
         _need(p, off + _EXT_HEAD.size, "CALL", "the extension's ndim, xflags and reserved")
         ndim, xflags, res = _EXT_HEAD.unpack_from(p, off)
         if xflags & ~(XF_COUNTS | XF_SCALE | XF_OUT):
             raise FrameError("bad_flags", f"CALL extension xflags 0x{xflags:02x} not defined")
         _zero(res, "CALL", "extension reserved field")
+        if ndim > MAX_DIMS:  # its dimensions are not read
+            raise FrameError("bad_ndim", f"CALL shape has {ndim} dimensions, limit {MAX_DIMS}")
         off += _EXT_HEAD.size
         _need(p, off + 8 * ndim, "CALL", f"a shape of {ndim} dimensions")
         shape = struct.unpack_from(f"<{ndim}Q", p, off)
         off += 8 * ndim
-        if ndim > MAX_DIMS:  # well formed, but beyond the protocol's bound
-            raise FrameError("bad_shape", f"CALL shape has {ndim} dimensions, limit {MAX_DIMS}")
         if xflags & XF_COUNTS:
             _need(p, off + _COUNTS_HEAD.size, "CALL", "ncounts and reserved")
             n, res = _COUNTS_HEAD.unpack_from(p, off)
@@ -621,22 +654,20 @@ def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
             _need(p, off + _SCALE.size, "CALL", "prescale and postscale")
             scale = _SCALE.unpack_from(p, off)
             off += _SCALE.size
-        if xflags & XF_OUT and not cflags & CALL_SHM:
-            # Well formed, but OUT is for shared-memory calls only: the
-            # daemon answers BAD_REQUEST (docs/PROTOCOL.md, CALL).
-            raise FrameError("bad_out", "CALL extension flag OUT on an inline call")
+        # OUT on an inline call: no span follows (the bytes are data); the
+        # daemon refuses the call as a request (BAD_REQUEST).
     if cflags & CALL_SHM:
         tail = _SEG_SIZE.size * (2 if xflags & XF_OUT else 1)
         _exact(p, off + tail, "CALL")
         seg, res, offset = _SEG_SIZE.unpack_from(p, off)
         _zero(res, "CALL", "segment reserved field")
-        out: Optional[tuple[int, int]] = None
+        oseg = ooff = 0
         if xflags & XF_OUT:
             oseg, res, ooff = _SEG_SIZE.unpack_from(p, off + _SEG_SIZE.size)
             _zero(res, "CALL", "out segment reserved field")
-            out = (oseg, ooff)
         return Call(fid, op, dtype, red, count, root, name, cflags, seg, offset, b"",
-                    frame_flags=flags, shape=shape, counts=counts, scale=scale, out=out)
+                    frame_flags=flags, xflags=xflags, dims=shape, counts=counts,
+                    prescale=scale[0], postscale=scale[1], out_segment=oseg, out_offset=ooff)
     size = DTYPE_SIZES.get(dtype)
     if size is None:
         if count != 0:  # well formed, but the data length cannot be checked
@@ -648,11 +679,13 @@ def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
                          f"CALL inline data is {len(data)} bytes, count {count} x element size "
                          f"{size} needs {count * size}")
     return Call(fid, op, dtype, red, count, root, name, cflags, 0, 0, data, frame_flags=flags,
-                shape=shape, counts=counts, scale=scale)
+                xflags=xflags, dims=shape, counts=counts, prescale=scale[0], postscale=scale[1])
 
 
-def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_FRAME) -> Message:
-    """Decode exactly one whole frame (header and payload)."""
+def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_FRAME,
+           version: int = PROTOCOL_VERSION) -> Message:
+    """Decode exactly one whole frame (header and payload), as on a
+    connection of protocol ``version``."""
     mv = memoryview(frame).cast("B")
     if len(mv) < HEADER_SIZE:
         raise FrameError("payload_length", f"frame is {len(mv)} bytes, shorter than a header")
@@ -660,4 +693,4 @@ def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_F
     if len(mv) != HEADER_SIZE + length:
         raise FrameError("payload_length",
                          f"header says {length} payload bytes, frame has {len(mv) - HEADER_SIZE}")
-    return decode_payload(ftype, flags, fid, mv[HEADER_SIZE:])
+    return decode_payload(ftype, flags, fid, mv[HEADER_SIZE:], version)
