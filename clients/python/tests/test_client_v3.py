@@ -310,3 +310,18 @@ def test_older_daemon_needs_version_3(tmp_path, version: int) -> None:
             assert d.calls[1].dtype == P.DT_BYTES and (x == 2).all()
     finally:
         d.close()
+
+
+def test_result_of_the_wrong_length_is_a_protocol_error(tmp_path) -> None:
+    # An allgather's inline CALL_OK must carry the op table's size (here
+    # 2 x 3 elements): one 4 bytes short fails the call, naming both.
+    d = ScriptedDaemon(str(tmp_path / "d.sock"), version=3, inline_limit=4096)
+    try:
+        with collectived.Client(d.path, job="demo", timeout=10.0) as c:
+            assert c.lane
+            with pytest.raises(collectived.ProtocolError,
+                               match=r"allgather\(name='lane-short', count=3\): CALL_OK result "
+                                     r"is 20 bytes, the call's result has 24"):
+                c.allgather(np.ones(3, np.float32), name="lane-short")
+    finally:
+        d.close()
