@@ -25,9 +25,9 @@ import "time"
 // then nothing is placed). AllGatherInto places every frame (gather set):
 // each block is received once, before this rank sends it on.
 type placement struct {
-	buf    []byte
-	p      partition
-	total  uint64 // data frames this op receives
+	buf       []byte
+	p         partition
+	total     uint64 // data frames this op receives
 	gather    blocks
 	gathering bool
 	nseg      int // AllGatherInto's segments per block
