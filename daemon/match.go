@@ -327,6 +327,7 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 // owed(l, k) is rank l's error for the k-th collective it is behind by.
 func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func(l int, k uint64) *ipc.Error, dst []failed[C]) []failed[C] {
 	restarted = m.restart(restarted, anyVacated)
+	fresh := m.fresh
 	m.fresh = false
 	if restarted {
 		for l := range m.slots {
@@ -335,7 +336,7 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 			}
 		}
 	}
-	if m.joins(restarted) {
+	if m.joins(restarted, fresh) {
 		m.vacated = false
 		m.finished = max(m.finished, agreed)
 		return dst
@@ -366,15 +367,18 @@ func (m *matcher[C]) restart(restarted, anyVacated bool) bool {
 
 // joins tells whether the node takes the world's count without owing
 // what it is behind by: its trainers are a new incarnation. Attached
-// trainers are not: a node that has any owes, restart or not.
-func (m *matcher[C]) joins(restarted bool) bool {
-	return m.vacated || (restarted && m.empty() && !m.anyQueued())
+// trainers of a daemon that was in the job are not: such a node owes,
+// restart or not. A fresh daemon's trainers are: it never matched a call
+// of theirs, and a trainer whose daemon died lost its connection with it
+// (the clients do not reconnect by themselves).
+func (m *matcher[C]) joins(restarted, fresh bool) bool {
+	return m.vacated || restarted && (fresh || m.empty() && !m.anyQueued())
 }
 
 // behind reports, before formed, how many collectives each rank of this
 // node would owe in a generation that agrees on agreed: 0 when it joins.
 func (m *matcher[C]) behind(agreed uint64, restarted, anyVacated bool) uint64 {
-	if agreed <= m.finished || m.joins(m.restart(restarted, anyVacated)) {
+	if agreed <= m.finished || m.joins(m.restart(restarted, anyVacated), m.fresh) {
 		return 0
 	}
 	return agreed - m.finished

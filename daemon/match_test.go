@@ -62,3 +62,25 @@ func TestBehind(t *testing.T) {
 		t.Errorf("ahead of the ring: behind %d, want 0", n)
 	}
 }
+
+// A restarted daemon's trainers that attach before its first generation
+// forms join at the world's count: they owe nothing of the collectives
+// the job ran before the daemon existed (e2e TestDaemonKilled, when the
+// new trainer wins the race with the formation).
+func TestFreshDaemonTrainersJoinTheWorld(t *testing.T) {
+	m := newMatcher[int](2)
+	m.attach(0, "trainer 0")
+	m.attach(1, "trainer 1")
+	if b := m.behind(162, true, false); b != 0 {
+		t.Fatalf("a fresh daemon's trainers are %d behind, want 0", b)
+	}
+	failed := m.formed(162, true, false, func(int, uint64) *ipc.Error { return ipc.Errorf(ipc.CodePeerLost, "owed") }, nil)
+	if len(failed) != 0 || m.owes(0) != 0 || m.owes(1) != 0 || m.finished != 162 {
+		t.Fatalf("formed: %d failed, owes %v %v, finished %d; want none owed at 162", len(failed), m.owes(0), m.owes(1), m.finished)
+	}
+	// The same node in its next generation is not fresh: attached
+	// trainers owe what it missed.
+	if b := m.behind(170, true, false); b != 8 {
+		t.Fatalf("behind %d after the first generation, want 8", b)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/collectived/collectived/internal/localworld"
+	"github.com/collectived/collectived/internal/syncbuf"
 )
 
 var daemonBin, trainerBin string
@@ -252,8 +253,8 @@ func (w *world) log(i int) string {
 type trainer struct {
 	node   int
 	cmd    *exec.Cmd
-	stdout bytes.Buffer
-	stderr bytes.Buffer
+	stdout syncbuf.Buffer // read while the process may still write (a timeout)
+	stderr syncbuf.Buffer
 	done   chan error
 }
 
@@ -312,7 +313,7 @@ func (tr *trainer) wait(t *testing.T, d time.Duration) ([]event, error) {
 		t.Fatalf("trainer pid %d still running after %v; stderr:\n%s", tr.cmd.Process.Pid, d, tr.stderr.String())
 	}
 	var evs []event
-	sc := bufio.NewScanner(bytes.NewReader(tr.stdout.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(tr.stdout.String()))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var e event

@@ -97,7 +97,8 @@ func (r *Ring) AllGatherInto(d collective.Desc, out []byte) error {
 	var err error
 	if r.size > 1 {
 		if err = r.healthy(); err == nil {
-			err = r.allGatherInto(b, out)
+			// The ring's own copy of the description: d does not escape.
+			err = r.allGatherInto(r.blocksOf(&r.desc), out)
 		}
 	}
 	return r.end(err)
@@ -111,6 +112,8 @@ func (r *Ring) totalBytes(b blocks) int {
 func (r *Ring) allGatherInto(b blocks, out []byte) error {
 	n := r.size
 	nseg := r.segments(b)
+	// Segments land in out itself (inplace.go); end stops placing.
+	r.pl = placement{buf: out, total: uint64((n - 1) * nseg), gather: b, gathering: true, nseg: nseg}
 	for s := 0; s < n-1; s++ {
 		r.setStep(s)
 		so, sl := b.span(mod(r.rank-s, n), n)
@@ -120,26 +123,26 @@ func (r *Ring) allGatherInto(b blocks, out []byte) error {
 			if err := r.send(kindData, out[po:po+pl], 0); err != nil {
 				return err
 			}
-			if err := r.recvInto(out, ro, rl, b.es, j, nseg); err != nil {
+			bf, err := r.recv(kindData)
+			if err != nil {
 				return err
 			}
+			qo, ql := piece(ro, rl, b.es, j, nseg)
+			if err := r.expectLen(bf, ql); err != nil {
+				return err
+			}
+			dst := out[qo : qo+ql]
+			if bf.place {
+				if ql > 0 && &bf.data[0] != &dst[0] {
+					return r.failLocal(r.rx[(r.recvCount-1)%r.nstreams], fmt.Errorf("internal error: segment %d of step %d was received at the wrong place", j, s))
+				}
+				r.inPlace++
+			} else {
+				copy(dst, bf.data)
+			}
+			r.release(bf)
 		}
 	}
-	return nil
-}
-
-// recvInto receives segment j of the block at ro (rl bytes) into out.
-func (r *Ring) recvInto(out []byte, ro, rl, es, j, nseg int) error {
-	bf, err := r.recv(kindData)
-	if err != nil {
-		return err
-	}
-	qo, ql := piece(ro, rl, es, j, nseg)
-	if err := r.expectLen(bf, ql); err != nil {
-		return err
-	}
-	copy(out[qo:qo+ql], bf.data)
-	r.release(bf)
 	return nil
 }
 

@@ -318,3 +318,45 @@ func TestCollectMismatchFailsEveryRank(t *testing.T) {
 		}
 	}
 }
+
+// TestAllGatherIntoPlacesAndDoesNotAllocate: a large allgather's
+// segments land in the result itself, and the steady state allocates
+// nothing.
+func TestAllGatherIntoPlacesAndDoesNotAllocate(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 2, tweak: func(c *Config) { c.Local = 2 }})
+	d := collective.Desc{Op: collective.OpAllGather, DType: collective.Float32, Count: 1 << 18}
+	outs := [][]byte{make([]byte, 4<<20), make([]byte, 4<<20)}
+	op := func(i int, r *Ring) error { return r.AllGatherInto(d, outs[i]) }
+	noErrors(t, "allgather", onAll(t, rings, op))
+	before := rings[0].inPlace
+	noErrors(t, "allgather", onAll(t, rings, op))
+	if rings[0].inPlace == before {
+		t.Errorf("no segment of a 4 MiB allgather was received in place")
+	}
+	if n := allocsPerOp(t, rings, 20, op); n != 0 {
+		t.Errorf("AllGatherInto allocates %v times per op", n)
+	}
+}
+
+// TestReduceScatterAndReduceDoNotAllocate, bfloat16 and float32 alike.
+func TestReduceScatterAndReduceDoNotAllocate(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 2, tweak: func(c *Config) { c.Local = 2 }})
+	for _, dt := range []collective.DType{collective.Float32, collective.BFloat16} {
+		n := 1 << 18
+		ins := [][][]byte{{make([]byte, n*dt.Size()), make([]byte, n*dt.Size())}, {make([]byte, n*dt.Size()), make([]byte, n*dt.Size())}}
+		works := [][]byte{make([]byte, n*dt.Size()), make([]byte, n*dt.Size())}
+		for _, op := range []collective.Op{collective.OpReduceScatter, collective.OpReduce} {
+			d := collective.Desc{Op: op, DType: dt, Reduce: collective.Avg, Count: uint64(n), PreScale: 0.5}
+			f := func(i int, r *Ring) error {
+				if op == collective.OpReduce {
+					return r.ReduceLocal(d, works[i], ins[i])
+				}
+				return r.ReduceScatterLocal(d, works[i], ins[i])
+			}
+			noErrors(t, d.String(), onAll(t, rings, f))
+			if a := allocsPerOp(t, rings, 10, f); a != 0 {
+				t.Errorf("%s allocates %v times per op", d, a)
+			}
+		}
+	}
+}

@@ -22,11 +22,15 @@ import "time"
 
 // placement is what an allreduce needs to know to place its allgather
 // frames: set by allReduceRing for the op under way, zero otherwise (and
-// then nothing is placed).
+// then nothing is placed). AllGatherInto places every frame (gather set):
+// each block is received once, before this rank sends it on.
 type placement struct {
-	buf   []byte
-	p     partition
-	total uint64 // data frames this op receives
+	buf       []byte
+	p         partition
+	total     uint64 // data frames this op receives
+	gather    blocks
+	gathering bool
+	nseg      int // AllGatherInto's segments per block
 }
 
 // placeFor is where receive number m of the op under way (counted from 0
@@ -35,6 +39,9 @@ type placement struct {
 // sending in the reduce-scatter.
 func (r *Ring) placeFor(m uint64) []byte {
 	pl := &r.pl
+	if pl.gathering {
+		return r.gatherPlace(m)
+	}
 	n, nseg := r.size, uint64(pl.p.nseg)
 	step := int(m / nseg)
 	if m >= pl.total || step < n-1 {
@@ -46,6 +53,24 @@ func (r *Ring) placeFor(m uint64) []byte {
 	}
 	ro, rl := pl.p.segment(mod(r.rank-t, n), j)
 	return pl.buf[ro : ro+rl : ro+rl]
+}
+
+// gatherPlace is placeFor for AllGatherInto: receive m is segment m%nseg
+// of the block of rank r-1-m/nseg, whose bytes nothing sends before the
+// op has received them.
+func (r *Ring) gatherPlace(m uint64) []byte {
+	pl := &r.pl
+	if m >= pl.total {
+		return nil
+	}
+	nseg := uint64(pl.nseg)
+	step, j := int(m/nseg), int(m%nseg)
+	ro, rl := pl.gather.span(mod(r.rank-step-1, r.size), r.size)
+	po, pn := piece(ro, rl, pl.gather.es, j, pl.nseg)
+	if pn == 0 {
+		return nil // nothing to place; the empty frame takes a buffer
+	}
+	return pl.buf[po : po+pn : po+pn]
 }
 
 // release returns b, the buffer of the frame just received, to its

@@ -45,7 +45,9 @@ fi
 # mypy: make test type-checks the client, which ships py.typed;
 # setuptools 77+: the client's build backend (SPDX license string), which
 # the packaging test runs offline from this venv.
-.venv/bin/python -m pip install -q numpy pytest mypy 'setuptools>=77'
+# ml_dtypes: NumPy's bfloat16, which the client takes when it is there
+# (optional for users); the tests reduce bfloat16 arrays with it.
+.venv/bin/python -m pip install -q numpy pytest mypy 'setuptools>=77' ml_dtypes
 .venv/bin/python -m pip install -q -e ./clients/python
 # The lane extension is optional for users (no compiler: no lane), not
 # here: the tests expect it.

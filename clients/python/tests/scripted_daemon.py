@@ -4,7 +4,12 @@ comes, a fatal error, a malformed frame).
 
 It speaks the protocol over a real Unix socket with real memfds and acts
 like a world of ``world`` identical trainers: allreduce(sum) multiplies by
-``world``, max/min leave values as they are, prod raises to the power.
+``world``, max/min leave values as they are, prod raises to the power;
+reduce does as allreduce, allgather repeats the call's data ``world``
+times (with per-rank counts: the caller's block is its data, every other
+block zero bytes), reduce_scatter gives the caller's block of what
+allreduce would give. Shared-memory calls of version 3 write the result
+to their OUT span.
 Call names steer it:
 
 - ``"hold"``: reply only after the next call arrives (so replies come out of order);
@@ -44,7 +49,8 @@ from typing import Optional
 from collectived import _lane as L
 from collectived import _protocol as P
 
-_FMT = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q"}
+_FMT = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64: "q",
+        P.DT_FLOAT16: "e"}
 
 
 class ScriptedDaemon:
@@ -78,6 +84,7 @@ class ScriptedDaemon:
         # finish after the next connection has made segments).
         self._seg_conn: dict[int, int] = {}
         self._lanes: dict[int, _DaemonLane] = {}
+        self._ranks: dict[int, int] = {}  # each connection's rank (its local rank)
         self._next_seg = 1
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._srv.bind(path)
@@ -150,6 +157,7 @@ class ScriptedDaemon:
                                               P.FLAG_FATAL)))
                 return
             lr = 0 if msg.local_rank < 0 else msg.local_rank
+            self._ranks[id(conn)] = lr
             v = msg.version if self.answer_version is None else self.answer_version
             conn.sendall(P.encode(P.HelloOk(
                 msg.id, v, lr, self.world, 0, 1, lr, self.world, self.inline_limit,
@@ -264,23 +272,47 @@ class ScriptedDaemon:
             if msg.name == "wake-id":  # a WAKE_CLIENT that carries an id
                 return struct.pack("<IBBHQ", 0, P.WAKE_CLIENT, 0, 0, 5)
             seq = len(self.calls) - 1
+            rank = self._ranks.get(id(conn), 0)
             if msg.flags & P.CALL_SHM:
                 mm = self._segs[msg.segment]
                 n = msg.count * P.DTYPE_SIZES[msg.dtype]
-                mm[msg.offset:msg.offset + n] = self._reduce(msg, bytes(mm[msg.offset:msg.offset + n]))
+                res = self._result(msg, bytes(mm[msg.offset:msg.offset + n]), rank)
+                if msg.out is not None:
+                    om = self._segs[msg.out[0]]
+                    om[msg.out[1]:msg.out[1] + len(res)] = res
+                else:
+                    mm[msg.offset:msg.offset + n] = res
                 return P.encode(P.CallOk(msg.id, 7, seq))
-            return P.encode(P.CallOk(msg.id, 7, seq, self._reduce(msg, bytes(msg.data))))
+            return P.encode(P.CallOk(msg.id, 7, seq, self._result(msg, bytes(msg.data), rank)))
         raise AssertionError(f"unexpected {msg!r}")
 
+    def _result(self, c: P.Call, data: bytes, rank: int) -> bytes:
+        """What the call gives this rank, by the rules in the docstring."""
+        size = P.DTYPE_SIZES.get(c.dtype, 0)
+        if c.op == P.OP_ALLGATHER:
+            if c.counts is None:
+                return data * self.world
+            return b"".join(data if i == rank else bytes(n * size) for i, n in enumerate(c.counts))
+        if c.op == P.OP_REDUCE_SCATTER:
+            red = self._reduce(c, data)
+            counts = c.counts or (c.count // self.world,) * self.world
+            at = sum(counts[:rank]) * size
+            return red[at:at + counts[rank] * size]
+        return self._reduce(c, data)
+
     def _reduce(self, c: P.Call, data: bytes) -> bytes:
-        if c.op != P.OP_ALLREDUCE or not data:
+        if c.op not in (P.OP_ALLREDUCE, P.OP_REDUCE, P.OP_REDUCE_SCATTER) or not data:
             return data
-        f = _FMT[c.dtype]
+        f = _FMT.get(c.dtype)
+        if f is None:  # the types struct has no format for: as max and min
+            return data
         vals = struct.unpack(f"<{c.count}{f}", data)
         if c.reduce == P.RED_SUM:
             vals = tuple(v * self.world for v in vals)
         elif c.reduce == P.RED_PROD:
             vals = tuple(v ** self.world for v in vals)
+        if c.scale is not None:
+            vals = tuple(v * c.scale[0] * c.scale[1] for v in vals)
         return struct.pack(f"<{c.count}{f}", *vals)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import json
+import math
 import mmap
 import os
 import struct
@@ -112,8 +113,15 @@ _TYPECODES = {P.DT_FLOAT32: "f", P.DT_FLOAT64: "d", P.DT_INT32: "i", P.DT_INT64:
 def _inline_call_vectors() -> list[dict]:
     with open(VECTORS, encoding="utf-8") as f:
         vs = json.load(f)
+    # The short way builds calls of version 1's dtypes, inline, with at
+    # most a shape in the extension (version 3).
     return [v for v in vs if v.get("valid", True) and v["decoded"]["type"] == "CALL"
-            and not v["decoded"]["flags"] and v["decoded"]["count"] and not v["decoded"]["frame_flags"]]
+            and not v["decoded"]["flags"] & P.CALL_SHM and v["decoded"]["dtype"] in _TYPECODES
+            and not v["decoded"].get("xflags") and v["decoded"]["count"]
+            and not v["decoded"]["frame_flags"]
+            # a shape is sent only when there is one, and it is the array's
+            and (not v["decoded"]["flags"] & P.CALL_EXT or v["decoded"]["dims"]
+                 and math.prod(v["decoded"]["dims"]) == v["decoded"]["count"])]
 
 
 @pytest.mark.parametrize("v", _inline_call_vectors(), ids=lambda v: v["name"])
@@ -122,11 +130,16 @@ def test_put_call_builds_the_vectors_frame(lane: mmap.mmap, v: dict) -> None:
     # Go and C clients' encoders are checked against the same vectors).
     d = v["decoded"]
     want = bytes.fromhex(v["hex"])
-    data = array.array(_TYPECODES[d["dtype"]], bytes.fromhex(d["data"]))
+    data: object = array.array(_TYPECODES[d["dtype"]], bytes.fromhex(d["data"]))
+    ext = bool(d["flags"] & P.CALL_EXT)
+    if ext:  # the shape is the array's
+        np = pytest.importorskip("numpy")
+        data = np.frombuffer(bytearray(bytes.fromhex(d["data"])),
+                             _TYPECODES[d["dtype"]]).reshape(d["dims"])
     w = lanewords.Words(lane)
     w.store(L.C_PARKED, 1)
     assert w.put_call(d["id"], d["op"], d["reduce"], d["root"], d["name"].encode("utf-8"),
-                      data, d["dtype"] != P.DT_BYTES, 1 << 20) == 0
+                      data, d["dtype"] != P.DT_BYTES, 1 << 20, None, 0, ext) == 0
     assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
     assert w.load(L.C2D_SEQ) == 1 == w.own  # published, and counted
     assert w.load(L.C_PARKED) == 0  # and the client said it watches for the answer
@@ -217,5 +230,44 @@ def test_put_call_through_a_scratch_segment(lane: mmap.mmap) -> None:
     # The scratch segment is the client's own: one it cannot write is a bug, said.
     with pytest.raises(BufferError):
         w.put_call(22, P.OP_ALLREDUCE, P.RED_MAX, 0, b"", x, True, 1 << 18, b"read-only", 7)
+    w.close()
+    scratch.close()
+
+
+def test_put_call_with_the_shape(lane: mmap.mmap) -> None:
+    # Version 3: with shape, the frame carries data's shape in the CALL
+    # extension, byte for byte what the client's encoder makes of the
+    # call, inline and through a scratch segment; a 0-d array has none.
+    np = pytest.importorskip("numpy")
+    w = lanewords.Words(lane)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert w.put_call(5, P.OP_ALLREDUCE, P.RED_SUM, 0, b"s", x, True, 4096, None, 0, True) == 0
+    want = P.encode(P.Call(5, P.OP_ALLREDUCE, P.DT_FLOAT32, P.RED_SUM, 6, name="s",
+                           flags=P.CALL_EXT, data=x.tobytes(), dims=(2, 3)))
+    assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
+    s = np.full((), 2.5)  # 0-d
+    assert w.put_call(6, P.OP_BROADCAST, P.RED_NONE, 1, b"", s, False, 4096, None, 0, True) == 0
+    want = P.encode(P.Call(6, P.OP_BROADCAST, P.DT_FLOAT64, P.RED_NONE, 1, root=1,
+                           data=s.tobytes()))
+    assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
+    scratch = mmap.mmap(-1, 1 << 16)
+    y = np.arange(2 * 3 * 400, dtype=np.int64).reshape(2, 3, 400)
+    assert w.put_call(7, P.OP_ALLREDUCE, P.RED_MAX, 0, b"", y, True, 1 << 18,
+                      memoryview(scratch), 9, True) == 0
+    want = P.encode_call_prefix(P.Call(7, P.OP_ALLREDUCE, P.DT_INT64, P.RED_MAX, 2400,
+                                       flags=P.CALL_SHM | P.CALL_EXT, segment=9, offset=0,
+                                       dims=(2, 3, 400)))
+    assert bytes(lane[L.C2D:L.C2D + len(want)]) == want
+    assert bytes(scratch[:y.nbytes]) == y.tobytes()
+    assert w.own == w.load(L.C2D_SEQ) == 3
+    # More than 8 dimensions: left to the client, which says what is wrong.
+    z = np.zeros((1,) * 9, np.float32)
+    assert w.put_call(8, P.OP_ALLREDUCE, P.RED_SUM, 0, b"", z, True, 4096, None, 0, True) == -1
+    # The shape counts against the slot: data that fits without it may not with it.
+    room = L.FRAME_MAX - P.HEADER_SIZE - P.CALL_FIXED_SIZE
+    big = bytearray(room)
+    assert w.put_call(9, P.OP_BROADCAST, P.RED_NONE, 0, b"", big, False, 1 << 20, None, 0,
+                      True) == -1
+    assert w.own == 3
     w.close()
     scratch.close()

@@ -127,6 +127,18 @@ def torch_allreduce(c: collectived.Client) -> Any:
     assert float(z.abs().max()) == 0.0, "collectived.torch.zeros gave non-zero memory"
     e = ct.empty(c, 10, torch.int32)
     assert e.dtype == torch.int32 and e.shape == (10,)
+    # The 16-bit floats in shared memory too: bfloat16 through its bits.
+    for dt in (torch.bfloat16, torch.float16, torch.uint8):
+        s = ct.zeros(c, (3, 5), dt)
+        assert s.dtype == dt and s.shape == (3, 5) and float(s.float().abs().max()) == 0.0
+        s += 1
+        c.allreduce(s, "max")
+        assert float(s.float().min()) == float(s.float().max()) == 1.0
+    try:
+        ct.empty(c, 3, torch.complex64)
+        raise AssertionError("collectived.torch.empty took complex64")
+    except collectived.DTypeError as err:
+        assert "complex64" in str(err) and "bfloat16" in str(err)
     z += c.rank
     before = c.bytes_sent
     c.allreduce(z, op="max")
@@ -138,9 +150,11 @@ def torch_allreduce(c: collectived.Client) -> Any:
     c.allreduce(a)
     sent = max(sent, c.bytes_sent - before)
     assert float(a.min()) == float(a.max()) == float(c.size)
-    # refused before anything is sent: a strided view, an unsupported dtype
-    for bad, want in ((torch.ones(4, 4)[:, 1], ValueError), (torch.ones(4, dtype=torch.float16),
-                                                              TypeError)):
+    # refused before anything is sent: a strided view, unsupported dtypes
+    for bad, want in ((torch.ones(4, 4)[:, 1], ValueError),
+                      (torch.ones(4, dtype=torch.complex64), collectived.DTypeError),
+                      (torch.ones(4, dtype=torch.bool), collectived.DTypeError),
+                      (torch.ones(4, dtype=torch.int16), TypeError)):
         try:
             c.allreduce(bad)
             raise AssertionError(f"allreduce took a {bad.dtype} tensor of stride {bad.stride()}")

@@ -175,12 +175,14 @@ log:
         return self.sockets[world_rank // self.local_size], world_rank % self.local_size
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), *,
-            timeout: float = 120.0) -> list[Any]:
+            timeout: float = 120.0, client_kw: Optional[dict[str, Any]] = None) -> list[Any]:
         """Run ``fn(client, *args)`` in one spawned process per world rank; return
-        the results by world rank. ``fn`` must be a module-level function."""
+        the results by world rank. ``fn`` must be a module-level function.
+        ``client_kw``: more keyword arguments for every Client."""
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(self.size) as pool:
-            jobs = [pool.apply_async(_trainer, (self.trainer_args(i), fn, tuple(args)))
+            jobs = [pool.apply_async(_trainer, (self.trainer_args(i), fn, tuple(args),
+                                                client_kw or {}))
                     for i in range(self.size)]
             out = []
             deadline = time.monotonic() + timeout
@@ -195,13 +197,16 @@ log:
             return out
 
 
-def connect_trainer(sock: str, local_rank: int, label: str = "pytest trainer") -> collectived.Client:
+def connect_trainer(sock: str, local_rank: int, label: str = "pytest trainer",
+                    **kw: Any) -> collectived.Client:
     """Connect as ``local_rank``, retrying RANK_TAKEN for a few seconds: the
     previous test's trainer may have exited before its daemon noticed."""
-    return collectived.Client(sock, job=JOB, local_rank=local_rank, label=label, rank_retry=5.0)
+    return collectived.Client(sock, job=JOB, local_rank=local_rank, label=label, rank_retry=5.0,
+                              **kw)
 
 
-def _trainer(where: tuple[str, int], fn: Callable[..., Any], args: tuple) -> Any:
+def _trainer(where: tuple[str, int], fn: Callable[..., Any], args: tuple,
+             client_kw: dict[str, Any]) -> Any:
     sock, local_rank = where
-    with connect_trainer(sock, local_rank) as c:
+    with connect_trainer(sock, local_rank, **client_kw) as c:
         return fn(c, *args)

@@ -1,5 +1,6 @@
-"""collectived: collective operations (allreduce, broadcast, barrier) for
-trainer processes, through the node's collectived daemon.
+"""collectived: collective operations (allreduce, broadcast, barrier,
+allgather, reduce_scatter, reduce) for trainer processes, through the
+node's collectived daemon.
 
 >>> import numpy as np, collectived
 >>> with collectived.Client() as c:
@@ -24,11 +25,13 @@ from .errors import (
     CollectivedError,
     CollectiveTimeoutError,
     ConnectionLostError,
+    DTypeError,
     FullError,
     HandshakeError,
     InternalError,
     JobError,
     MismatchError,
+    NeedsVersionError,
     PeerLostError,
     ProtocolError,
     QuotaError,
@@ -40,6 +43,7 @@ from .errors import (
     TooManyError,
     TrainerLostError,
     UnsupportedError,
+    UsageError,
     VersionError,
     WaitTimeoutError,
 )
@@ -54,5 +58,5 @@ __all__ = [
     "BadFDError", "BadRequestError", "TooLargeError", "TooManyError", "MismatchError",
     "CollectiveTimeoutError", "PeerLostError", "TrainerLostError", "AbortedError",
     "ShutdownError", "UnsupportedError", "InternalError", "ConnectionLostError",
-    "WaitTimeoutError",
+    "WaitTimeoutError", "UsageError", "DTypeError", "NeedsVersionError",
 ]

@@ -9,9 +9,11 @@ import itertools
 import json
 import math
 import mmap
+import operator
 import os
 import socket as _socket
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -24,10 +26,13 @@ from ._buffers import Buffer, _from_torch, address_of, as_buffer
 from .errors import (
     CollectivedError,
     ConnectionLostError,
+    DTypeError,
     FullError,
+    NeedsVersionError,
     ProtocolError,
     QuotaError,
     RankTakenError,
+    UsageError,
     VersionError,
     WaitTimeoutError,
     error_for,
@@ -52,9 +57,37 @@ _EMPTY = Buffer(memoryview(bytearray(0)), 0, 0, None)  # a barrier's buffer
 _NO_RESULT = memoryview(bytearray(0))  # where a shared-memory call's (empty) answer data goes
 _NOT_SHORT = object()  # Client._short_call: not a call for the short way
 _SHORT_MAX = _lane.FRAME_MAX - P.HEADER_SIZE - P.CALL_FIXED_SIZE  # the most data it can take
-REDUCE_OPS = {"sum": P.RED_SUM, "prod": P.RED_PROD, "max": P.RED_MAX, "min": P.RED_MIN}
-_OP_NAMES = {P.OP_ALLREDUCE: "allreduce", P.OP_BROADCAST: "broadcast",
-             P.OP_BARRIER: "barrier"}
+REDUCE_OPS = {"sum": P.RED_SUM, "prod": P.RED_PROD, "max": P.RED_MAX, "min": P.RED_MIN,
+              "avg": P.RED_AVG}
+_OP_NAMES = P.OP_NAMES
+# The protocol version a call needs: its op's, dtype's and reduce op's,
+# and 3 for anything in the CALL extension (docs/PROTOCOL.md, CALL).
+_V3 = 3
+
+
+@dataclass
+class _Ext:
+    """What a call carries in version 3's CALL extension (besides its
+    result span, which the client adds for a shared-memory call)."""
+    shape: tuple[int, ...] = ()
+    counts: Optional[tuple[int, ...]] = None
+    scale: Optional[tuple[float, float]] = None
+
+    def size(self) -> int:
+        return P.call_ext_size(len(self.shape), None if self.counts is None else len(self.counts),
+                               self.scale is not None)
+
+
+def _apply_ext(call: P.Call, ext: Optional[_Ext]) -> None:
+    if ext is not None:
+        call.flags |= P.CALL_EXT
+        call.dims = ext.shape
+        if ext.counts is not None:
+            call.xflags |= P.XF_COUNTS
+            call.counts = ext.counts
+        if ext.scale is not None:
+            call.xflags |= P.XF_SCALE
+            call.prescale, call.postscale = ext.scale
 
 
 # This process's id, kept by a fork hook rather than asked of the kernel on
@@ -85,16 +118,43 @@ def _describe_data(op: int, name: str, data: Any) -> str:
 
 def _reduce_op(op: str) -> int:
     if op not in REDUCE_OPS:
-        raise ValueError(f"unknown reduce op {op!r} (want sum, prod, max or min)")
+        raise UsageError(f"unknown reduce op {op!r} (want sum, prod, max, min or avg)")
     return REDUCE_OPS[op]
 
 
 def _numeric(x: Any) -> Buffer:
-    """``x`` as a buffer an allreduce can take: numbers, not bytes."""
-    buf = as_buffer(x)
-    if buf.dtype == P.DT_BYTES:
-        raise TypeError("allreduce needs float32, float64, int32 or int64 elements")
-    return buf
+    """``x`` as a buffer a reduction can take: numbers, not bytes (one-byte
+    integers are int8 and uint8 here)."""
+    return as_buffer(x, numeric=True)
+
+
+def _rows_shape(shape: tuple[int, ...], n: int, counts: Sequence[int]) -> tuple[int, ...]:
+    """The shape of ``n`` elements gathered (or scattered) in blocks of
+    ``counts`` elements of an array of ``shape``: rows of its inner
+    dimensions when every count is a whole number of them, else one
+    dimension."""
+    if len(shape) >= 2:
+        k = math.prod(shape[1:])
+        if k and all(c % k == 0 for c in counts):
+            return (n // k, *shape[1:])
+    return (n,)
+
+
+def _new_like(buf: Buffer, n: int, shape: tuple[int, ...]) -> Any:
+    """A new array of ``n`` elements of ``shape`` and ``buf``'s type: a
+    tensor for a tensor, a NumPy array for an array, else a memoryview of
+    ``buf``'s format over a new bytearray."""
+    owner = buf.owner
+    mod = type(owner).__module__ or ""
+    if mod.startswith("torch"):
+        return sys.modules["torch"].empty(shape, dtype=owner.dtype)
+    if mod.startswith("numpy") or hasattr(owner, "__array_interface__"):
+        import numpy as np
+
+        return np.empty(shape, dtype=owner.dtype)
+    fmt = memoryview(owner).format.lstrip("@=<")
+    raw = bytearray(n * P.DTYPE_SIZES[buf.dtype])
+    return raw if fmt == "B" else memoryview(raw).cast(fmt)  # type: ignore[call-overload]
 
 
 def default_wait_timeout(timeout_ms: int, first_call_timeout_ms: Optional[int] = None) -> float:
@@ -227,8 +287,8 @@ class _Pending:
 
 
 def _lane_frame_fits(name_len: int, nbytes: int) -> bool:
-    """Whether a CALL with a name of ``name_len`` bytes and ``nbytes`` of
-    inline data fits the lane's slot."""
+    """Whether a CALL with a name (and CALL extension) of ``name_len``
+    bytes and ``nbytes`` of inline data fits the lane's slot."""
     return P.HEADER_SIZE + P.CALL_FIXED_SIZE + name_len + nbytes <= _lane.FRAME_MAX
 
 
@@ -307,6 +367,15 @@ class Client:
         spin: seconds a small call's caller watches the lane for its answer
             before it sleeps until the reader thread hands it over (default
             200 µs; 0 never watches).
+        shapes: on a connection of protocol version 3, send every array's
+            shape with its call (default False), for the daemon to match:
+            trainers whose arrays hold as many elements in other shapes
+            then get MISMATCH naming both shapes. A 0-d array, and any call
+            on a daemon of version 1 or 2, sends none. Without it no call
+            carries a shape and calls match by count, as before version 3
+            and as the Go client's do. Every trainer of a job must choose
+            alike: a call with a shape matches only calls with the same
+            shape, never one without.
 
     Calls are matched across the world by order, so issue collectives on one
     client from one thread (or serialize them); waiting on handles from
@@ -318,7 +387,7 @@ class Client:
                  job: Optional[str] = None, label: str = "", timeout: Optional[float] = None,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, observer: bool = False,
                  rank_retry: float = 0.0, no_lane: bool = False,
-                 spin: float = DEFAULT_SPIN) -> None:
+                 spin: float = DEFAULT_SPIN, shapes: bool = False) -> None:
         if spin < 0:
             raise ValueError(f"spin is {spin} s; want 0 (never watch the lane) or more")
         self.path = socket or os.environ.get("COLLECTIVED_SOCKET") or DEFAULT_SOCKET
@@ -369,6 +438,8 @@ class Client:
                 hello.version -= 1
         self.info = ok
         self._generation = ok.generation
+        # Whether calls carry their array's shape (the CALL extension).
+        self._shapes = shapes and ok.version >= _V3
         self._observer = observer
         self.timeout: float = (timeout if timeout is not None else
                                default_wait_timeout(ok.timeout_ms, ok.first_call_timeout_ms))
@@ -486,24 +557,60 @@ class Client:
 
     # ------------------------------------------------------------ collectives
 
-    def allreduce(self, x: Any, op: str = "sum", *, name: str = "",
-                  timeout: Optional[float] = None) -> Any:
+    def allreduce(self, x: Any, op: str = "sum", *, name: str = "", prescale: float = 1.0,
+                  postscale: float = 1.0, timeout: Optional[float] = None) -> Any:
         """Reduce ``x`` across the world in place and return it.
 
         ``x`` is a contiguous NumPy array or PyTorch CPU tensor of float32,
-        float64, int32 or int64 (or a writable Python buffer of those).
-        ``op`` is ``"sum"``, ``"prod"``, ``"max"`` or ``"min"``.
+        float64, float16, bfloat16, int32, int64, int8 or uint8 (or a
+        writable Python buffer of those). ``op`` is ``"sum"``, ``"prod"``,
+        ``"max"``, ``"min"`` or ``"avg"`` (the sum divided by the world
+        size; float dtypes only). ``prescale`` and ``postscale`` (float
+        dtypes, sum or avg) multiply every input element before the
+        reduction and every result element after it. float16, bfloat16,
+        int8, uint8, avg and the scale factors need a daemon of protocol
+        version 3 (:class:`NeedsVersionError` otherwise).
         """
         red = REDUCE_OPS.get(op)
-        if red is not None and self._lane is not None:
+        if (red is not None and red != P.RED_AVG and prescale == 1.0 and postscale == 1.0
+                and self._lane is not None):
             got = self._short_call(P.OP_ALLREDUCE, red, 0, name, x, True, timeout)
             if got is not _NOT_SHORT:
                 return got
-        return self._call_now(P.OP_ALLREDUCE, _reduce_op(op), 0, name, _numeric(x), x, timeout)
+        buf = _numeric(x)
+        red, ext = self._reduction(P.OP_ALLREDUCE, op, name, buf, prescale, postscale)
+        return self._call_now(P.OP_ALLREDUCE, red, 0, name, buf, x, timeout, ext)
 
-    def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "") -> Handle:
+    def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "", prescale: float = 1.0,
+                        postscale: float = 1.0) -> Handle:
         """Start an allreduce; ``x`` must not be touched until the handle is done."""
-        return self._collective(P.OP_ALLREDUCE, _reduce_op(op), 0, name, _numeric(x), x)
+        buf = _numeric(x)
+        red, ext = self._reduction(P.OP_ALLREDUCE, op, name, buf, prescale, postscale)
+        return self._collective(P.OP_ALLREDUCE, red, 0, name, buf, x, ext)
+
+    def reduce(self, x: Any, root: int, op: str = "sum", *, name: str = "",
+               prescale: float = 1.0, postscale: float = 1.0,
+               timeout: Optional[float] = None) -> Any:
+        """Reduce ``x`` across the world into world rank ``root``'s ``x``,
+        in place; return ``x``. Elsewhere ``x`` is left as it was. Element
+        types, ``op`` and the scale factors as for :meth:`allreduce`.
+        Protocol version 3."""
+        buf = self._reduce_args(x, root)
+        red, ext = self._reduction(P.OP_REDUCE, op, name, buf, prescale, postscale)
+        return self._call_now(P.OP_REDUCE, red, root, name, buf, x, timeout, ext)
+
+    def reduce_async(self, x: Any, root: int, op: str = "sum", *, name: str = "",
+                     prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+        """Start a reduce to world rank ``root``; ``x`` must not be touched
+        until the handle is done. ``wait()`` returns ``x``."""
+        buf = self._reduce_args(x, root)
+        red, ext = self._reduction(P.OP_REDUCE, op, name, buf, prescale, postscale)
+        return self._collective(P.OP_REDUCE, red, root, name, buf, x, ext)
+
+    def _reduce_args(self, x: Any, root: int) -> Buffer:
+        self._need_v3(P.OP_REDUCE, "reduce")
+        self._check_root(root, "reduce")
+        return _numeric(x)
 
     def broadcast(self, x: Any, root: int, *, name: str = "",
                   timeout: Optional[float] = None) -> Any:
@@ -513,17 +620,132 @@ class Client:
             got = self._short_call(P.OP_BROADCAST, P.RED_NONE, root, name, x, False, timeout)
             if got is not _NOT_SHORT:
                 return got
-        return self._call_now(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x, timeout)
+        buf = self._moved(x, P.OP_BROADCAST, name)
+        return self._call_now(P.OP_BROADCAST, P.RED_NONE, root, name, buf, x, timeout,
+                              self._ext(buf))
 
     def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
         """Start a broadcast from world rank ``root``; ``x`` must not be
         touched until the handle is done. ``wait()`` returns ``x``."""
         self._check_root(root)
-        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, as_buffer(x), x)
+        buf = self._moved(x, P.OP_BROADCAST, name)
+        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, buf, x, self._ext(buf))
 
-    def _check_root(self, root: int) -> None:
+    def _check_root(self, root: int, what: str = "broadcast") -> None:
         if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root {root} outside world of {self.size}")
+            raise UsageError(f"{what} root {root} outside world of {self.size} "
+                             f"(world ranks 0 to {self.size - 1})")
+
+    def allgather(self, x: Any, out: Any = None, *, name: str = "",
+                  timeout: Optional[float] = None) -> Any:
+        """Gather every rank's ``x`` (all of one shape) into ``out``, rank
+        0's first, and return ``out``: ``size * len(x)`` elements of
+        ``x``'s type. Without ``out`` a new array (or tensor) is made, of
+        shape ``(size * x.shape[0], *x.shape[1:])``. Any element type
+        (one-byte ones travel as bytes). With ``x`` and ``out`` both in
+        the client's shared memory (:meth:`empty`) nothing is copied; ``x``
+        may then be the caller's own block of ``out`` (in place).
+        Protocol version 3."""
+        return self.allgather_async(x, out, name=name).wait(timeout)
+
+    def allgather_async(self, x: Any, out: Any = None, *, name: str = "") -> Handle:
+        """Start an allgather; neither ``x`` nor ``out`` may be touched
+        until the handle is done. ``wait()`` returns ``out``."""
+        self._need_v3(P.OP_ALLGATHER, "allgather")
+        buf = self._moved(x, P.OP_ALLGATHER, name)
+        n = self.size * buf.count
+        shape = (self.size * buf.shape[0], *buf.shape[1:]) if buf.shape else (n,)
+        ob, oval = self._out_for(P.OP_ALLGATHER, name, buf, out, n, shape, False)
+        return self._collective_out(P.OP_ALLGATHER, P.RED_NONE, name, buf, ob, oval,
+                                    self._ext(buf), self.rank * buf.nbytes)
+
+    def allgatherv(self, x: Any, counts: Sequence[int], out: Any = None, *, name: str = "",
+                   timeout: Optional[float] = None) -> Any:
+        """Allgather with a count per rank: rank i gives ``counts[i]``
+        elements (``len(x)`` must be ``counts[rank]``; zero allowed), and
+        ``out`` gets ``sum(counts)`` elements, rank i's at offset
+        ``sum(counts[:i])``. Every rank passes the same ``counts``. Without
+        ``out`` a new array is made: ``(sum(counts) // k, *x.shape[1:])``
+        when every count is a multiple of ``k``, the product of
+        ``x.shape[1:]``, else one-dimensional. Protocol version 3."""
+        return self.allgatherv_async(x, counts, out, name=name).wait(timeout)
+
+    def allgatherv_async(self, x: Any, counts: Sequence[int], out: Any = None, *,
+                         name: str = "") -> Handle:
+        """Start an allgatherv; ``x`` and ``out`` must not be touched until
+        the handle is done. ``wait()`` returns ``out``."""
+        self._need_v3(P.OP_ALLGATHER, "allgatherv")
+        buf = self._moved(x, P.OP_ALLGATHER, name)
+        cs = self._counts("allgatherv", counts)
+        if cs[self.rank] != buf.count:
+            raise UsageError(f"allgatherv: counts[{self.rank}] (this rank's) is "
+                             f"{cs[self.rank]}, but x holds {buf.count} elements")
+        n = sum(cs)
+        shape = _rows_shape(buf.shape, n, cs)
+        ob, oval = self._out_for(P.OP_ALLGATHER, name, buf, out, n, shape, False)
+        esize = P.DTYPE_SIZES[buf.dtype]
+        return self._collective_out(P.OP_ALLGATHER, P.RED_NONE, name, buf, ob, oval,
+                                    self._ext(buf, counts=cs), sum(cs[:self.rank]) * esize)
+
+    def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", *, name: str = "",
+                       prescale: float = 1.0, postscale: float = 1.0,
+                       timeout: Optional[float] = None) -> Any:
+        """Reduce ``x`` (the whole vector, as many elements on every rank,
+        a multiple of the world size) across the world and put block
+        ``rank`` of the result, ``len(x) // size`` elements, in ``out``;
+        return ``out``. Without ``out`` a new array is made (of shape
+        ``(x.shape[0] // size, *x.shape[1:])`` when the first dimension
+        divides, else one-dimensional). Element types, ``op`` and the
+        scale factors as for :meth:`allreduce`. Protocol version 3."""
+        return self.reduce_scatter_async(x, out, op, name=name, prescale=prescale,
+                                         postscale=postscale).wait(timeout)
+
+    def reduce_scatter_async(self, x: Any, out: Any = None, op: str = "sum", *, name: str = "",
+                             prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+        """Start a reduce_scatter; ``x`` and ``out`` must not be touched
+        until the handle is done. ``wait()`` returns ``out``."""
+        self._need_v3(P.OP_REDUCE_SCATTER, "reduce_scatter")
+        buf = _numeric(x)
+        red, ext = self._reduction(P.OP_REDUCE_SCATTER, op, name, buf, prescale, postscale)
+        if buf.count % self.size:
+            raise UsageError(f"reduce_scatter: x holds {buf.count} elements, not a multiple of "
+                             f"the world size {self.size} (reduce_scatterv takes per-rank counts)")
+        n = buf.count // self.size
+        shape = ((buf.shape[0] // self.size, *buf.shape[1:])
+                 if buf.shape and buf.shape[0] % self.size == 0 else (n,))
+        ob, oval = self._out_for(P.OP_REDUCE_SCATTER, name, buf, out, n, shape, True)
+        return self._collective_out(P.OP_REDUCE_SCATTER, red, name, buf, ob, oval, ext,
+                                    self.rank * ob.nbytes)
+
+    def reduce_scatterv(self, x: Any, counts: Sequence[int], out: Any = None, op: str = "sum", *,
+                        name: str = "", prescale: float = 1.0, postscale: float = 1.0,
+                        timeout: Optional[float] = None) -> Any:
+        """reduce_scatter with a block per rank of its own length: rank i
+        gets ``counts[i]`` elements (zero allowed) of the reduction, from
+        offset ``sum(counts[:i])``; ``sum(counts)`` must be ``len(x)``.
+        Every rank passes the same ``counts``. Protocol version 3."""
+        return self.reduce_scatterv_async(x, counts, out, op, name=name, prescale=prescale,
+                                          postscale=postscale).wait(timeout)
+
+    def reduce_scatterv_async(self, x: Any, counts: Sequence[int], out: Any = None,
+                              op: str = "sum", *, name: str = "", prescale: float = 1.0,
+                              postscale: float = 1.0) -> Handle:
+        """Start a reduce_scatterv; ``x`` and ``out`` must not be touched
+        until the handle is done. ``wait()`` returns ``out``."""
+        self._need_v3(P.OP_REDUCE_SCATTER, "reduce_scatterv")
+        buf = _numeric(x)
+        red, ext = self._reduction(P.OP_REDUCE_SCATTER, op, name, buf, prescale, postscale)
+        cs = self._counts("reduce_scatterv", counts)
+        if sum(cs) != buf.count:
+            raise UsageError(f"reduce_scatterv: counts sum to {sum(cs)}, but x holds "
+                             f"{buf.count} elements")
+        n = cs[self.rank]
+        ob, oval = self._out_for(P.OP_REDUCE_SCATTER, name, buf, out, n,
+                                 _rows_shape(buf.shape, n, (n,)), True)
+        ext = ext or _Ext()
+        ext.counts = cs
+        return self._collective_out(P.OP_REDUCE_SCATTER, red, name, buf, ob, oval, ext,
+                                    sum(cs[:self.rank]) * P.DTYPE_SIZES[buf.dtype])
 
     def barrier(self, *, name: str = "", timeout: Optional[float] = None) -> None:
         """Return once every trainer of the world has entered the barrier."""
@@ -532,6 +754,111 @@ class Client:
     def barrier_async(self, *, name: str = "") -> Handle:
         """Enter a barrier; the handle is done once every trainer has entered."""
         return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None)
+
+    # ------------------------------------------------------------ call checks
+
+    def _need_v3(self, op: int, what: str) -> None:
+        """A version-3 op on a connection of an older version: said here,
+        before anything is sent."""
+        if self.info.version < P.OP_SINCE.get(op, 1):
+            raise NeedsVersionError(
+                f"{what} needs protocol version 3; the daemon at {self.path} speaks version "
+                f"{self.info.version} on this connection", request=what)
+
+    def _check_dtype(self, op: int, name: str, buf: Buffer) -> None:
+        since = P.DTYPE_SINCE.get(buf.dtype, 1)
+        if since > self.info.version:
+            raise NeedsVersionError(
+                f"dtype {P.DTYPE_NAMES[buf.dtype]} needs protocol version {since}; the daemon "
+                f"at {self.path} speaks version {self.info.version} on this connection",
+                request=_describe(op, name, buf))
+
+    def _moved(self, x: Any, op: int, name: str) -> Buffer:
+        """``x`` as the buffer of a broadcast or allgather (any type)."""
+        buf = as_buffer(x)
+        self._check_dtype(op, name, buf)
+        return buf
+
+    def _reduction(self, op: int, red_name: str, name: str, buf: Buffer, prescale: float,
+                   postscale: float) -> tuple[int, Optional[_Ext]]:
+        """The reduce op code and CALL extension of a reduction of
+        ``buf``, checked: avg and the scale factors only on floats, and
+        what needs version 3 only on a version-3 connection."""
+        red = _reduce_op(red_name)
+        what = _describe(op, name, buf)
+        self._check_dtype(op, name, buf)
+        float_dt = buf.dtype in P.FLOAT_DTYPES
+        if red == P.RED_AVG:
+            if self.info.version < _V3:
+                raise NeedsVersionError(
+                    f"reduce op avg needs protocol version 3; the daemon at {self.path} speaks "
+                    f"version {self.info.version} on this connection", request=what)
+            if not float_dt:
+                raise UsageError(f"reduce op avg needs a float dtype (float32, float64, "
+                                 f"float16, bfloat16), got {P.DTYPE_NAMES[buf.dtype]}: sum the "
+                                 f"integers and divide them yourself", request=what)
+        scale: Optional[tuple[float, float]] = None
+        if prescale != 1.0 or postscale != 1.0:
+            if self.info.version < _V3:
+                raise NeedsVersionError(
+                    f"prescale and postscale need protocol version 3; the daemon at {self.path} "
+                    f"speaks version {self.info.version} on this connection", request=what)
+            if not float_dt or red not in (P.RED_SUM, P.RED_AVG):
+                raise UsageError(f"prescale and postscale apply to a sum or avg of a float "
+                                 f"dtype, not {P.REDUCE_NAMES[red]} of "
+                                 f"{P.DTYPE_NAMES[buf.dtype]}", request=what)
+            for k, v in (("prescale", prescale), ("postscale", postscale)):
+                if not (math.isfinite(v) and v != 0):
+                    raise UsageError(f"{k} is {v}; it must be finite and nonzero", request=what)
+            scale = (float(prescale), float(postscale))
+        return red, self._ext(buf, scale=scale)
+
+    def _ext(self, buf: Buffer, counts: Optional[tuple[int, ...]] = None,
+             scale: Optional[tuple[float, float]] = None) -> Optional[_Ext]:
+        """What a call of ``buf`` carries in the CALL extension: its shape
+        (on a version-3 connection made with ``shapes=True``; a 0-d array
+        has none), and ``counts`` and ``scale`` if given. None when there
+        is nothing to carry: the call then has no extension at all."""
+        shape = buf.shape if self._shapes else ()
+        if len(shape) > P.MAX_DIMS:
+            raise UsageError(f"an array of shape {shape} has {len(shape)} dimensions; the "
+                             f"protocol carries at most {P.MAX_DIMS}: reshape it, or make the "
+                             "Client without shapes=True")
+        if not shape and counts is None and scale is None:
+            return None
+        return _Ext(tuple(shape), counts, scale)
+
+    def _counts(self, what: str, counts: Sequence[int]) -> tuple[int, ...]:
+        try:
+            cs = tuple(operator.index(c) for c in counts)
+        except TypeError:
+            raise UsageError(f"{what}: counts must be a sequence of integers, one per world "
+                             f"rank, got {counts!r}") from None
+        if len(cs) != self.size:
+            raise UsageError(f"{what}: counts has {len(cs)} entries; the world has {self.size} "
+                             "ranks, one count each")
+        bad = [i for i, c in enumerate(cs) if c < 0]
+        if bad:
+            raise UsageError(f"{what}: counts[{bad[0]}] is {cs[bad[0]]}; counts are elements, "
+                             "0 or more")
+        return cs
+
+    def _out_for(self, op: int, name: str, buf: Buffer, out: Any, n: int,
+                 shape: tuple[int, ...], numeric: bool) -> tuple[Buffer, Any]:
+        """The result buffer of an allgather or reduce_scatter: ``out``,
+        checked (``buf``'s element type, ``n`` elements), or a new array
+        like ``buf``'s of ``shape``. Returns it as a Buffer and as what
+        the call returns."""
+        what = _describe(op, name, buf)
+        if out is None:
+            out = _new_like(buf, n, shape)
+        ob = as_buffer(out, what="out", numeric=numeric)
+        if ob.dtype != buf.dtype:
+            raise DTypeError(f"out has {P.DTYPE_NAMES[ob.dtype]} elements, x has "
+                             f"{P.DTYPE_NAMES[buf.dtype]}", request=what)
+        if ob.count != n:
+            raise UsageError(f"out holds {ob.count} elements; the result has {n}", request=what)
+        return ob, out
 
     def status(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """The daemon's status document (STATUS), as a dict."""
@@ -620,20 +947,23 @@ class Client:
     # ------------------------------------------------------------ internals
 
     def _collective(self, op: int, red: int, root: int, name: str, buf: Buffer,
-                    value: Any) -> Handle:
+                    value: Any, ext: Optional[_Ext] = None) -> Handle:
+        """A collective in place (allreduce, broadcast, reduce, barrier)."""
         nb = len(name.encode("utf-8"))
         if nb > P.MAX_NAME_LEN:
-            raise ValueError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
+            raise UsageError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
         what = _describe(op, name, buf)
         call = P.Call(0, op, buf.dtype if op != P.OP_BARRIER else 0, red, buf.count, root, name)
+        _apply_ext(call, ext)
+        xl = ext.size() if ext is not None else 0
         seg = self._find_segment(buf) if buf.nbytes else None
         cleanup: Optional[Callable[[], None]] = None
         copy_back: Optional[memoryview] = None
         if seg is not None:
-            call.flags, call.segment, call.offset = P.CALL_SHM, seg[0], seg[1]
+            call.flags, call.segment, call.offset = call.flags | P.CALL_SHM, seg[0], seg[1]
         elif buf.nbytes <= self.info.inline_limit and (
                 self._lane is None or buf.nbytes > _lane.POLL_MAX_BYTES
-                or _lane_frame_fits(nb, buf.nbytes)):
+                or _lane_frame_fits(nb + xl, buf.nbytes)):
             call.data = buf.view
             copy_back = buf.view
         else:
@@ -641,35 +971,95 @@ class Client:
             # fit the lane's slot: its data goes through a scratch segment,
             # and the call on the lane (docs/TUNING.md, sections 18, 29).
             sc, cleanup = self._copy_to_scratch(buf)
-            call.flags, call.segment, call.offset = P.CALL_SHM, sc.id, 0
+            call.flags, call.segment, call.offset = call.flags | P.CALL_SHM, sc.id, 0
         h = Handle(self, what, value)
-        scratch_back = (buf.view, sc) if call.flags and seg is None else None
+        scratch_back = (buf.view, sc, 0) if call.flags & P.CALL_SHM and seg is None else None
         self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back), what,
                       handle=h, cleanup=cleanup, keep=(buf.owner, value),
                       lane=buf.nbytes <= _lane.POLL_MAX_BYTES)
         return h
 
     def _on_call_ok(self, h: Handle, copy_back: Optional[memoryview],
-                    scratch_back: Optional[tuple[memoryview, _Scratch]]) -> Callable[[Any], Any]:
+                    scratch_back: Optional[tuple[memoryview, _Scratch, int]],
+                    in_place: bool = True) -> Callable[[Any], Any]:
         """What CALL_OK does for a call: check its result and put it in
-        place (``copy_back``: the inline buffer; ``scratch_back``: the
-        caller's buffer and the scratch segment it went through)."""
+        place (``copy_back``: the inline buffer, or the result's for an
+        allgather or reduce_scatter, not ``in_place``; ``scratch_back``:
+        the caller's buffer, the scratch segment the result is in and its
+        offset there)."""
         def on_ok(m: P.CallOk) -> Any:
             self._generation = m.generation
             h.generation, h.seq = m.generation, m.seq
             if copy_back is not None:
                 if len(m.result) != len(copy_back):
-                    raise ProtocolError(f"CALL_OK result is {len(m.result)} bytes, the call "
-                                        f"sent {len(copy_back)}", request=h.what)
+                    raise ProtocolError(f"CALL_OK result is {len(m.result)} bytes, " + (
+                        f"the call sent {len(copy_back)}" if in_place else
+                        f"the call's result has {len(copy_back)}"), request=h.what)
                 copy_back[:] = m.result
             elif len(m.result):
                 raise ProtocolError(f"CALL_OK for a shared-memory call carries "
                                     f"{len(m.result)} result bytes", request=h.what)
             elif scratch_back is not None:
-                dst, sc = scratch_back
-                dst[:] = sc.view[:len(dst)]
+                dst, sc, off = scratch_back
+                dst[:] = sc.view[off:off + len(dst)]
             return h._value
         return on_ok
+
+    def _collective_out(self, op: int, red: int, name: str, buf: Buffer, out: Buffer,
+                        value: Any, ext: Optional[_Ext], own_at: int) -> Handle:
+        """An allgather or reduce_scatter: ``buf`` in, the result into
+        ``out``. ``own_at`` is the byte offset of the caller's own block
+        in ``out`` (allgather) or in ``buf`` (reduce_scatter), where an
+        empty span of the other side goes (the one overlap the protocol
+        allows). Zero copy when both sides lie in the client's segments;
+        else inline if both fit, else through a scratch segment for
+        whichever side does not."""
+        nb = len(name.encode("utf-8"))
+        if nb > P.MAX_NAME_LEN:
+            raise UsageError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
+        what = _describe(op, name, buf)
+        call = P.Call(0, op, buf.dtype, red, buf.count, 0, name)
+        _apply_ext(call, ext or _Ext())
+        xl = (ext or _Ext()).size()
+        in_seg = self._find_segment(buf) if buf.nbytes else None
+        out_seg = self._find_segment(out) if out.nbytes else None
+        cleanup: Optional[Callable[[], None]] = None
+        copy_back: Optional[memoryview] = None
+        scratch_back: Optional[tuple[memoryview, _Scratch, int]] = None
+        limit = self.info.inline_limit
+        inline = not buf.nbytes and not out.nbytes  # nothing to carry: inline, empty
+        if not inline and ((in_seg is None and buf.nbytes) or (out_seg is None and out.nbytes)):
+            inline = (buf.nbytes <= limit and out.nbytes <= limit
+                      and P.CALL_FIXED_SIZE + nb + xl + buf.nbytes <= self.info.max_frame)
+            if inline:
+                call.data, copy_back = buf.view, out.view
+            else:
+                in_room = 0 if in_seg is not None else -(-buf.nbytes // 8) * 8
+                sc = self._take_scratch(max(1, in_room + (0 if out_seg is not None else out.nbytes)))
+                cleanup = _freeing(sc)
+                if in_seg is None and buf.nbytes:
+                    sc.view[:buf.nbytes] = buf.view
+                    in_seg = (sc.id, 0)
+                if out_seg is None and out.nbytes:
+                    out_seg = (sc.id, in_room)
+                    scratch_back = (out.view, sc, in_room)
+        if not inline:
+            # Shared memory. An empty side lies at the caller's own block of
+            # the other, so that the spans overlap only as allowed.
+            if in_seg is None and out_seg is not None:
+                in_seg = (out_seg[0], out_seg[1] + own_at)
+            if out_seg is None and in_seg is not None:
+                out_seg = (in_seg[0], in_seg[1] + own_at)
+            assert in_seg is not None and out_seg is not None
+            call.flags |= P.CALL_SHM
+            call.segment, call.offset = in_seg
+            call.xflags |= P.XF_OUT
+            call.out_segment, call.out_offset = out_seg
+        h = Handle(self, what, value)
+        self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back, False), what,
+                      handle=h, cleanup=cleanup, keep=(buf.owner, out.owner, value),
+                      lane=max(buf.nbytes, out.nbytes) <= _lane.POLL_MAX_BYTES)
+        return h
 
     def _short_call(self, op: int, red: int, root: int, name: str, x: Any, numeric: bool,
                     timeout: Optional[float]) -> Any:
@@ -729,10 +1119,10 @@ class Client:
                     self._wait_lane_free(lane)
                     if sc is None:
                         put = lane.put_call(rid, op, red, root, nb, data, numeric,
-                                            self.info.inline_limit)
+                                            self.info.inline_limit, None, 0, self._shapes)
                     else:
                         put = lane.put_call(rid, op, red, root, nb, data, numeric,
-                                            _lane.POLL_MAX_BYTES, sc.view, sc.id)
+                                            _lane.POLL_MAX_BYTES, sc.view, sc.id, self._shapes)
                     if put > 0:
                         self._sock.sendall(_lane.WAKE_FRAME)
                         self.bytes_sent += len(_lane.WAKE_FRAME)
@@ -830,7 +1220,7 @@ class Client:
         if sc is None:
             on_ok, cleanup = self._on_call_ok(h, buf.view, None), None
         else:
-            on_ok, cleanup = self._on_call_ok(h, None, (buf.view, sc)), _freeing(sc)
+            on_ok, cleanup = self._on_call_ok(h, None, (buf.view, sc, 0)), _freeing(sc)
         with self._lock:
             err = self._broken or (ConnectionLostError("client closed") if self._closed else None)
             if err is None:
@@ -851,7 +1241,7 @@ class Client:
             self._send_held()
 
     def _call_now(self, op: int, red: int, root: int, name: str, buf: Buffer, value: Any,
-                  timeout: Optional[float]) -> Any:
+                  timeout: Optional[float], ext: Optional[_Ext] = None) -> Any:
         """A collective waited for at once (allreduce, broadcast, barrier).
         A small one goes on the lane by a short way of its own when it can
         (nothing else in flight, its data inline or in a segment): in
@@ -863,13 +1253,13 @@ class Client:
                 and not self._frees and _process_id == self._pid):
             seg = self._find_segment(buf) if n else None
             if seg is not None or n <= self.info.inline_limit:
-                got = self._lane_call(lane, op, red, root, name, buf, seg, value)
+                got = self._lane_call(lane, op, red, root, name, buf, seg, value, ext)
                 if got is not None:
                     h, rid, result, scratch = got
                     self._take_own_answer(lane, h, rid, result, buf.view, scratch,
                                           self.timeout if timeout is None else timeout)
                     return h.wait(timeout)
-        return self._collective(op, red, root, name, buf, value).wait(timeout)
+        return self._collective(op, red, root, name, buf, value, ext).wait(timeout)
 
     def _take_own_answer(self, lane: _lane.Lane, h: Handle, rid: int, result: memoryview,
                          dst: memoryview, scratch: Optional[_Scratch], timeout: float) -> None:
@@ -906,8 +1296,9 @@ class Client:
             self._send_held()
 
     def _lane_call(self, lane: _lane.Lane, op: int, red: int, root: int, name: str, buf: Buffer,
-                   seg: Optional[tuple[int, int]],
-                   value: Any) -> Optional[tuple[Handle, int, memoryview, Optional[_Scratch]]]:
+                   seg: Optional[tuple[int, int]], value: Any,
+                   ext: Optional[_Ext] = None
+                   ) -> Optional[tuple[Handle, int, memoryview, Optional[_Scratch]]]:
         """Put a call on the lane and return its handle, request id, where
         its answer's data goes and the scratch segment it went through; or
         None if it cannot go there after all (the general path then takes
@@ -918,11 +1309,12 @@ class Client:
         nb = name.encode("utf-8") if name else b""
         if len(nb) > P.MAX_NAME_LEN:
             return None
-        head = P.HEADER_SIZE + P.CALL_FIXED_SIZE + len(nb)
+        xb = P.encode_call_ext(ext.shape, ext.counts, ext.scale) if ext is not None else b""
+        head = P.HEADER_SIZE + P.CALL_FIXED_SIZE + len(nb) + len(xb)
         data: Any = b""
         sc: Optional[_Scratch] = None
         cleanup: Optional[Callable[[], None]] = None
-        if seg is None and not _lane_frame_fits(len(nb), buf.nbytes):
+        if seg is None and not _lane_frame_fits(len(nb) + len(xb), buf.nbytes):
             sc, cleanup = self._copy_to_scratch(buf)
             seg = (sc.id, 0)
         if seg is None:
@@ -934,7 +1326,7 @@ class Client:
         h._keep = (buf.owner, value)
         h._on_lane = True
         if sc is not None:
-            on_ok = self._on_call_ok(h, None, (buf.view, sc))
+            on_ok = self._on_call_ok(h, None, (buf.view, sc, 0))
         else:
             on_ok = self._on_call_ok(h, buf.view if seg is None else None, None)
         free = self._inflight is None or self._inflight.acquire(0.0)
@@ -950,8 +1342,9 @@ class Client:
             if cleanup is not None:
                 cleanup()
             return None
+        flags = (P.CALL_SHM if tail else 0) | (P.CALL_EXT if xb else 0)
         frame = P.encode_call_head(length, rid, op, buf.dtype if op != P.OP_BARRIER else 0, red,
-                                   P.CALL_SHM if tail else 0, root, buf.count, nb) + tail
+                                   flags, root, buf.count, nb) + xb + tail
         self._sending(h.what, self._put_lane, lane, frame, data)  # fits: checked above
         return h, rid, buf.view if seg is None else _NO_RESULT, sc
 
@@ -1073,7 +1466,7 @@ class Client:
         rid = msg.id = next(self._ids)
         is_call = isinstance(msg, P.Call)
         prefix = P.encode_call_prefix(msg) if is_call else P.encode(msg)
-        data = b"" if not is_call or msg.flags else msg.data  # a call's inline data
+        data = b"" if not is_call or msg.flags & P.CALL_SHM else msg.data  # a call's inline data
         h = handle or Handle(self, what)
         h._keep = keep
         if self._inflight is not None and not self._inflight.acquire(timeout=self.timeout):

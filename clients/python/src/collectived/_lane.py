@@ -106,7 +106,8 @@ class Lane:
         return self.words.load(D_PARKED) != 0
 
     def put_call(self, rid: int, op: int, red: int, root: int, name: bytes, data: Any,
-                 numeric: bool, max_data: int, scratch: Any = None, segment: int = 0) -> int:
+                 numeric: bool, max_data: int, scratch: Any = None, segment: int = 0,
+                 shape: bool = False) -> int:
         """Put a CALL of ``data`` inline, its frame built in C
         (``Words.put_call``), and publish it, saying the client watches for
         the answer (``c_parked`` 0: the caller is to call
@@ -118,8 +119,11 @@ class Lane:
         C-contiguous buffer of a wire dtype, bytes where ``numeric``, empty,
         over ``max_data`` bytes, or too long for the slot). With ``scratch``
         (a writable mapping of the client's segment number ``segment``) the
-        data is copied there and the call refers to it."""
-        return int(self.words.put_call(rid, op, red, root, name, data, numeric, max_data, scratch, segment))
+        data is copied there and the call refers to it. With ``shape`` (a
+        connection of protocol version 3) the call carries ``data``'s
+        shape in the CALL extension when it has one dimension or more."""
+        return int(self.words.put_call(rid, op, red, root, name, data, numeric, max_data, scratch,
+                                       segment, shape))
 
     def poll(self, seconds: float) -> bool:
         """Watch for an answer for up to ``seconds``, then say the client

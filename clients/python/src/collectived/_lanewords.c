@@ -40,6 +40,9 @@
 #define CALL_FIXED 17
 #define SEG_REF 16 /* a shared-memory CALL's segment, reserved and offset */
 #define CALL_SHM 0x01
+#define CALL_EXT 0x02 /* version 3: the extension follows the name */
+#define EXT_HEAD 4    /* the extension's ndim, xflags and reserved */
+#define MAX_DIMS 8
 #define T_CALL 0x05
 #define T_CALL_OK 0x85
 #define DT_FLOAT32 1
@@ -260,7 +263,7 @@ static int wire_dtype(const char *fmt, Py_ssize_t itemsize)
 }
 
 /* put_call(rid, op, reduce, root, name, data, numeric, max_data[, scratch,
- * segment]) -> int: a small call's frame, built here and put in the c2d
+ * segment, shape]) -> int: a small call's frame, built here and put in the c2d
  * slot, then published as the next call (own + 1, and own moves with it):
  * a CALL of data inline, its dtype and count from data's buffer format,
  * saying first that the client does not sleep (c_parked 0: the caller
@@ -268,30 +271,33 @@ static int wire_dtype(const char *fmt, Py_ssize_t itemsize)
  * frame and copying it in take several steps of a microsecond each. With
  * scratch (a writable mapping of the client's segment number segment) the
  * data is copied there instead and the CALL refers to it (SHM, offset 0):
- * the way for data too long for the slot.
+ * the way for data too long for the slot. With shape true (a connection of
+ * protocol version 3) a buffer of one dimension or more carries its shape
+ * in the CALL extension (EXT, ndim and the dimensions, no other xflags),
+ * as the client's encoder writes it.
  *
  * Returns 1 if the daemon sleeps on the socket (the client must then send
  * WAKE), 0 if not, and -1 with nothing put if the call is not one for this
  * short way: data is not a writable C-contiguous buffer of a wire dtype
  * (bytes only if not numeric), is empty, is longer than max_data or than
- * scratch, the name is longer than 255 bytes, or the frame would not fit
- * the slot. The client's general path takes those, and names what is
- * wrong. */
+ * scratch, the name is longer than 255 bytes, the shape has more than 8
+ * dimensions, or the frame would not fit the slot. The client's general
+ * path takes those, and names what is wrong. */
 static PyObject *Words_put_call(Words *self, PyObject *args)
 {
 	unsigned long root;
 	unsigned int segment = 0;
 	uint32_t own = (uint32_t)(self->own + 1);
 	unsigned long long rid;
-	int op, red, numeric, dtype, shm;
+	int op, red, numeric, dtype, shm, with_shape = 0, ndim = 0, i;
 	const char *name;
-	Py_ssize_t name_len, max_data, frame_len;
+	Py_ssize_t name_len, max_data, frame_len, ext_len = 0;
 	PyObject *data, *scratch = Py_None;
 	Py_buffer view, sv;
 	uint32_t *seqw, *parked, *cparked;
-	unsigned char *f;
-	if (!PyArg_ParseTuple(args, "Kiiky#Opn|OI", &rid, &op, &red, &root, &name, &name_len, &data, &numeric,
-			      &max_data, &scratch, &segment))
+	unsigned char *f, *p;
+	if (!PyArg_ParseTuple(args, "Kiiky#Opn|OIp", &rid, &op, &red, &root, &name, &name_len, &data, &numeric,
+			      &max_data, &scratch, &segment, &with_shape))
 		return NULL;
 	if (root > UINT32_MAX || op < 0 || op > 255 || red < 0 || red > 255) {
 		PyErr_SetString(PyExc_ValueError, "put_call: a field does not fit its wire width");
@@ -315,9 +321,14 @@ static PyObject *Words_put_call(Words *self, PyObject *args)
 		return PyLong_FromLong(-1);
 	}
 	dtype = wire_dtype(view.format, view.itemsize);
-	frame_len = HDR + CALL_FIXED + name_len + (shm ? SEG_REF : view.len);
+	if (with_shape && view.ndim > 0) {
+		ndim = view.ndim;
+		ext_len = EXT_HEAD + 8 * (Py_ssize_t)ndim;
+	}
+	frame_len = HDR + CALL_FIXED + name_len + ext_len + (shm ? SEG_REF : view.len);
 	if (dtype == 0 || (numeric && dtype == DT_BYTES) || view.len == 0 || view.len > max_data ||
-	    frame_len > L_SLOT || (shm && view.len > sv.len)) {
+	    ndim > MAX_DIMS || (ndim > 0 && view.shape == NULL) || frame_len > L_SLOT ||
+	    (shm && view.len > sv.len)) {
 		PyBuffer_Release(&view);
 		if (shm)
 			PyBuffer_Release(&sv);
@@ -331,20 +342,29 @@ static PyObject *Words_put_call(Words *self, PyObject *args)
 	f[16] = (unsigned char)op;
 	f[17] = (unsigned char)dtype;
 	f[18] = (unsigned char)red;
-	f[19] = shm ? CALL_SHM : 0;
+	f[19] = (shm ? CALL_SHM : 0) | (ext_len ? CALL_EXT : 0);
 	put_le32(f + 20, (uint32_t)root);
 	put_le64(f + 24, (uint64_t)(view.len / view.itemsize));
 	f[32] = (unsigned char)name_len;
 	memcpy(f + HDR + CALL_FIXED, name, name_len);
+	p = f + HDR + CALL_FIXED + name_len;
+	if (ext_len) {
+		/* The extension: ndim, xflags 0, reserved 0, the dimensions. */
+		p[0] = (unsigned char)ndim;
+		p[1] = p[2] = p[3] = 0;
+		for (i = 0; i < ndim; i++)
+			put_le64(p + EXT_HEAD + 8 * i, (uint64_t)view.shape[i]);
+		p += ext_len;
+	}
 	if (shm) {
 		/* Through the client's scratch segment, from its offset 0. */
 		memcpy(sv.buf, view.buf, view.len);
 		PyBuffer_Release(&sv);
-		put_le32(f + HDR + CALL_FIXED + name_len, segment);
-		put_le32(f + HDR + CALL_FIXED + name_len + 4, 0);
-		put_le64(f + HDR + CALL_FIXED + name_len + 8, 0);
+		put_le32(p, segment);
+		put_le32(p + 4, 0);
+		put_le64(p + 8, 0);
 	} else {
-		memcpy(f + HDR + CALL_FIXED + name_len, view.buf, view.len);
+		memcpy(p, view.buf, view.len);
 	}
 	PyBuffer_Release(&view);
 	/* The caller watches for the answer next (take_call_ok): a daemon that
@@ -431,8 +451,9 @@ static PyMethodDef Words_methods[] = {
 	 "watch_answer(seen, spin_ns) -> int: say the client polls, watch d2c_seq until it is not seen or spin_ns "
 	 "passed, say it sleeps and look once more; the GIL is released"},
 	{"put_call", (PyCFunction)Words_put_call, METH_VARARGS,
-	 "put_call(rid, op, reduce, root, name, data, numeric, max_data[, scratch, segment]) -> int: build a CALL of "
-	 "data inline (or copied into scratch, the client's segment number segment) in the c2d slot and publish it as "
+	 "put_call(rid, op, reduce, root, name, data, numeric, max_data[, scratch, segment, shape]) -> int: build a "
+	 "CALL of data inline (or copied into scratch, the client's segment number segment; with shape, data's shape "
+	 "in the CALL extension) in the c2d slot and publish it as "
 	 "call own + 1 (own moves); 1 if the daemon sleeps (send WAKE), 0 if not, -1 (nothing put) if "
 	 "data is not for this short way"},
 	{"take_call_ok", (PyCFunction)Words_take_call_ok, METH_VARARGS,

@@ -12,7 +12,13 @@ rule that failed, using the names of ``clients/testdata/README.md``
 ``bad_magic``, ``payload_length``, ``inline_data_length``, ``bad_version``), plus two that
 no vector pins because the daemon treats them as request errors rather than
 broken frames: ``bad_dtype`` (an inline CALL with an unknown dtype and a
-nonzero count) and ``bad_utf8`` (a string that is not UTF-8).
+nonzero count) and ``bad_utf8`` (a string that is not UTF-8). Version 3
+adds ``bad_ndim`` (a CALL shape of more than 8 dimensions).
+
+Version 3's CALL extension (``CALL_EXT``: shape, per-rank counts, scale
+factors, a result span) is encoded and decoded here too; which calls may
+carry it, and what a daemon of an older version says, is the client's
+business.
 """
 
 from __future__ import annotations
@@ -56,13 +62,35 @@ TYPE_NAMES = {
 
 FLAG_FATAL = 0x01          # header flag of ERROR
 HELLO_OBSERVER = 0x0001    # HELLO payload flag
-CALL_SHM = 0x01            # CALL payload flag
+CALL_SHM = 0x01            # CALL payload flag: the buffer is in a segment
+CALL_EXT = 0x02            # CALL payload flag: the extension follows the name (version 3)
+# The extension's xflags (version 3).
+XF_COUNTS, XF_SCALE, XF_OUT = 0x01, 0x02, 0x04
+#: The most dimensions a CALL's shape may have.
+MAX_DIMS = 8
 
 # Collective codes (same numbers as the Go package `collective`).
 OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_BARRIER = 1, 2, 3, 4
+OP_REDUCE_SCATTER, OP_REDUCE = 5, 6                          # version 3
 DT_FLOAT32, DT_FLOAT64, DT_INT32, DT_INT64, DT_BYTES = 1, 2, 3, 4, 5
+DT_FLOAT16, DT_BFLOAT16, DT_INT8, DT_UINT8 = 6, 7, 8, 9      # version 3
 RED_NONE, RED_SUM, RED_PROD, RED_MAX, RED_MIN = 0, 1, 2, 3, 4
-DTYPE_SIZES = {0: 0, DT_FLOAT32: 4, DT_FLOAT64: 8, DT_INT32: 4, DT_INT64: 8, DT_BYTES: 1}
+RED_AVG = 5                                                  # version 3
+DTYPE_SIZES = {0: 0, DT_FLOAT32: 4, DT_FLOAT64: 8, DT_INT32: 4, DT_INT64: 8, DT_BYTES: 1,
+               DT_FLOAT16: 2, DT_BFLOAT16: 2, DT_INT8: 1, DT_UINT8: 1}
+OP_NAMES = {OP_ALLREDUCE: "allreduce", OP_BROADCAST: "broadcast", OP_ALLGATHER: "allgather",
+            OP_BARRIER: "barrier", OP_REDUCE_SCATTER: "reduce_scatter", OP_REDUCE: "reduce"}
+DTYPE_NAMES = {0: "none", DT_FLOAT32: "float32", DT_FLOAT64: "float64", DT_INT32: "int32",
+               DT_INT64: "int64", DT_BYTES: "bytes", DT_FLOAT16: "float16",
+               DT_BFLOAT16: "bfloat16", DT_INT8: "int8", DT_UINT8: "uint8"}
+REDUCE_NAMES = {RED_NONE: "none", RED_SUM: "sum", RED_PROD: "prod", RED_MAX: "max",
+                RED_MIN: "min", RED_AVG: "avg"}
+FLOAT_DTYPES = frozenset((DT_FLOAT32, DT_FLOAT64, DT_FLOAT16, DT_BFLOAT16))
+# The protocol version that introduced each code; the others are version 1
+# (allgather's code is version 1's, but only version 3 daemons serve it).
+OP_SINCE = {OP_ALLGATHER: 3, OP_REDUCE_SCATTER: 3, OP_REDUCE: 3}
+DTYPE_SINCE = {DT_FLOAT16: 3, DT_BFLOAT16: 3, DT_INT8: 3, DT_UINT8: 3}
+REDUCE_SINCE = {RED_AVG: 3}
 
 _HDR = struct.Struct("<IBBHQ")
 _HELLO_FIXED = struct.Struct("<4sHHiI")
@@ -75,6 +103,9 @@ _SEG = struct.Struct("<II")
 _CALL_FIXED = struct.Struct("<BBBBIQB")
 _CALL_HEAD = struct.Struct("<IBBHQBBBBIQB")  # header and CALL's fixed fields: one pack
 _CALL_OK = struct.Struct("<IIQ")
+_EXT_HEAD = struct.Struct("<BBH")   # ndim, xflags, reserved; then ndim u64 dims
+_COUNTS_HEAD = struct.Struct("<II")  # ncounts, reserved; then ncounts u64 counts
+_SCALE = struct.Struct("<dd")        # prescale, postscale
 _ERROR = struct.Struct("<HH")
 
 
@@ -168,7 +199,15 @@ class RegisterOk:
 @dataclass
 class Call:
     """One collective call. With ``flags & CALL_SHM`` the buffer is
-    (``segment``, ``offset``); otherwise ``data`` holds it inline."""
+    (``segment``, ``offset``); otherwise ``data`` holds it inline.
+
+    With ``flags & CALL_EXT`` (version 3) the extension follows the name:
+    ``dims`` (the shape, ``()``: none), ``xflags``, and as ``xflags``
+    says ``counts`` (COUNTS: the per-rank counts of the "v" forms),
+    ``prescale`` and ``postscale`` (SCALE) and, on a shared-memory call,
+    ``out_segment`` and ``out_offset`` (OUT: the result's span; an inline
+    call with OUT has no such block). The fields are the shared vectors'
+    (clients/testdata/README.md). Without ``CALL_EXT`` they stay empty."""
 
     id: int
     op: int
@@ -182,6 +221,30 @@ class Call:
     offset: int = 0
     data: bytes | bytearray | memoryview = b""
     frame_flags: int = 0
+    xflags: int = 0
+    dims: tuple[int, ...] | list[int] = ()
+    counts: Optional[tuple[int, ...] | list[int]] = None
+    prescale: float = 0.0
+    postscale: float = 0.0
+    out_segment: int = 0
+    out_offset: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape (``dims``), as a tuple."""
+        return tuple(self.dims)
+
+    @property
+    def scale(self) -> Optional[tuple[float, float]]:
+        """(prescale, postscale) if the call has SCALE, else None."""
+        return (self.prescale, self.postscale) if self.xflags & XF_SCALE else None
+
+    @property
+    def out(self) -> Optional[tuple[int, int]]:
+        """The result's (segment, offset) of a shared-memory call with OUT."""
+        if self.xflags & XF_OUT and self.flags & CALL_SHM:
+            return (self.out_segment, self.out_offset)
+        return None
 
 
 @dataclass
@@ -289,10 +352,75 @@ def encode_call_prefix(msg: Call) -> bytes:
     nb = msg.name.encode("utf-8") if msg.name else b""
     if len(nb) > 255:
         raise ValueError(f"call name is {len(nb)} bytes, limit 255")
-    tail = encode_segment_ref(msg.segment, msg.offset) if msg.flags & CALL_SHM else b""
-    length = CALL_FIXED_SIZE + len(nb) + len(tail) + (0 if tail else len(msg.data))
+    if msg.flags & CALL_EXT:
+        if msg.xflags & XF_COUNTS and msg.counts is None:
+            raise ValueError("a CALL with xflags COUNTS needs counts")
+        if msg.counts is not None and not msg.xflags & XF_COUNTS:
+            raise ValueError("a CALL's counts need xflags COUNTS")
+        ext = encode_call_ext(msg.dims, msg.counts if msg.xflags & XF_COUNTS else None,
+                              (msg.prescale, msg.postscale) if msg.xflags & XF_SCALE else None,
+                              bool(msg.xflags & XF_OUT), msg.xflags)
+    elif (msg.dims or msg.counts is not None or msg.xflags or msg.prescale or msg.postscale
+          or msg.out_segment or msg.out_offset):
+        raise ValueError("a CALL's shape, counts, scale and out travel in its extension: "
+                         "set flags CALL_EXT")
+    else:
+        ext = b""
+    tail = b""
+    if msg.flags & CALL_SHM:
+        tail = encode_segment_ref(msg.segment, msg.offset)
+        if msg.xflags & XF_OUT:
+            tail += encode_segment_ref(msg.out_segment, msg.out_offset)
+    length = CALL_FIXED_SIZE + len(nb) + len(ext) + len(tail) + (
+        len(msg.data) if not msg.flags & CALL_SHM else 0)
     return encode_call_head(length, msg.id, msg.op, msg.dtype, msg.reduce, msg.flags, msg.root,
-                            msg.count, nb, msg.frame_flags) + tail
+                            msg.count, nb, msg.frame_flags) + ext + tail
+
+
+def encode_call_ext(shape: tuple[int, ...] | list[int] = (),
+                    counts: Optional[tuple[int, ...] | list[int]] = None,
+                    scale: Optional[tuple[float, float]] = None, out: bool = False,
+                    xflags: int = 0) -> bytes:
+    """A version-3 CALL's extension, from ``ndim`` through ``postscale``
+    (what follows the name when flags has ``CALL_EXT``). ``out`` sets
+    the OUT xflag; the out span itself follows the segment reference
+    (:func:`encode_segment_ref`). ``xflags``: bits to set besides those
+    the arguments imply."""
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"shape has {len(shape)} dimensions, limit {MAX_DIMS}")
+    xflags |= ((XF_COUNTS if counts is not None else 0) | (XF_SCALE if scale is not None else 0)
+               | (XF_OUT if out else 0))
+    b = _EXT_HEAD.pack(len(shape), xflags, 0)
+    if shape:
+        b += struct.pack(f"<{len(shape)}Q", *shape)
+    if counts is not None:
+        b += _COUNTS_HEAD.pack(len(counts), 0)
+        if counts:
+            b += struct.pack(f"<{len(counts)}Q", *counts)
+    if scale is not None:
+        b += _SCALE.pack(*scale)
+    return b
+
+
+def call_ext_size(ndim: int, ncounts: Optional[int] = None, scale: bool = False) -> int:
+    """Bytes of a CALL extension with ``ndim`` dimensions, ``ncounts``
+    per-rank counts (None: no COUNTS) and SCALE or not."""
+    return (_EXT_HEAD.size + 8 * ndim + (0 if ncounts is None else _COUNTS_HEAD.size + 8 * ncounts)
+            + (_SCALE.size if scale else 0))
+
+
+def result_count(op: int, count: int, world_size: int, rank: int,
+                 counts: Optional[tuple[int, ...] | list[int]] = None) -> int:
+    """Elements of a call's result (docs/PROTOCOL.md, the op table): for
+    allgather every rank's block (``world_size * count``, or the sum of
+    ``counts``), for reduce_scatter the caller's block (``count //
+    world_size``, or ``counts[rank]``), for the others ``count``; 0 for a
+    barrier. An inline call's CALL_OK carries this many elements."""
+    if op == OP_ALLGATHER:
+        return sum(counts) if counts is not None else world_size * count
+    if op == OP_REDUCE_SCATTER:
+        return counts[rank] if counts is not None else count // max(world_size, 1)
+    return 0 if op == OP_BARRIER else count
 
 
 CALL_FIXED_SIZE = _CALL_FIXED.size  # CALL's payload before its name
@@ -403,8 +531,11 @@ def _utf8(b: memoryview, tname: str, what: str) -> str:
 
 
 def decode_payload(ftype: int, flags: int, fid: int,
-                   payload: bytes | bytearray | memoryview) -> Message:
-    """Decode the payload of a frame whose header passed :func:`parse_header`.
+                   payload: bytes | bytearray | memoryview,
+                   version: int = PROTOCOL_VERSION) -> Message:
+    """Decode the payload of a frame whose header passed :func:`parse_header`,
+    as on a connection of protocol ``version`` (a CALL's EXT flag is
+    undefined before 3).
 
     Byte buffers (CALL data, CALL_OK result) are returned as memoryview
     slices of ``payload``, not copies.
@@ -472,7 +603,7 @@ def decode_payload(ftype: int, flags: int, fid: int,
         (size,) = _U64.unpack_from(p, 0)
         return LaneOk(fid, size, frame_flags=flags)
     if ftype == CALL:
-        return _decode_call(p, flags, fid)
+        return _decode_call(p, flags, fid, version)
     if ftype == STATUS_OK:
         return StatusOk(fid, _utf8(p, tname, "JSON document"), frame_flags=flags)
     # ERROR
@@ -483,21 +614,60 @@ def decode_payload(ftype: int, flags: int, fid: int,
     return Error(fid, code, msg, frame_flags=flags)
 
 
-def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
+def _decode_call(p: memoryview, flags: int, fid: int, version: int = PROTOCOL_VERSION) -> Call:
     _need(p, _CALL_FIXED.size, "CALL", "the description")
     op, dtype, red, cflags, root, count, nlen = _CALL_FIXED.unpack_from(p, 0)
-    if cflags & ~CALL_SHM:
+    if cflags & ~(CALL_SHM | CALL_EXT):
         raise FrameError("bad_flags", f"CALL flags 0x{cflags:02x} not defined")
     off = _CALL_FIXED.size
     _need(p, off + nlen, "CALL", f"a {nlen}-byte name")
     name = _utf8(p[off:off + nlen], "CALL", "name")
     off += nlen
+    shape: tuple[int, ...] = ()
+    counts: Optional[tuple[int, ...]] = None
+    scale = (0.0, 0.0)
+    xflags = 0
+    if cflags & CALL_EXT:
+        if version < 3:
+            raise FrameError("bad_flags", f"CALL flag EXT on a connection of protocol version "
+                             f"{version} (the extension is version 3's)")
+        _need(p, off + _EXT_HEAD.size, "CALL", "the extension's ndim, xflags and reserved")
+        ndim, xflags, res = _EXT_HEAD.unpack_from(p, off)
+        if xflags & ~(XF_COUNTS | XF_SCALE | XF_OUT):
+            raise FrameError("bad_flags", f"CALL extension xflags 0x{xflags:02x} not defined")
+        _zero(res, "CALL", "extension reserved field")
+        if ndim > MAX_DIMS:  # its dimensions are not read
+            raise FrameError("bad_ndim", f"CALL shape has {ndim} dimensions, limit {MAX_DIMS}")
+        off += _EXT_HEAD.size
+        _need(p, off + 8 * ndim, "CALL", f"a shape of {ndim} dimensions")
+        shape = struct.unpack_from(f"<{ndim}Q", p, off)
+        off += 8 * ndim
+        if xflags & XF_COUNTS:
+            _need(p, off + _COUNTS_HEAD.size, "CALL", "ncounts and reserved")
+            n, res = _COUNTS_HEAD.unpack_from(p, off)
+            _zero(res, "CALL", "counts reserved field")
+            off += _COUNTS_HEAD.size
+            _need(p, off + 8 * n, "CALL", f"{n} per-rank counts")
+            counts = struct.unpack_from(f"<{n}Q", p, off)
+            off += 8 * n
+        if xflags & XF_SCALE:
+            _need(p, off + _SCALE.size, "CALL", "prescale and postscale")
+            scale = _SCALE.unpack_from(p, off)
+            off += _SCALE.size
+        # OUT on an inline call: no span follows (the bytes are data); the
+        # daemon refuses the call as a request (BAD_REQUEST).
     if cflags & CALL_SHM:
-        _exact(p, off + _SEG_SIZE.size, "CALL")
+        tail = _SEG_SIZE.size * (2 if xflags & XF_OUT else 1)
+        _exact(p, off + tail, "CALL")
         seg, res, offset = _SEG_SIZE.unpack_from(p, off)
         _zero(res, "CALL", "segment reserved field")
+        oseg = ooff = 0
+        if xflags & XF_OUT:
+            oseg, res, ooff = _SEG_SIZE.unpack_from(p, off + _SEG_SIZE.size)
+            _zero(res, "CALL", "out segment reserved field")
         return Call(fid, op, dtype, red, count, root, name, cflags, seg, offset, b"",
-                    frame_flags=flags)
+                    frame_flags=flags, xflags=xflags, dims=shape, counts=counts,
+                    prescale=scale[0], postscale=scale[1], out_segment=oseg, out_offset=ooff)
     size = DTYPE_SIZES.get(dtype)
     if size is None:
         if count != 0:  # well formed, but the data length cannot be checked
@@ -508,11 +678,14 @@ def _decode_call(p: memoryview, flags: int, fid: int) -> Call:
         raise FrameError("inline_data_length",
                          f"CALL inline data is {len(data)} bytes, count {count} x element size "
                          f"{size} needs {count * size}")
-    return Call(fid, op, dtype, red, count, root, name, cflags, 0, 0, data, frame_flags=flags)
+    return Call(fid, op, dtype, red, count, root, name, cflags, 0, 0, data, frame_flags=flags,
+                xflags=xflags, dims=shape, counts=counts, prescale=scale[0], postscale=scale[1])
 
 
-def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_FRAME) -> Message:
-    """Decode exactly one whole frame (header and payload)."""
+def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_FRAME,
+           version: int = PROTOCOL_VERSION) -> Message:
+    """Decode exactly one whole frame (header and payload), as on a
+    connection of protocol ``version``."""
     mv = memoryview(frame).cast("B")
     if len(mv) < HEADER_SIZE:
         raise FrameError("payload_length", f"frame is {len(mv)} bytes, shorter than a header")
@@ -520,4 +693,4 @@ def decode(frame: bytes | bytearray | memoryview, max_len: int = PRE_HELLO_MAX_F
     if len(mv) != HEADER_SIZE + length:
         raise FrameError("payload_length",
                          f"header says {length} payload bytes, frame has {len(mv) - HEADER_SIZE}")
-    return decode_payload(ftype, flags, fid, mv[HEADER_SIZE:])
+    return decode_payload(ftype, flags, fid, mv[HEADER_SIZE:], version)

@@ -150,6 +150,30 @@ class InternalError(CollectivedError):
     memory; the message says), or a daemon bug."""
 
 
+class UsageError(CollectivedError, ValueError):
+    """A call the client refuses before sending anything: an argument out
+    of range or inconsistent (a root outside the world, per-rank counts
+    that disagree with the buffer, avg of integers, an ``out`` buffer of
+    the wrong size). The message names the argument. Nothing was sent: the
+    call joined no collective, and the other trainers' calls of that
+    collective wait for this trainer's next call (client-side, ``code``
+    None)."""
+
+
+class DTypeError(UsageError, TypeError):
+    """An array or tensor whose element type collectived does not carry
+    (e.g. complex64, bool, int16), or one an operation does not take
+    (bytes in a reduction). The message names the type and lists the
+    supported ones."""
+
+
+class NeedsVersionError(UnsupportedError):
+    """The call needs a newer protocol version than the daemon speaks on
+    this connection (an allgather, a bfloat16 array, avg, ... need version
+    3; docs/PROTOCOL.md, CALL). Found by the client before sending
+    (``code`` None); a daemon's own ``UNSUPPORTED`` is its base class."""
+
+
 class ConnectionLostError(CollectivedError):
     """The connection to the daemon closed or failed (client-side)."""
 

@@ -11,9 +11,12 @@ from typing import Any, Sequence
 import torch  # type: ignore[import-not-found,unused-ignore]
 
 from ._client import Client
+from .errors import DTypeError
 
-_NUMPY_NAMES = {torch.float32: "float32", torch.float64: "float64",
-                torch.int32: "int32", torch.int64: "int64"}
+_NUMPY_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.int32: "int32", torch.int64: "int64", torch.int8: "int8",
+                torch.uint8: "uint8"}
+_SUPPORTED = "float32, float64, float16, bfloat16, int32, int64, int8, uint8"
 
 
 def as_tensor(arr: Any) -> "torch.Tensor":
@@ -22,17 +25,23 @@ def as_tensor(arr: Any) -> "torch.Tensor":
     return torch.from_numpy(arr)
 
 
+def _shared(client: Client, shape: int | Sequence[int], dtype: "torch.dtype",
+            zero: bool) -> "torch.Tensor":
+    make = client.zeros if zero else client.empty
+    if dtype == torch.bfloat16:  # NumPy has none: its bits, as int16, viewed back
+        return torch.from_numpy(make(shape, "int16")).view(torch.bfloat16)
+    if dtype not in _NUMPY_NAMES:
+        raise DTypeError(f"dtype {dtype} unsupported ({_SUPPORTED})")
+    return torch.from_numpy(make(shape, _NUMPY_NAMES[dtype]))
+
+
 def empty(client: Client, shape: int | Sequence[int], dtype: "torch.dtype" = torch.float32) -> "torch.Tensor":
     """An uninitialised CPU tensor in a shared segment of ``client``'s daemon."""
-    if dtype not in _NUMPY_NAMES:
-        raise TypeError(f"dtype {dtype} unsupported (float32, float64, int32, int64)")
-    return torch.from_numpy(client.empty(shape, _NUMPY_NAMES[dtype]))
+    return _shared(client, shape, dtype, False)
 
 
 def zeros(client: Client, shape: int | Sequence[int], dtype: "torch.dtype" = torch.float32) -> "torch.Tensor":
     """A zero CPU tensor in a shared segment of ``client``'s daemon."""
-    if dtype not in _NUMPY_NAMES:
-        raise TypeError(f"dtype {dtype} unsupported (float32, float64, int32, int64)")
     # Client.zeros fills the memory: a segment's bytes are zero only while
     # the daemon hands out fresh memfds, which the protocol does not promise.
-    return torch.from_numpy(client.zeros(shape, _NUMPY_NAMES[dtype]))
+    return _shared(client, shape, dtype, True)
