@@ -70,7 +70,10 @@ COLL_OPS = "allgather,reducescatter,reduce,broadcast"
 COLL_ALL_OPS = ("allgather", "reducescatter", "reduce", "broadcast")
 COLL_SIZES = "64KiB,1MiB,16MiB,64MiB"
 COLL_SYSTEMS = ("collectived", "mpi-tcp", "gloo")
-COLL_ITERS = {"small": (200, 50), "large": (10, 2)}  # (timed, warmup); quick: a quarter, at least (5, 1)
+# One start of each system's processes per collective and round, all
+# sizes alike: a start of Gloo's (torch's import) or OpenMPI's costs more
+# than the calls at the small sizes, which only shape the plots.
+COLL_ITERS = (10, 3)  # (timed, warmup) at every size; quick (3, 1)
 COLL_ROUNDS = 3  # at most --rounds; quick 1
 COLL_WORLD = 2
 # bfloat16 allreduce against float32's, the same element count (half the
@@ -389,12 +392,10 @@ def main() -> int:
         raise SystemExit(f"compare: --bf16-pairs {a.bf16_pairs}: want 0 or more")
     coll_systems = [x for x in COLL_SYSTEMS if x in systems]
     if a.iters is not None:
-        (ci_s, cw_s), (ci_l, cw_l) = (a.iters, wu_small), (a.iters, wu_large)
-    elif a.quick:
-        (ci_s, cw_s), (ci_l, cw_l) = ((max(5, n // 4), max(1, w // 4)) for n, w in COLL_ITERS.values())
+        ci, cw = a.iters, wu_large
     else:
-        (ci_s, cw_s), (ci_l, cw_l) = COLL_ITERS["small"], COLL_ITERS["large"]
-    coll_groups = groups(coll_sizes, ci_s, ci_l, cw_s, cw_l, prewarm)
+        ci, cw = (3, 1) if a.quick else COLL_ITERS
+    coll_groups = [(coll_sizes, ci, cw, prewarm)]
     bf_iters, bf_warmup = (a.iters, wu_large) if a.iters is not None else ((5, 1) if a.quick else BF16_ITERS)
     coll_rounds = a.collective_rounds
     if coll_rounds is None:
@@ -438,8 +439,7 @@ def main() -> int:
     if (coll_ops or a.bf16_pairs) and coll_rounds > 0:
         coll = res["collectives"] = {
             "ops": coll_ops, "sizes": coll_sizes, "world": COLL_WORLD, "systems": coll_systems,
-            "iters": {"small": ci_s, "warmup_small": cw_s, "large": ci_l, "warmup": cw_l,
-                      "small_max_bytes": SMALL, "prewarm": prewarm},
+            "iters": {"iters": ci, "warmup": cw, "prewarm": prewarm},
             "rounds": min(coll_rounds, a.rounds),
             "bf16_pairs_per_round": a.bf16_pairs, "bf16_iters": {"iters": bf_iters, "warmup": bf_warmup},
             "per_round": [], "unsupported": {}}

@@ -586,9 +586,9 @@ def _collectives_md(res, plot_rel) -> list[str]:
          + ("" if res.get("only") == "collectives" else " after the allreduce ones") + ", in an order rotated each round; "
          "each figure is the median of the rounds' medians, the lowest and highest round in brackets (busbw's "
          "range is the rounds' own busbw). "
-         f"{it.get('prewarm', 0)} untimed smallest calls first, then per size one checked call on known values, "
-         f"{it['warmup_small']} untimed and {it['small']} timed calls up to {size_name(it['small_max_bytes'])}, "
-         f"{it['warmup']} and {it['large']} above, the last checked again (the same protocol for every system). "
+         f"Each system's processes start once per collective and round, first make {it.get('prewarm', 0)} "
+         f"untimed smallest calls, then per size one checked call on known values, {it['warmup']} untimed and "
+         f"{it['iters']} timed calls, the last checked again (the same protocol for every system). "
          "Times are rank 0's per-call wall times. busbw follows NCCL: algbw = the full vector's bytes / median "
          "time (allgather: the gathered result, 2 x size; reduce-scatter: the input), busbw = algbw x (W-1)/W for "
          "both; reduce and broadcast, busbw = algbw.", ""]

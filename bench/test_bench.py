@@ -1021,8 +1021,7 @@ def coll_res(cvd_ag=1.0, mpi_ag=0.5, gloo_ag=0.4, cvd_rs=1.0, mpi_rs=0.5, bf16=(
               "float32": {"median_us": 100.0, "load": 1.0}, "bfloat16": {"median_us": 100.0 * x, "load": 1.0}}
              for i, x in enumerate(bf16)]
     c = {"ops": ["allgather", "reducescatter"], "sizes": [MIB64], "world": 2, "systems": list(compare.COLL_SYSTEMS),
-         "iters": {"small": 200, "warmup_small": 50, "large": 20, "warmup": 3, "small_max_bytes": 1 << 20,
-                   "prewarm": 5000},
+         "iters": {"iters": 10, "warmup": 3, "prewarm": 5000},
          "bf16_pairs_per_round": len(bf16), "bf16_iters": {"iters": 30, "warmup": 5},
          "per_round": [{"rows": rows, "bf16_pairs": pairs}], "unsupported": unsupported}
     compare.aggregate_collectives(c)
