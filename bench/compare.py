@@ -77,9 +77,12 @@ COLL_ITERS = (10, 3)  # (timed, warmup) at every size; quick (3, 1)
 COLL_ROUNDS = 3  # at most --rounds; quick 1
 COLL_WORLD = 2
 # bfloat16 allreduce against float32's, the same element count (half the
-# bytes), collectived alone: back-to-back pairs of runs in every round,
-# alternating which goes first; each pair's own ratio, and their median,
-# as the sidecar's pairs (TUNING.md section 23).
+# bytes), collectived alone: runs of `collectived bench --alternate-dtype`,
+# which times a call of each in turn in the same world, so that both see
+# the machine at the same moments (separate runs back to back, the first
+# way tried, left whichever ran first of a pair 0.2-1.0x slower on a
+# machine loaded 6-12); each run's own ratio, and their median over the
+# runs, as the sidecar's pairs (TUNING.md section 23).
 BF16_ELEMENTS = 16 << 20
 BF16_PAIRS = 2
 BF16_ITERS = (20, 3)  # timed, warmup; quick (5, 1)
@@ -224,17 +227,25 @@ def measure_collective(system, op, sizes_groups, bins, timeout):
 
 
 def bf16_pair(step, name, order, bins, timeout, iters, warmup, prewarm):
-    """One pair of allreduces of BF16_ELEMENTS elements, float32 and
-    bfloat16, back to back in the order given; None if either failed."""
-    pair = {"first": order[0]}
-    for dtype in order:
-        size = BF16_ELEMENTS * (4 if dtype == "float32" else 2)
-        rows = step(f"{name}: {dtype}", lambda: runners.collectived_op(
-            bins["collectived"], "allreduce", 2, 1, [size], iters, warmup, timeout, prewarm=prewarm, dtype=dtype))
-        if not rows:
-            return None
-        rows[0].update(load=runners.loadavg())
-        pair[dtype] = rows[0]
+    """One run of `collectived bench --dtype A --alternate-dtype B` at
+    BF16_ELEMENTS elements, A and B float32 and bfloat16 in the order
+    given: each timed iteration makes one allreduce of each, alternating
+    which goes first, so both see the machine at the same moments. None if
+    it failed."""
+    first, second = order
+    size = BF16_ELEMENTS * (4 if first == "float32" else 2)
+
+    def run():
+        return runners.collectived_op(bins["collectived"], "allreduce", 2, 1, [size], iters, warmup, timeout,
+                                      prewarm=prewarm, dtype=first, alternate=second)
+    rows = step(name, run)
+    if not rows:
+        return None
+    load = runners.loadavg()
+    pair = {"first": first}
+    for r in rows:
+        r.update(load=load)
+        pair[r["dtype"]] = r
     return pair
 
 
@@ -250,7 +261,8 @@ def collective_items(ops, systems, rnd, unsupported):
 
 
 def bf16_order(rnd, j):
-    """Which dtype of bf16 pair j of round rnd runs first: alternating."""
+    """Which dtype of bf16 run j of round rnd is --dtype (its call goes
+    first in the first timed iteration): alternating."""
     return ["float32", "bfloat16"] if (rnd + j) % 2 == 0 else ["bfloat16", "float32"]
 
 
@@ -326,8 +338,8 @@ def main() -> int:
                     help=f"rounds that measure the other collectives and the bfloat16 pairs: the first N of --rounds "
                          f"(default {COLL_ROUNDS}, at most --rounds; quick 1); with --only collectives, the rounds")
     ap.add_argument("--bf16-pairs", type=int,
-                    help=f"pairs of {BF16_ELEMENTS >> 20} Mi-element allreduces, float32 and bfloat16, back to back, "
-                         f"each round (default {BF16_PAIRS}; quick 1; 0: none)")
+                    help=f"runs per round of {BF16_ELEMENTS >> 20} Mi-element allreduces, float32 and bfloat16 call by "
+                         f"call in turn (`collectived bench --alternate-dtype`) (default {BF16_PAIRS}; quick 1; 0: none)")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
     ap.add_argument("--no-doc", action="store_true", help="print only; write no report or plots")
     ap.add_argument("--report-only", metavar="RESULTS_JSON", help="rewrite report and plots from a saved run")
@@ -502,7 +514,7 @@ def main() -> int:
                     log(f"{name}: not offered: {e}")
                     coll["unsupported"].setdefault(system, {})[op] = str(e)
             for j in range(a.bf16_pairs):
-                pair = bf16_pair(step, f"round {rnd + 1}/{a.rounds}, bf16 pair {j + 1}", bf16_order(rnd, j), bins,
+                pair = bf16_pair(step, f"round {rnd + 1}/{a.rounds}, bf16 run {j + 1}", bf16_order(rnd, j), bins,
                                  a.timeout, bf_iters, bf_warmup, prewarm)
                 if pair:
                     crnd["bf16_pairs"].append(pair)

@@ -330,20 +330,34 @@ def _expect_coll(rows, op, sizes, world, what, elem=4):
         raise RunError(f"{what}: reported (bytes, total_bytes) {got}, want {want}")
 
 
+def _elem(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "bf16", "float16", "f16") else 4
+
+
 def collectived_op(binary, op, nodes, local, sizes, iters, warmup, timeout, prewarm=0, dtype="float32",
-                   reduce=None) -> list[dict]:
+                   reduce=None, alternate=None) -> list[dict]:
     """`collectived bench --op OP --json`: any collective (allreduce too,
     with `dtype` and `reduce`). Its rows carry bytes, total_bytes and the
-    bandwidths by NCCL's conventions, as bench computes them."""
+    bandwidths by NCCL's conventions, as bench computes them. alternate:
+    `--alternate-dtype`, a second dtype at the same element count, call by
+    call in turn; every size then has two rows, dtype's then alternate's."""
     argv = [binary, "bench", "--op", op, "--dtype", dtype]
     if reduce:
         argv += ["--reduce", reduce]
+    if alternate:
+        argv += ["--alternate-dtype", alternate]
     argv += ["--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
              "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
-    what = f"collectived bench --op {op} --dtype {dtype}"
+    what = f"collectived bench --op {op} --dtype {dtype}" + (f" --alternate-dtype {alternate}" if alternate else "")
     rows = parse_collectived(run(argv, timeout=timeout), nodes * local, what)
-    elem = 2 if dtype in ("bfloat16", "bf16", "float16", "f16") else 4
-    _expect_coll(rows, op, sizes, nodes * local, what, elem)
+    world = nodes * local
+    if alternate:
+        main, alt = rows[0::2], rows[1::2]
+        _expect_coll(main, op, sizes, world, what, _elem(dtype))
+        counts = [coll_bytes(op, s, world, _elem(dtype))[0] // _elem(dtype) for s in sizes]
+        _expect_coll(alt, op, [n * _elem(alternate) for n in counts], world, what, _elem(alternate))
+    else:
+        _expect_coll(rows, op, sizes, world, what, _elem(dtype))
     want = "reduce_scatter" if op == "reducescatter" else op
     bad = [r.get("collective") for r in rows if r.get("collective") != want]
     if bad:

@@ -1102,19 +1102,35 @@ class CollectiveRunnersTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "mpi-shm: no allgather measurement"):
             compare.measure_collective("mpi-shm", "allgather", [([4], 1, 0, 0)], {}, 10)
 
-    def test_bf16_pairs_alternate_which_dtype_goes_first(self):
+    def test_bf16_runs_alternate_which_dtype_is_first(self):
         self.assertEqual([compare.bf16_order(rnd, j)[0] for rnd in range(2) for j in range(2)],
                          ["float32", "bfloat16", "bfloat16", "float32"])
         calls = []
 
         def step(name, fn):
             calls.append(name)
-            return [{"median_us": 50.0 if name.endswith("bfloat16") else 100.0}]
+            return [{"dtype": "bfloat16", "median_us": 50.0}, {"dtype": "float32", "median_us": 100.0}]
         pair = compare.bf16_pair(step, "p", ["bfloat16", "float32"], {}, 1, 30, 5, 0)
-        self.assertEqual(calls, ["p: bfloat16", "p: float32"])
+        self.assertEqual(calls, ["p"])  # one run, both dtypes
         self.assertEqual((pair["first"], pair["float32"]["median_us"], pair["bfloat16"]["median_us"]),
                          ("bfloat16", 100.0, 50.0))
         self.assertIsNone(compare.bf16_pair(lambda name, fn: None, "p", ["float32", "bfloat16"], {}, 1, 30, 5, 0))
+
+    def test_alternate_dtype_rows_are_checked_for_both(self):
+        rows = ('{"bytes": 64, "total_bytes": 64, "dtype": "float32", "collective": "allreduce", "median_us": 2, '
+                '"verified": true}\n{"bytes": 32, "total_bytes": 32, "dtype": "bfloat16", "collective": "allreduce", '
+                '"median_us": 1, "verified": true}')
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "fake")
+            with open(path, "w") as f:
+                f.write(f"#!{sys.executable}\nprint({rows!r})\n")
+            os.chmod(path, 0o755)
+            got = runners.collectived_op(path, "allreduce", 2, 1, [64], 5, 1, 30, alternate="bfloat16")
+            self.assertEqual([r["dtype"] for r in got], ["float32", "bfloat16"])
+            self.assertIn("--dtype float32 --alternate-dtype bfloat16", runners.COMMANDS[-1])
+            with self.assertRaises(runners.RunError) as cm:
+                runners.collectived_op(path, "allreduce", 2, 1, [128], 5, 1, 30, alternate="bfloat16")
+            self.assertIn("want [(128, 128)]", str(cm.exception))
 
     def test_aggregate_median_of_rounds_and_paired_bf16(self):
         def row(med):
@@ -1180,6 +1196,7 @@ class CollectivesReportTest(unittest.TestCase):
         self.assertIn("![allgather](bench/coll_allgather.png)", md)
         self.assertIn("## bfloat16 allreduce against float32", md)
         self.assertIn("**0.565** (target ≤ 0.6)", md)
+        self.assertIn("--alternate-dtype bfloat16", md)
         self.assertIn("bench/compare --only collectives", md)
         self.assertNotIn("## Targets (issue 25)", report.markdown(fake_res(), "bench"))
 

@@ -34,6 +34,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "dtype", Value: "float32", Usage: "element type: float32, float64, int32, int64, bytes (allgather and broadcast only), float16, bfloat16 (bf16), int8, uint8"},
 			opFlag,
 			reduceFlag,
+			alternateFlag,
 			&cli.IntFlag{Name: "iters", Value: 20, Usage: "timed iterations per size"},
 			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
 			&cli.IntFlag{Name: "prewarm", Value: defaultPrewarm, Usage: "untimed calls of one element (of the collective measured) before the first size: the first fraction of a second after the processes start runs slower (docs/TUNING.md, section 22)"},
@@ -135,6 +136,9 @@ func runBench(c *cli.Context) error {
 		if wl.coll != collective.OpAllReduce {
 			return exitf("bench: --op %s and %s: the ring engine alone measures allreduce only", c.String("op"), mode)
 		}
+		if wl.alt.Valid() {
+			return exitf("bench: --alternate-dtype and %s: %s measures one dtype; give one", mode, mode)
+		}
 		if c.Bool("ring-only") && c.Bool("sidecar") {
 			return exitf("bench: --ring-only and --sidecar: --sidecar runs the ring engines alone itself, next to the daemons; give one")
 		}
@@ -152,6 +156,9 @@ func runBench(c *cli.Context) error {
 	if cmd := strings.Fields(c.String("trainer-cmd")); len(cmd) > 0 {
 		if wl.coll != collective.OpAllReduce {
 			return exitf("bench: --op %s and --trainer-cmd: trainers of --trainer-cmd measure allreduce only", c.String("op"))
+		}
+		if wl.alt.Valid() {
+			return exitf("bench: --alternate-dtype and --trainer-cmd: trainers of --trainer-cmd measure one dtype")
 		}
 		if _, err := exec.LookPath(cmd[0]); err != nil {
 			return exitf("bench: --trainer-cmd %q: %v", c.String("trainer-cmd"), err)
@@ -198,20 +205,25 @@ func runBench(c *cli.Context) error {
 	p := newBenchPrinter(c, wl, sizes, nodes, local, "trainers")
 	sc := bufio.NewScanner(trainers[0].out)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	done := 0
+	perSize := 1 // rows per size
+	if wl.alt.Valid() {
+		perSize = 2
+	}
+	done, rows := 0, 0
 	for sc.Scan() {
 		var r sizeResult
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			return fmt.Errorf("bench: trainer 0 printed %q: %w", sc.Text(), err)
 		}
-		done++
+		rows++
+		done = rows / perSize
 		if tty {
 			fmt.Fprint(os.Stderr, "\r\033[K")
 		}
-		if done > len(sizes) {
-			return exitf("bench: trainer 0 reported %d sizes, %d asked for", done, len(sizes))
+		if rows > perSize*len(sizes) {
+			return exitf("bench: trainer 0 reported %d results, %d asked for", rows, perSize*len(sizes))
 		}
-		p.row(r, done-1)
+		p.row(r, (rows-1)/perSize)
 		if tty && done < len(sizes) {
 			fmt.Fprintf(os.Stderr, "[%s] size %d/%d", bar(done, len(sizes), 30), done+1, len(sizes))
 		}
@@ -265,7 +277,11 @@ func newBenchPrinter(c *cli.Context, w workload, sizes []int64, nodes, local int
 		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s, %d iterations per size%s\n",
 			nodes, local, who, nodes*local, w, c.Int("iters"), between)
 		fmt.Fprintf(out, "%s; busbw = algbw x %s (NCCL's convention)\n", w.sizesMean(), w.busRule())
-		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
+		if w.alt.Valid() {
+			fmt.Fprintf(out, "%12s %9s %7s %12s %12s %12s %12s %9s\n", "bytes", "dtype", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
+		} else {
+			fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
+		}
 	}
 	return &benchPrinter{c: c, w: w, sizes: sizes, nodes: nodes, local: local, between: nb, enc: json.NewEncoder(out)}
 }
@@ -274,8 +290,14 @@ func newBenchPrinter(c *cli.Context, w workload, sizes []int64, nodes, local int
 func (p *benchPrinter) row(r sizeResult, i int) { p.print(p.summarize(r, i)) }
 
 func (p *benchPrinter) summarize(r sizeResult, i int) benchRow {
-	row := summarize(r, p.nodes, p.local, p.w)
-	if i < len(p.sizes) && p.sizes[i] != row.Bytes {
+	w := p.w
+	if r.DType != "" {
+		if dt, err := collective.ParseDType(r.DType); err == nil {
+			w.dt = dt
+		}
+	}
+	row := summarize(r, p.nodes, p.local, w)
+	if i < len(p.sizes) && p.sizes[i] != row.Bytes && w.dt == p.w.dt {
 		row.RequestedBytes = p.sizes[i]
 	}
 	if k := p.c.Int("in-flight"); k > 1 {
@@ -291,6 +313,10 @@ func (p *benchPrinter) summarize(r sizeResult, i int) benchRow {
 func (p *benchPrinter) print(row benchRow) {
 	if p.c.Bool("json") {
 		p.enc.Encode(row)
+		return
+	}
+	if p.w.alt.Valid() {
+		fmt.Fprintf(p.c.App.Writer, "%12d %9s %7s %12.1f %12.1f %12.3f %12.3f %9v\n", row.Bytes, row.DType, row.Path, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)
 		return
 	}
 	fmt.Fprintf(p.c.App.Writer, "%12d %7s %12.1f %12.1f %12.3f %12.3f %9v\n", row.Bytes, row.Path, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)

@@ -22,6 +22,10 @@ var opFlag = &cli.StringFlag{Name: "op", Value: "allreduce", Usage: "the collect
 	"Sizes are each trainer's buffer (allreduce, reduce, broadcast), each trainer's block (allgather: the result is world x size) " +
 	"or the whole input (reducescatter: rounded down to a multiple of world x element size)"}
 
+var alternateFlag = &cli.StringFlag{Name: "alternate-dtype", Usage: "a second element type measured at the same element count, call by call in turn with --dtype " +
+	"(each timed iteration times one call of each, alternating which goes first), each reported in a row of its own: e.g. --dtype float32 --alternate-dtype bfloat16 " +
+	"to set the 16-bit floats against float32 on the same machine at the same moments"}
+
 var reduceFlag = &cli.StringFlag{Name: "reduce", Value: "sum", Usage: "the reduce op of allreduce, reducescatter and reduce: sum, prod, max, min or avg"}
 
 // benchCollectives are --op's collectives by name.
@@ -44,6 +48,9 @@ type workload struct {
 	coll collective.Op
 	dt   collective.DType
 	op   collective.ReduceOp
+	// alt is --alternate-dtype's type, measured beside dt (DTypeInvalid:
+	// none).
+	alt collective.DType
 }
 
 // parseCollective reads --op and --reduce (reduceSet: given explicitly).
@@ -85,6 +92,19 @@ func parseBenchWorkload(c *cli.Context) (workload, error) {
 	if err := w.desc(0).Validate(1); err != nil {
 		return workload{}, fmt.Errorf("--op %s --dtype %s: %s", c.String("op"), dt, strings.TrimPrefix(err.Error(), collective.ErrInvalid.Error()+": "))
 	}
+	if a := c.String("alternate-dtype"); a != "" {
+		if w.alt, err = collective.ParseDType(a); err != nil {
+			return workload{}, fmt.Errorf("--alternate-dtype: %w", err)
+		}
+		if w.alt == dt {
+			return workload{}, fmt.Errorf("--alternate-dtype %s is --dtype itself: want another type", a)
+		}
+		x := w
+		x.dt = w.alt
+		if err := x.desc(0).Validate(1); err != nil {
+			return workload{}, fmt.Errorf("--op %s --alternate-dtype %s: %s", c.String("op"), w.alt, strings.TrimPrefix(err.Error(), collective.ErrInvalid.Error()+": "))
+		}
+	}
 	return w, nil
 }
 
@@ -92,12 +112,17 @@ func parseBenchWorkload(c *cli.Context) (workload, error) {
 // allreduce as --op REDUCE alone, as before --op named collectives (so
 // that trainers of --trainer-cmd that know only that still read it).
 func (w workload) args() []string {
+	var a []string
 	if w.coll == collective.OpAllReduce {
-		return []string{"--op", w.op.String(), "--dtype", w.dt.String()}
+		a = []string{"--op", w.op.String(), "--dtype", w.dt.String()}
+	} else {
+		a = []string{"--op", w.coll.String(), "--dtype", w.dt.String()}
+		if w.coll.Reduces() {
+			a = append(a, "--reduce", w.op.String())
+		}
 	}
-	a := []string{"--op", w.coll.String(), "--dtype", w.dt.String()}
-	if w.coll.Reduces() {
-		a = append(a, "--reduce", w.op.String())
+	if w.alt.Valid() {
+		a = append(a, "--alternate-dtype", w.alt.String())
 	}
 	return a
 }
@@ -112,6 +137,9 @@ func (w workload) String() string {
 		s += fmt.Sprintf(" from world rank %d", benchRoot)
 	case w.coll.Reduces():
 		s += " " + w.op.String()
+	}
+	if w.alt.Valid() {
+		s += ", and " + w.alt.String() + " at the same element count, call by call in turn"
 	}
 	return s
 }

@@ -366,3 +366,69 @@ func TestBenchCollectiveOptions(t *testing.T) {
 		t.Fatalf("bench --op allgather (table): %v\n%s", err, text)
 	}
 }
+
+// --alternate-dtype: the two kinds of call are checked, warmed and timed
+// in turn, each timed iteration one of each with the first alternating,
+// and a wrong result names its dtype.
+func TestMeasureAlternates(t *testing.T) {
+	var order []string
+	mk := func(dt collective.DType, name string) side {
+		w := workload{coll: collective.OpAllReduce, dt: dt, op: collective.Sum}
+		k := newCheck(w, 0, 1, 4, []slot{{in: make([]byte, 4*dt.Size())}})
+		return side{chk: k, call: func() error { order = append(order, name); return nil }}
+	}
+	a, b := mk(collective.Float32, "f32"), mk(collective.BFloat16, "bf16")
+	m := measurement{chk: a.chk, call: a.call, alt: &b, iters: 3, warmup: 1}
+	times, err := m.runAll()
+	if err != nil || len(times) != 2 || len(times[0]) != 3 || len(times[1]) != 3 {
+		t.Fatalf("runAll: %v, times %v, want 3 of each", err, times)
+	}
+	// Checked f32, bf16; warmup f32, bf16; timed f32 bf16, bf16 f32, f32 bf16.
+	if got, want := strings.Join(order, " "), "f32 bf16 f32 bf16 f32 bf16 bf16 f32 f32 bf16"; got != want {
+		t.Fatalf("calls made: %q, want %q", got, want)
+	}
+	// A world of 2 whose call does nothing: the alternate's check fails by name.
+	w := workload{coll: collective.OpAllReduce, dt: collective.BFloat16, op: collective.Sum}
+	bad := side{chk: newCheck(w, 0, 2, 4, []slot{{in: make([]byte, 8)}}), call: func() error { return nil }}
+	a1 := mk(collective.Float32, "f32")
+	m = measurement{chk: a1.chk, call: a1.call, alt: &bad, iters: 1}
+	if _, err := m.runAll(); err == nil || !strings.Contains(err.Error(), "bfloat16: wrong result at element 0") {
+		t.Fatalf("an alternate left as it was: %v, want its dtype named", err)
+	}
+}
+
+// bench --alternate-dtype reports both dtypes per size, each verified,
+// at the same element count; it refuses what cannot go with it.
+func TestBenchAlternateDType(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worlds of daemons")
+	}
+	rows, out := benchJSON(t, "--nodes", "2", "--local", "2", "--dtype", "float32", "--alternate-dtype", "bf16",
+		"--sizes", "4,1MiB", "--iters", "3")
+	if len(rows) != 4 {
+		t.Fatalf("%d rows, want 4:\n%s", len(rows), out)
+	}
+	for i, want := range []struct {
+		dtype string
+		bytes int64
+	}{{"float32", 4}, {"bfloat16", 2}, {"float32", 1 << 20}, {"bfloat16", 1 << 19}} {
+		if r := rows[i]; r.DType != want.dtype || r.Bytes != want.bytes || !r.Verified || r.Iters != 3 || r.RequestedBytes != 0 {
+			t.Errorf("row %d = %+v, want %s of %d bytes, 3 verified iterations", i, r, want.dtype, want.bytes)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--alternate-dtype", "float32"}, "--alternate-dtype float32 is --dtype itself"},
+		{[]string{"--alternate-dtype", "complex"}, `--alternate-dtype: unknown dtype "complex"`},
+		{[]string{"--dtype", "bf16", "--alternate-dtype", "bytes"}, "--alternate-dtype bytes: allreduce cannot reduce untyped bytes"},
+		{[]string{"--alternate-dtype", "bf16", "--ring-only"}, "--alternate-dtype and --ring-only"},
+		{[]string{"--alternate-dtype", "bf16", "--trainer-cmd", "python3"}, "--alternate-dtype and --trainer-cmd"},
+	} {
+		_, err := runApp(t, append([]string{"bench", "--sizes", "4"}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bench %v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -17,6 +17,9 @@ type sizeResult struct {
 	TimesNS []int64 `json:"times_ns"`
 	Path    string  `json:"path"` // inline, copied (through the client's scratch segment) or shm
 	Lane    bool    `json:"lane"` // the trainer's connection has a lane (Client.HasLane)
+	// DType is the element type measured, with bench --alternate-dtype
+	// (two results per size); empty otherwise (the workload's).
+	DType string `json:"dtype,omitempty"`
 }
 
 // benchTrainerCommand is one trainer of `collectived bench`: a hidden
@@ -32,6 +35,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.StringFlag{Name: "dtype", Value: "float32"},
 			opFlag,
 			reduceFlag,
+			alternateFlag,
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "prewarm"},
@@ -84,8 +88,10 @@ func benchTrainerCommand() *cli.Command {
 					return fmt.Errorf("world rank %d, size %d: %w", cl.Rank(), size, err)
 				}
 				if cl.Rank() == 0 {
-					if err := enc.Encode(res); err != nil {
-						return err
+					for _, r := range res {
+						if err := enc.Encode(r); err != nil {
+							return err
+						}
 					}
 				}
 			}
@@ -130,45 +136,88 @@ type trainerBench struct {
 }
 
 // size measures one size, on inFlight sets of buffers of it; prewarm, if
-// not nil, runs first.
-func (tb trainerBench) size(size int64, prewarm func() error) (sizeResult, error) {
+// not nil, runs first. With an alternate dtype (bench --alternate-dtype)
+// it measures both at the same element count, call by call in turn, and
+// returns a result for each, the alternate's second.
+func (tb trainerBench) size(size int64, prewarm func() error) ([]sizeResult, error) {
 	cl, w := tb.cl, tb.w
 	count := w.count(size, cl.Size())
-	bufs, err := newTrainerBufs(cl, w, count, tb.inFlight)
-	if err != nil {
-		return sizeResult{}, err
+	ws := []workload{w}
+	if w.alt.Valid() {
+		ws = append(ws, workload{coll: w.coll, dt: w.alt, op: w.op})
 	}
-	defer bufs.free()
-	res := sizeResult{Bytes: int64(count) * int64(w.dt.Size()), Path: bufs.path, Lane: cl.HasLane()}
-	res.TimesNS, err = measurement{
-		chk:   newCheck(w, cl.Rank(), cl.Size(), count, bufs.slots),
-		iters: tb.iters, warmup: tb.warmup, pace: tb.pace, prewarm: prewarm, between: tb.between,
-		call: bufs.call,
-	}.run()
+	var res []sizeResult
+	var sides []side
+	for _, x := range ws {
+		bufs, err := newTrainerBufs(cl, x, count, tb.inFlight)
+		if err != nil {
+			return nil, err
+		}
+		defer bufs.free()
+		r := sizeResult{Bytes: int64(count) * int64(x.dt.Size()), Path: bufs.path, Lane: cl.HasLane()}
+		if len(ws) > 1 {
+			r.DType = x.dt.String()
+		}
+		res = append(res, r)
+		sides = append(sides, side{chk: newCheck(x, cl.Rank(), cl.Size(), count, bufs.slots), call: bufs.call})
+	}
+	m := measurement{iters: tb.iters, warmup: tb.warmup, pace: tb.pace, prewarm: prewarm, between: tb.between,
+		chk: sides[0].chk, call: sides[0].call}
+	if len(sides) > 1 {
+		m.alt = &sides[1]
+	}
+	times, err := m.runAll()
+	for i := range times {
+		res[i].TimesNS = times[i]
+	}
 	return res, err
+}
+
+// side is what one kind of call of a measurement is: its buffers' known
+// values (chk) and the call itself.
+type side struct {
+	chk  *check
+	call func() error
 }
 
 // measurement is one size of a bench command: call runs one call on each
 // of chk's slots (one, but for bench --in-flight), whose known values chk
-// writes and checks. prewarm, if not nil, runs first (the first size's:
-// see prewarmer). A pacer (bench --sidecar) runs prewarm, the checked
-// call and warmup as one block and the timed calls in blocks, each when
-// the parent says and each after one untimed call; nil runs them at once.
-// between, if not nil, runs before every warmup and timed call, untimed
-// (bench --between).
+// writes and checks. alt, if not nil, is a second kind of call (bench
+// --alternate-dtype), measured the same way in turn with the first: each
+// timed iteration times one of each, alternating which goes first.
+// prewarm, if not nil, runs first (the first size's: see prewarmer). A
+// pacer (bench --sidecar) runs prewarm, the checked call and warmup as
+// one block and the timed calls in blocks, each when the parent says and
+// each after one untimed call; nil runs them at once. between, if not
+// nil, runs before every warmup and timed call, untimed (bench
+// --between).
 type measurement struct {
 	chk              *check
+	call             func() error
+	alt              *side
 	iters, warmup    int
 	pace             *pacer
 	prewarm, between func() error
-	call             func() error
 }
 
-// run is the protocol of every bench command for one size: a checked
-// call on known values, warmup calls, then iters timed calls, the last of
-// them on known values again and checked too. It returns the timed
-// calls' durations in nanoseconds.
+// run is runAll for a measurement of one kind of call: its times.
 func (m measurement) run() ([]int64, error) {
+	times, err := m.runAll()
+	if err != nil {
+		return nil, err
+	}
+	return times[0], nil
+}
+
+// runAll is the protocol of every bench command for one size: a checked
+// call on known values, warmup calls, then iters timed calls, the last of
+// them on known values again and checked too; for each side in turn. It
+// returns each side's timed calls' durations in nanoseconds.
+func (m measurement) runAll() ([][]int64, error) {
+	sides := []side{{chk: m.chk, call: m.call}}
+	if m.alt != nil {
+		sides = append(sides, *m.alt)
+	}
 	if err := m.pace.wait(); err != nil {
 		return nil, err
 	}
@@ -177,25 +226,32 @@ func (m measurement) run() ([]int64, error) {
 			return nil, fmt.Errorf("prewarm: %w", err)
 		}
 	}
-	m.chk.fill()
-	if err := m.call(); err != nil {
-		return nil, err
-	}
-	if err := m.chk.verify(); err != nil {
-		return nil, err
-	}
-	for i := 0; i < m.warmup; i++ {
-		if err := runBetween(m.between); err != nil {
+	for _, s := range sides {
+		s.chk.fill()
+		if err := s.call(); err != nil {
 			return nil, err
 		}
-		if err := m.call(); err != nil {
-			return nil, err
+		if err := s.chk.verify(); err != nil {
+			return nil, m.named(s, err)
+		}
+	}
+	for i := 0; i < m.warmup; i++ {
+		for _, s := range sides {
+			if err := runBetween(m.between); err != nil {
+				return nil, err
+			}
+			if err := s.call(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := m.pace.done(); err != nil {
 		return nil, err
 	}
-	times := make([]int64, 0, m.iters)
+	times := make([][]int64, len(sides))
+	for k := range times {
+		times[k] = make([]int64, 0, m.iters)
+	}
 	for i := 0; i < m.iters; i++ {
 		if m.pace.starts(i) {
 			if err := m.pace.wait(); err != nil {
@@ -204,26 +260,36 @@ func (m measurement) run() ([]int64, error) {
 			// The other world had the machine until now: the first call
 			// after its turn runs cold (TUNING section 21), so it is not
 			// timed.
-			if err := m.call(); err != nil {
-				return nil, err
+			for _, s := range sides {
+				if err := s.call(); err != nil {
+					return nil, err
+				}
 			}
 		}
-		if i == m.iters-1 {
-			m.chk.fill()
+		last := i == m.iters-1
+		if last {
+			for _, s := range sides {
+				s.chk.fill()
+			}
 		}
-		if err := runBetween(m.between); err != nil {
-			return nil, err
-		}
-		t0 := time.Now()
-		err := m.call()
-		took := time.Since(t0)
-		if err != nil {
-			return nil, err
-		}
-		times = append(times, took.Nanoseconds())
-		if i == m.iters-1 {
-			if err := m.chk.verify(); err != nil {
+		for j := range sides {
+			k := (i + j) % len(sides) // alternate which side goes first
+			if err := runBetween(m.between); err != nil {
 				return nil, err
+			}
+			t0 := time.Now()
+			err := sides[k].call()
+			took := time.Since(t0)
+			if err != nil {
+				return nil, err
+			}
+			times[k] = append(times[k], took.Nanoseconds())
+		}
+		if last {
+			for _, s := range sides {
+				if err := s.chk.verify(); err != nil {
+					return nil, m.named(s, err)
+				}
 			}
 		}
 		if m.pace.ends(i, m.iters) {
@@ -233,6 +299,14 @@ func (m measurement) run() ([]int64, error) {
 		}
 	}
 	return times, nil
+}
+
+// named says which side's check failed when there are two.
+func (m measurement) named(s side, err error) error {
+	if m.alt == nil {
+		return err
+	}
+	return fmt.Errorf("%s: %w", s.chk.w.dt, err)
 }
 
 // runBetween makes the untimed call of another size that --between puts
