@@ -5,6 +5,11 @@ Every error the daemon sends (an ``ERROR`` frame) becomes a
 code's name and the daemon's message verbatim. Errors found by the client
 itself (a broken connection, a wait that ran out, a malformed frame) use the
 same base class with ``code`` set to ``None`` (or ``BAD_FRAME`` for frames).
+
+Every one is a :class:`RuntimeError`, as torch.distributed's own failures
+are: code written for PyTorch's backends (``except RuntimeError``) catches
+them, and code written for collectived can still tell them apart by class
+(a :class:`TrainerLostError` stays one through ``collectived.torch``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ CODE_NAMES = {
 }
 
 
-class CollectivedError(Exception):
-    """Base of every collectived error.
+class CollectivedError(RuntimeError):
+    """Base of every collectived error (a :class:`RuntimeError`, as
+    torch.distributed's failures are).
 
     Attributes:
         code: the protocol error code (``None`` for errors found client-side).
