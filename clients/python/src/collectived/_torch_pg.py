@@ -83,6 +83,21 @@ def _subgroups_error() -> UnsupportedError:
         "default group of that backend), or make every rank call the collective")
 
 
+def _value(f: Any) -> Any:
+    return f.value()
+
+
+def _failing_future(base: Any) -> Any:
+    """A future that completes as ``base`` does, failing in a way torch's
+    C++ understands. ``Future.set_exception`` stores the exception as the
+    future's *value*, raised only by Python's ``wait()``: C++ (DDP's reducer)
+    reads that value as its result, which fails with "Unable to cast ... to
+    Tensor", or crashes torch 1.13 (SIGSEGV, seen with a killed trainer).
+    A callback that raises fails the future ``then`` makes at the C++ level,
+    with a RuntimeError of torch's whose message names the error's class."""
+    return base.then(_value)
+
+
 class _Completer:
     """Settles torch futures off the client's reader thread: in a thread of
     its own, and in another whenever every one is busy (a callback chained
@@ -146,6 +161,8 @@ class Work(_WorkBase):  # type: ignore[misc]
         self._state = _PENDING
         self._error: Optional[BaseException] = None
         self._future = torch.futures.Future()
+        # What get_future() hands out: see _failing_future.
+        self._out_future = _failing_future(self._future)
         self._consumed = False
         self._lock = threading.Lock()
         self._left = len(self._handles)
@@ -207,11 +224,14 @@ class Work(_WorkBase):  # type: ignore[misc]
 
     def get_future(self) -> Any:
         """A ``torch.futures.Future`` completed with the output tensors (a
-        list), or failed with the collective's error."""
+        list), or failed with the collective's error: as torch carries
+        errors through C++, a RuntimeError whose message begins with the
+        error's class (``TrainerLostError: ...``); ``wait()`` raises the
+        error itself."""
         self._consumed = True
         if self._state == _DONE:
             self._pg._settled(self)
-        return self._future
+        return self._out_future
 
     def is_completed(self) -> bool:
         """Whether the collective has ended (well or not)."""
@@ -506,7 +526,15 @@ def _red(opts: Any) -> str:
                     ("max", "MAX")):
         if hasattr(R, k) and op == getattr(R, k):
             return name
-    raise _unsupported(f"reduce op {op} (it has SUM, AVG, PRODUCT, MIN and MAX)")
+    label = next((k for k in dir(R) if k.isupper() and _eq(op, getattr(R, k))), str(op))
+    raise _unsupported(f"reduce op {label} (it has SUM, AVG, PRODUCT, MIN and MAX)")
+
+
+def _eq(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _root(opts: Any, size: int, what: str) -> int:
