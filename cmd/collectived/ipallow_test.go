@@ -66,7 +66,7 @@ func TestCheckAllowedPeers(t *testing.T) {
 		t.Fatalf("a world of one: %v", err)
 	}
 	for env, want := range map[string]string{
-		"none":                        "no allow-list of the peers is installed: make it from this config: collectived ipallow --config c.yaml > /etc/systemd/system/collectived.service.d/peers.conf",
+		"none":                       "no allow-list of the peers is installed: make it from this config: collectived ipallow --config c.yaml > /etc/systemd/system/collectived.service.d/peers.conf",
 		peersDigest([]string{"x:1"}): "made from another peer list than c.yaml's",
 	} {
 		if err := checkAllowedPeers("c.yaml", peers, env); err == nil || !strings.Contains(err.Error(), want) {
