@@ -215,9 +215,9 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
-// fromPrevLocked is the accept-time guess of whether c comes from the prev peer,
-// by the addresses last resolved; the handshake checks for certain. The
-// caller holds l.mu.
+// fromPrevLocked is the accept-time guess of whether a connection from a
+// comes from the prev peer, by the addresses last resolved; the handshake
+// checks for certain. The caller holds l.mu.
 func (l *Listener) fromPrevLocked(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
 	return ok && ipIn(ta.IP, l.prevIPs)
