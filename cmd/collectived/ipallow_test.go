@@ -8,8 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/collectived/collectived/internal/logthrottle"
 )
 
 func fakeLookup(host string) ([]netip.Addr, error) {
@@ -96,5 +99,22 @@ func TestIPAllowCommand(t *testing.T) {
 	err := app.Run([]string{"collectived", "run", "--config", cfg, "--rank", "0", "--socket", filepath.Join(dir, "s")})
 	if err == nil || !strings.Contains(err.Error(), "collectived ipallow --config "+cfg) {
 		t.Fatalf("run without the drop-in: %v", err)
+	}
+}
+
+// `collectived status` prints the refusal counts: total, by reason, and
+// the sources refused most.
+func TestPrintRefused(t *testing.T) {
+	var out bytes.Buffer
+	printRefused(&out, "ring port", logthrottle.Counts{})
+	if out.Len() != 0 {
+		t.Fatalf("no refusals printed %q", out.String())
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	printRefused(&out, "ring port", logthrottle.Counts{Total: 1234, Reasons: map[string]uint64{"bad magic": 1200, "other job": 34},
+		Sources: []logthrottle.SourceCount{{Source: "10.0.0.9", Reason: "bad magic", Count: 1200, Last: at}}})
+	want := "refused on the ring port: 1,234 (1,200 bad magic, 34 other job); most from 10.0.0.9 (1,200 bad magic, last 2026-01-02T03:04:05Z)\n"
+	if out.String() != want {
+		t.Fatalf("printed\n%q\nwant\n%q", out.String(), want)
 	}
 }
