@@ -68,6 +68,9 @@ extern "C" {
 #define CVD_DEFAULT_JOB "default"
 #define CVD_HEADER_SIZE 16
 #define CVD_PRE_HELLO_MAX_FRAME 4096u
+/* A STATUS_OK payload may be this long whatever max_frame is (the status of
+ * the largest worlds is megabytes); no other frame may pass max_frame. */
+#define CVD_MAX_STATUS_FRAME (8u << 20)
 
 /* Element types (wire codes). */
 typedef enum cvd_dtype {

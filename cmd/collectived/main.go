@@ -39,6 +39,7 @@ func newApp() *cli.App {
 		Commands: []*cli.Command{
 			runCommand(),
 			checkCommand(),
+			ipallowCommand(),
 			statusCommand(),
 			benchCommand(),
 			versionCommand(),

@@ -1774,7 +1774,9 @@ class Client:
 
     def _read_loop(self) -> None:
         max_frame, version = self.info.max_frame, self.info.version
-        rbuf = bytearray(max(2 * (P.HEADER_SIZE + max_frame), 1 << 16))
+        rbase = max(2 * (P.HEADER_SIZE + max_frame), 1 << 16)
+        status_bound = max(max_frame, P.MAX_STATUS_FRAME)
+        rbuf = bytearray(rbase)
         mv = memoryview(rbuf)
         start = end = 0
         fds: collections.deque[int] = collections.deque()
@@ -1805,14 +1807,21 @@ class Client:
                     raise ConnectionLostError(f"daemon at {self.path} closed the connection")
                 end += n
                 while end - start >= P.HEADER_SIZE:
+                    # STATUS_OK alone may pass max_frame, up to MAX_STATUS_FRAME.
+                    bound = status_bound if mv[start + 4] == P.STATUS_OK else max_frame
                     length, ftype, fflags, fid = P.parse_header(
-                        mv[start:start + P.HEADER_SIZE], max_frame)
+                        mv[start:start + P.HEADER_SIZE], bound)
                     if P.TYPE_SINCE.get(ftype, 1) > version:
                         raise ProtocolError(
                             f"{P.TYPE_NAMES[ftype]} (type 0x{ftype:02x}, id {fid}) is a protocol "
                             f"version {P.TYPE_SINCE[ftype]} frame; this connection speaks version "
                             f"{version}")
                     if end - start < P.HEADER_SIZE + length:
+                        if P.HEADER_SIZE + length > len(rbuf):  # a large STATUS_OK: make room
+                            grown = bytearray(P.HEADER_SIZE + length)
+                            grown[0:end - start] = mv[start:end]
+                            rbuf, mv = grown, memoryview(grown)
+                            start, end = 0, end - start
                         break
                     payload = mv[start + P.HEADER_SIZE:start + P.HEADER_SIZE + length]
                     msg = P.decode_payload(ftype, fflags, fid, payload)
@@ -1832,6 +1841,9 @@ class Client:
                     start += P.HEADER_SIZE + length
                 if start == end:
                     start = end = 0
+                    if len(rbuf) > rbase:  # the large STATUS_OK has gone: shrink back
+                        rbuf = bytearray(rbase)
+                        mv = memoryview(rbuf)
         except P.FrameError as e:
             err = ProtocolError(f"from daemon at {self.path}: {e}")
         except CollectivedError as e:
