@@ -72,3 +72,26 @@ def test_torch_killed_trainer_under_ddp_2x2(fresh_world_2x2: World) -> None:
         assert "TrainerLostError" in msg or name == "TrainerLostError", msg
         assert "TRAINER_LOST" in msg, msg
         assert r["step"] == 2, r
+
+
+def test_torch_hooks_and_broadcasts_2x2(world_2x2: World) -> None:
+    port = localports.free_ports(1)[0]
+    res = run_torch(world_2x2, M, "hooks_and_broadcasts", (port,))
+    for r in res:
+        # the gradients of DDP on Gloo, averaged by collectived instead
+        assert r["sent_gloo"] == []
+        assert r["sent_allreduce_hook"] == ["torch.float32/avg"]
+        assert r["hook_vs_gloo"] <= 1e-6 * r["scale"], r
+        # bfloat16 on the wire, averaged to bfloat16's precision (8 bits)
+        assert r["sent_bf16_compress_hook"] == ["torch.bfloat16/avg"]
+        assert 0 < r["bf16_vs_gloo"] <= 2 ** -7 * r["scale"], r
+        assert "state" in r["bad_state"]
+        for k, v in r["params"].items():
+            assert torch.equal(v, res[2]["params"][k]), (r["rank"], k)
+        assert r["params"]["1.num_batches_tracked"].item() == 2
+        assert r["opt_lr"] == 0.02  # rank 1's
+        for k, st in r["opt_state"].items():
+            for n, t in st.items():
+                want = res[1]["opt_state"][k][n]
+                assert torch.equal(t, want) if isinstance(t, torch.Tensor) else t == want
+        assert r["object"]["rank"] == 3 and r["object"]["t"].tolist() == [0, 3, 6]

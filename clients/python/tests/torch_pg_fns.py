@@ -346,3 +346,70 @@ def killed_ddp(sock: str, local_rank: int, victim: int) -> dict[str, Any]:
         out["error"] = (type(e).__name__, isinstance(e, RuntimeError), str(e)[:2000])
     out["step"] = step
     return out
+
+
+def hooks_and_broadcasts(sock: str, local_rank: int, port: int) -> dict[str, Any]:
+    """DDP on Gloo (another backend) with collectived's comm hooks: the
+    gradients equal Gloo's own averaging (to float tolerance; bfloat16's
+    to its precision, and sent as bfloat16); broadcast_parameters and
+    broadcast_optimizer_state from a root other than 0."""
+    import collectived
+
+    client = ct.connect(sock, job=JOB, local_rank=local_rank)
+    rank, size = client.rank, client.size
+    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    out: dict[str, Any] = {"rank": rank}
+    sent: list[str] = []
+    real = client.allreduce_async
+
+    def spy(x: Any, op: str = "sum", **kw: Any) -> Any:
+        sent.append(f"{x.dtype}/{op}")
+        return real(x, op, **kw)
+    client.allreduce_async = spy  # type: ignore[method-assign]
+
+    def net() -> Any:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    x, y = torch.randn(64, 20, generator=g), torch.randn(64, 5, generator=g)
+    grads = {}
+    for kind in ("gloo", "allreduce_hook", "bf16_compress_hook"):
+        model = torch.nn.parallel.DistributedDataParallel(net())
+        if kind != "gloo":
+            model.register_comm_hook(client, getattr(ct, kind))
+        sent.clear()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        grads[kind] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        out[f"sent_{kind}"] = sorted(set(sent))
+    out["hook_vs_gloo"] = float((grads["allreduce_hook"] - grads["gloo"]).abs().max())
+    out["scale"] = float(grads["gloo"].abs().max())
+    out["bf16_vs_gloo"] = float((grads["bf16_compress_hook"] - grads["gloo"]).abs().max())
+
+    # broadcast_parameters: rank-seeded models become rank 2's.
+    torch.manual_seed(rank)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    m[1].num_batches_tracked += rank  # an int64 buffer
+    ct.broadcast_parameters(m, root=2, group=client)
+    out["params"] = {k: v.clone() for k, v in m.state_dict().items()}
+    # broadcast_optimizer_state: Adam after a step on rank 1's own data.
+    torch.manual_seed(7)
+    m2 = torch.nn.Linear(6, 2)
+    opt = torch.optim.Adam(m2.parameters(), lr=0.01 * (rank + 1))
+    m2(torch.randn(3, 6, generator=g)).sum().backward()
+    opt.step()
+    ct.broadcast_optimizer_state(opt, root=1, group=client)
+    sd = opt.state_dict()
+    out["opt_lr"] = sd["param_groups"][0]["lr"]
+    out["opt_state"] = {k: {n: (t.clone() if isinstance(t, torch.Tensor) else t) for n, t in v.items()}
+                        for k, v in sd["state"].items()}
+    out["object"] = ct.broadcast_object({"rank": rank, "t": torch.arange(3) * rank}
+                                        if rank == 3 else None, root=3, group=client)
+    try:
+        ct.allreduce_hook(object(), None)
+    except collectived.UsageError as e:
+        out["bad_state"] = str(e)
+    dist.destroy_process_group()
+    client.close()
+    return out

@@ -6,6 +6,7 @@ result is then missing (None), and the others' are still collected."""
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import time
 from typing import Any, Optional, Sequence
 
@@ -14,13 +15,16 @@ from worlds import World
 
 def _child(conn: Any, module: str, fn: str, args: tuple) -> None:
     import importlib
+    import pickle
     import traceback
 
     try:
         res: Any = ("ok", getattr(importlib.import_module(module), fn)(*args))
     except BaseException:
         res = ("raised", traceback.format_exc())
-    conn.send(res)
+    # Plain pickle: multiprocessing's would share tensors' memory through
+    # this process, which is about to exit.
+    conn.send_bytes(pickle.dumps(res))
     conn.close()
 
 
@@ -47,7 +51,7 @@ def run_torch(world: World, module: str, fn: str, args: Sequence[Any] = (), *,
             while True:
                 if c.poll(0.1):
                     try:
-                        status, val = c.recv()
+                        status, val = pickle.loads(c.recv_bytes())
                     except EOFError:
                         break  # died without an answer
                     if status == "raised":

@@ -30,11 +30,21 @@ from ._torch_pg import (
     init_process_group,
     register,
 )
+from ._torch_ddp import (
+    allreduce_hook,
+    bf16_compress_hook,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    fp16_compress_hook,
+)
 from .errors import DTypeError
 
 __all__ = [
     "BACKEND", "ProcessGroupCollectived", "Work", "WorldStore", "connect", "default_group",
-    "destroy_process_group", "init_process_group", "register", "as_tensor", "empty", "zeros",
+    "destroy_process_group", "init_process_group", "register", "allreduce_hook",
+    "bf16_compress_hook", "fp16_compress_hook", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "as_tensor", "empty", "zeros",
 ]
 
 register()
