@@ -29,6 +29,7 @@ How it fits torch (1.13 to current; docs/TORCH.md has the details):
 from __future__ import annotations
 
 import array
+import atexit
 import collections
 import datetime
 import inspect
@@ -749,6 +750,10 @@ def init_process_group(socket: Optional[str] = None, *, job: Optional[str] = Non
         client.close()
         raise
     store.sealed = True
+    # dist.destroy_process_group() tells the group nothing: close the
+    # connection at exit at the latest, cleanly (the daemon then never
+    # takes the end for a crash).
+    atexit.register(client.close)
     assert _default is not None and _default.client is client
     return _default
 
