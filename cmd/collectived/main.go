@@ -1,6 +1,6 @@
 // Command collectived is the per-node sidecar daemon of collectived and its
 // tools: run the daemon, check a config, ask a running daemon for its
-// status, benchmark a local world.
+// status, benchmark a local world, run a development world (up).
 package main
 
 import (
@@ -42,6 +42,7 @@ func newApp() *cli.App {
 			ipallowCommand(),
 			statusCommand(),
 			benchCommand(),
+			upCommand(),
 			versionCommand(),
 			benchTrainerCommand(),
 			benchRingCommand(),
