@@ -96,7 +96,7 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}
 	fmt.Fprintf(out, "trainer of node N, local rank L (world rank N*%d+L):\n", o.local)
 	fmt.Fprintf(out, "  COLLECTIVED_JOB=%s COLLECTIVED_SOCKET=%s LOCAL_RANK=0 python3 train.py\n", o.job, w.Sockets[0])
-	fmt.Fprintf(out, "  (or per node: COLLECTIVED_JOB=%s COLLECTIVED_SOCKET=<its socket> torchrun --nproc-per-node %d train.py)\n", o.job, o.local)
+	fmt.Fprintf(out, "  (or per node: COLLECTIVED_JOB=%s COLLECTIVED_SOCKET=<its socket> torchrun --nproc_per_node %d train.py)\n", o.job, o.local)
 	fmt.Fprintf(out, "status: collectived status --job %s --socket %s\n", o.job, w.Sockets[0])
 	fmt.Fprintf(out, "ready; Ctrl-C stops the daemons\n")
 	select {

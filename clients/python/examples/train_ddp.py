@@ -10,7 +10,7 @@ Everything else is plain torch.distributed and DDP. Start one copy per
 trainer, as torchrun does (it sets $LOCAL_RANK; $COLLECTIVED_SOCKET names the
 node's daemon):
 
-    torchrun --nproc-per-node 2 examples/train_ddp.py         # on each node
+    torchrun --nproc_per_node 2 examples/train_ddp.py         # on each node
     COLLECTIVED_SOCKET=/tmp/cvd/n0.sock LOCAL_RANK=0 python3 examples/train_ddp.py  # by hand
 
 ``--backend gloo`` runs the same script on Gloo (torchrun's env:// rendezvous),

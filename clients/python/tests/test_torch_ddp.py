@@ -90,3 +90,60 @@ def _initial() -> dict[str, object]:
         sys.path.pop(0)
     torch.manual_seed(0)
     return train_ddp.Net().state_dict()
+
+
+# torch 1.13's torchrun on Python 3.11 (Debian 12's) fails at its default
+# --redirects 0 and --tee 0 ("'NoneType' object has no attribute 'get'": its
+# Std.from_str finds no member 0 of a 3.11 IntFlag); 1 works.
+TORCHRUN_FIX = (["--redirects", "1", "--tee", "1"]
+                if torch.__version__.startswith("1.") and sys.version_info >= (3, 11) else [])
+
+
+def test_train_ddp_under_torchrun_2x2(world_2x2: World, tmp_path) -> None:
+    """As clients/python/README.md tells: one torchrun per node
+    (--nproc-per-node 2), each with its daemon's $COLLECTIVED_SOCKET."""
+    import localports
+
+    out = str(tmp_path / "tr-rank{rank}.pt")
+    procs = []
+    for node, port in enumerate(localports.free_ports(world_2x2.nodes)):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--nproc_per_node",
+             str(world_2x2.local_size), "--master_port", str(port), SCRIPT, "--steps", "10",
+             "--out", out],
+            env=_env(COLLECTIVED_SOCKET=world_2x2.sockets[node], COLLECTIVED_JOB=JOB,
+                     OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        for p in procs:
+            o, _ = p.communicate(timeout=300)
+            assert p.returncode == 0, o
+            assert "warn" not in o.lower() or "$RANK" not in o, o
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    ws = [_weights(out.replace("{rank}", str(r))) for r in range(world_2x2.size)]
+    for w in ws[1:]:
+        for k, v in w.items():
+            assert torch.equal(v, ws[0][k]), k
+
+
+def test_readme_pytorch_snippet(collectived_bin: str) -> None:
+    """The ```py snippet of clients/python/README.md's "PyTorch" section runs
+    as printed (a 1x1 world of job "demo")."""
+    import re
+
+    with open(os.path.join(REPO, "clients", "python", "README.md"), encoding="utf-8") as f:
+        (code,) = re.findall(r"^```py\n(.*?)^```", f.read(), re.S | re.M)
+    assert "collectived.torch.init_process_group()" in code
+    w = World(collectived_bin, 1, 1, job="demo")
+    try:
+        w.start()
+        r = subprocess.run([sys.executable, "-c", code],
+                           env=_env(COLLECTIVED_SOCKET=w.sockets[0], COLLECTIVED_JOB="demo"),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        w.stop()

@@ -2,7 +2,7 @@
 Python (``collectived.torch`` registers it as ``"collectived"`` and
 re-exports what users need). Importing this module imports torch.
 
-How it fits torch (1.13 to current; docs/TORCH.md has the details):
+How it fits torch (1.13 to current; clients/python/README.md, "PyTorch", for users):
 
 - torch calls the group's methods (``allreduce``, ``broadcast``, ...) from
   Python (``dist.all_reduce``) and from C++ (DDP's reducer, its parameter
@@ -689,8 +689,8 @@ def connect(socket: Optional[str] = None, *, job: Optional[str] = None,
             rank_retry: float = 10.0, label: str = "") -> Client:
     """The Client a process group uses: ``shapes=True``; the local rank
     is ``local_rank``, else ``$LOCAL_RANK`` (torchrun's), else the lowest free
-    one; torchrun's ``$WORLD_SIZE`` and ``$LOCAL_WORLD_SIZE``, when set,
-    must be the daemons' world and local sizes."""
+    one; torchrun's ``$LOCAL_WORLD_SIZE``, when set, must be the daemon's
+    trainers per node, and ``$WORLD_SIZE`` that or the daemons' world size."""
     env = os.environ
     if local_rank is None:
         local_rank = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "") != "" else -1
@@ -705,17 +705,24 @@ def connect(socket: Optional[str] = None, *, job: Optional[str] = None,
 
 
 def _check_launcher(c: Client, env: Any) -> None:
-    for var, want, what in (("WORLD_SIZE", c.size, "world size"),
-                            ("LOCAL_WORLD_SIZE", c.local_size, "trainers per node")):
-        got = env.get(var, "")
-        if got != "" and int(got) != want:
-            raise UsageError(
-                f"${var} is {got} (torchrun's --nnodes x --nproc-per-node), but the collectived "
-                f"daemons' {what} is {want} ({c.node_count} nodes x {c.local_size} trainers, "
-                f"the daemon's job.local_size and peers): start torchrun with "
-                f"--nproc-per-node {c.local_size} on each of the {c.node_count} nodes")
+    """torchrun's variables, where set, against the daemons' world: one
+    torchrun per node (``--nnodes 1``: its world is the node's trainers) or
+    one over all nodes (its world is the daemons')."""
+    lws = env.get("LOCAL_WORLD_SIZE", "")
+    if lws != "" and int(lws) != c.local_size:
+        raise UsageError(
+            f"$LOCAL_WORLD_SIZE is {lws} (torchrun's --nproc-per-node), but the collectived "
+            f"daemon serves {c.local_size} trainers per node (its job.local_size): start "
+            f"torchrun with --nproc-per-node {c.local_size}")
+    ws = env.get("WORLD_SIZE", "")
+    if ws != "" and int(ws) not in (c.size, c.local_size):
+        raise UsageError(
+            f"$WORLD_SIZE is {ws}, but the collectived daemons' world is {c.node_count} nodes x "
+            f"{c.local_size} trainers = {c.size}: run one torchrun per node with "
+            f"--nproc-per-node {c.local_size} (its world is then the node's), or one over all "
+            f"{c.node_count} nodes")
     r = env.get("RANK", "")
-    if r != "" and int(r) != c.rank:
+    if ws != "" and int(ws) == c.size and r != "" and int(r) != c.rank:
         warnings.warn(
             f"torchrun's $RANK is {r}, but torch.distributed's rank is the daemons' world rank "
             f"{c.rank} (node {c.node_rank} x {c.local_size} + local rank {c.local_rank}): "
