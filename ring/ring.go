@@ -305,13 +305,15 @@ func (r *Ring) failFrom(s *stream, cause error) {
 }
 
 // culpable tells the failures that are the peer's own doing (a socket
-// this rank closed itself is not).
+// this rank closed itself is not). A corrupted frame names its sender as
+// the culprit: the link from it to this rank, or the sender itself,
+// changed the bytes.
 func culpable(cause error) bool {
 	if errors.Is(cause, net.ErrClosed) {
 		return false
 	}
 	return errors.Is(cause, ErrPeerClosed) || errors.Is(cause, ErrPeerHung) ||
-		errors.Is(cause, ErrBadFrame) || errors.Is(cause, ErrGeneration)
+		errors.Is(cause, ErrBadFrame) || errors.Is(cause, ErrGeneration) || errors.Is(cause, ErrCorrupt)
 }
 
 // deferredAbort is an abort kept until the op under way ends.

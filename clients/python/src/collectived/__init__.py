@@ -24,6 +24,7 @@ from .errors import (
     CollectivedError,
     CollectiveTimeoutError,
     ConnectionLostError,
+    CorruptError,
     FullError,
     HandshakeError,
     InternalError,
@@ -53,6 +54,6 @@ __all__ = [
     "AccessDeniedError", "SharedMemoryError", "QuotaError", "BadSegmentError", "BusyError",
     "BadFDError", "BadRequestError", "TooLargeError", "TooManyError", "MismatchError",
     "CollectiveTimeoutError", "PeerLostError", "TrainerLostError", "AbortedError",
-    "ShutdownError", "UnsupportedError", "InternalError", "ConnectionLostError",
+    "ShutdownError", "UnsupportedError", "InternalError", "CorruptError", "ConnectionLostError",
     "WaitTimeoutError",
 ]
