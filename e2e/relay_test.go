@@ -41,6 +41,10 @@ type relay struct {
 	corrupt   atomic.Bool   // armed: the next ring frame header dialer->listener claims 3 GiB
 	corrupted chan struct{} // closed when that header went out
 
+	flip    atomic.Bool   // armed: one payload byte of the next step-0 data frame dialer->listener is flipped
+	flipped chan struct{} // closed when that frame went out
+	flipNs  atomic.Int64  // when (Unix nanoseconds), set before flipped is closed
+
 	mu         sync.Mutex
 	conns      []net.Conn
 	firstHello []byte // the first rendezvous hello a dialer sent, as sent
@@ -61,7 +65,8 @@ const hugeLength = 3 << 30
 
 func startRelay(t *testing.T, o relayOpts) *relay {
 	t.Helper()
-	r := &relay{t: t, target: o.target, delay: o.delay, jitter: o.jitter, mark: o.mark, corrupted: make(chan struct{})}
+	r := &relay{t: t, target: o.target, delay: o.delay, jitter: o.jitter, mark: o.mark,
+		corrupted: make(chan struct{}), flipped: make(chan struct{})}
 	ready := make(chan error, 1)
 	r.wg.Add(1)
 	go r.acceptLoop(o.netns, o.listen, ready)
@@ -159,11 +164,14 @@ func (r *relay) close() {
 	r.wg.Wait()
 }
 
+// ringHeaderLen is the length of a ring frame header (ring/doc.go).
+const ringHeaderLen = 64
+
 // forward carries the dialer's bytes to the listener: the rendezvous
 // frames (8-byte header, big-endian u16 length) first, then ring frames
-// (64-byte header, little-endian u32 length at 52), one whole frame at a
-// time, so that a corruption lands on a header. Delays apply as in
-// delayedCopy.
+// (ringHeaderLen-byte header, kind at 5, little-endian u32 length at 52),
+// one whole frame at a time, so that a corruption lands on a header and a
+// flip on a data frame's payload. Delays apply as in delayedCopy.
 func (r *relay) forward(dst, src net.Conn) {
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
@@ -175,7 +183,7 @@ func (r *relay) forward(dst, src net.Conn) {
 }
 
 func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
-	var h [64]byte
+	var h [ringHeaderLen]byte
 	// The dialer sends its hello, then its proof (or a status refusing).
 	for i := 0; i < 2; i++ {
 		if _, err := io.ReadFull(br, h[:8]); err != nil {
@@ -222,6 +230,21 @@ func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
 		n := int64(binary.LittleEndian.Uint32(h[52:]))
 		if _, err := w.Write(h[:]); err != nil {
 			return err
+		}
+		if h[5] == 1 && n > 0 && binary.LittleEndian.Uint32(h[48:]) == 0 && r.flip.CompareAndSwap(true, false) { // a data frame of step 0
+			// XOR 0x10 into byte 2 of a float32 near the middle of the
+			// payload: 1.0 becomes 1.125, 2.0 becomes 2.25.
+			p := make([]byte, n)
+			if _, err := io.ReadFull(br, p); err != nil {
+				return err
+			}
+			p[(n/2)&^3+2] ^= 0x10
+			r.flipNs.Store(time.Now().UnixNano())
+			close(r.flipped)
+			if _, err := w.Write(p); err != nil {
+				return err
+			}
+			continue
 		}
 		if _, err := io.CopyN(w, br, n); err != nil {
 			return err
