@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -23,7 +24,8 @@ import (
 // A relay is a TCP proxy the test puts on one ring link: it delays every
 // chunk of bytes (with jitter, keeping their order), and on request
 // rewrites the next ring frame header the dialer sends, so that the
-// listening daemon receives what a broken or hostile peer would send.
+// listening daemon receives what a broken or hostile peer would send, or
+// flips a byte of a data frame's payload, as a faulty link would.
 // It can live in a node's network namespace: its listening and dialing
 // sockets are then made by a goroutine locked to a thread that entered
 // that namespace, and that thread exits with the goroutine, never to be
@@ -38,7 +40,7 @@ type relay struct {
 	accepted atomic.Int64
 	bytes    atomic.Int64
 
-	corrupt   atomic.Bool   // armed: the next ring frame header dialer->listener claims 3 GiB
+	corrupt   atomic.Bool   // armed: the next ring frame header dialer->listener claims 3 GiB (its checksum made to match)
 	corrupted chan struct{} // closed when that header went out
 
 	flip    atomic.Bool   // armed: one payload byte of the next step-0 data frame dialer->listener is flipped
@@ -164,8 +166,16 @@ func (r *relay) close() {
 	r.wg.Wait()
 }
 
-// ringHeaderLen is the length of a ring frame header (ring/doc.go).
-const ringHeaderLen = 64
+// ringHeaderLen is the length of a ring frame header (ring/doc.go): its
+// CRC32C sits in the last 4 bytes, over the bytes before them.
+const ringHeaderLen = 72
+
+// sealRingHeader sets a ring frame header's checksum to match what it
+// holds, as a man in the middle who rewrites a header does: the checksum
+// detects corruption, it authenticates nothing.
+func sealRingHeader(h []byte) {
+	binary.LittleEndian.PutUint32(h[ringHeaderLen-4:], crc32.Checksum(h[:ringHeaderLen-4], crc32.MakeTable(crc32.Castagnoli)))
+}
 
 // forward carries the dialer's bytes to the listener: the rendezvous
 // frames (8-byte header, big-endian u16 length) first, then ring frames
@@ -219,6 +229,7 @@ func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
 		}
 		if r.corrupt.CompareAndSwap(true, false) {
 			binary.LittleEndian.PutUint32(h[52:], hugeLength)
+			sealRingHeader(h[:])
 			_, err := w.Write(h[:])
 			close(r.corrupted)
 			if err != nil {

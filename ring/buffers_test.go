@@ -16,8 +16,8 @@ func TestBufferBytes(t *testing.T) {
 	// buffer of header + 16 KiB), and a small-op scratch of 2 x 4 KiB;
 	// and the duplex stream's other side (duplex.go): on rank 0, 4
 	// receive buffers of the small limit, on rank 1, a write buffer.
-	const base = 2*(4*seg+64+16<<10) + 2*small
-	want := []int64{base + 4*small, base + 64 + 16<<10}
+	const base = 2*(4*seg+headerLen+16<<10) + 2*small
+	want := []int64{base + 4*small, base + headerLen + 16<<10}
 	count := 16 << 20 / 4
 	bufs := [][]byte{make([]byte, 4*count), make([]byte, 4*count)}
 	heap := func() uint64 {

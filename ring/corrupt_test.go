@@ -479,3 +479,29 @@ func TestCorruptHeader(t *testing.T) {
 		expectCorrupt(t, rings, f, errs, 0, 1, false, nil, "header checksum")
 	})
 }
+
+// TestCorruptAbortReason: an abort frame whose reason does not match its
+// checksum is a corruption this rank found, not the abort it claims to
+// be: the ring fails with ErrCorrupt naming the link, and the garbled
+// reason is not reported as the cause.
+func TestCorruptAbortReason(t *testing.T) {
+	rings, links := faultWorld(t, 2, map[int]bool{1: true}, nil)
+	fake := newFakeRank(links[1], 1, 2)
+	go fake.start(11)
+	defer fake.closeAll()
+	startAll(t, rings)
+	reason := []byte("rank 1 gave up")
+	h := header{Kind: kindAbort, Sender: 1, Generation: 11, Length: uint32(len(reason)), Aux: 1 | uint64(codeTimeout)<<32}
+	b := make([]byte, headerLen+len(reason))
+	h.encode(b)
+	copy(b[headerLen:], reason)
+	seal(b)
+	b[headerLen+5] ^= 0x01 // "rank 0 gave up", on the way
+	time.AfterFunc(50*time.Millisecond, func() { fake.writeNext(b) })
+	err := rings[0].Barrier(collective.Desc{Op: collective.OpBarrier})
+	if !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrAborted) || errors.Is(err, ErrTimeout) ||
+		!strings.Contains(err.Error(), "abort frame payload checksum mismatch") || !strings.Contains(err.Error(), "on the link from rank 1 to rank 0") ||
+		strings.Contains(err.Error(), "gave up") {
+		t.Fatalf("got %v, want ErrCorrupt naming the link and not the garbled abort", err)
+	}
+}

@@ -34,7 +34,9 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 	}
 	defer func() { <-s.wsem }()
 	// wbuf is the writer goroutine's, but only under wsem, which we hold.
-	s.direct, s.directPay = s.frame(h, payload)
+	// h keeps the payload's checksum, should the frame go to the writer
+	// after all (send).
+	s.direct, s.directPay = s.frame(h, payload, false)
 	s.directOff, s.directErr, s.directFull = 0, nil, false
 	if rerr := s.rc.Write(s.directFn); rerr != nil && s.directErr == nil {
 		s.directErr = rerr

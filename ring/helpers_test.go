@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -188,4 +189,19 @@ func noErrors(t testing.TB, what string, errs []error) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// seal sets the checksums of the frames laid out one after another in b
+// (their headers encoded, their payloads in place), as the peer sending
+// them computes them. A last frame cut short is checksummed over what b
+// holds of it: seal the whole frame before cutting it.
+func seal(b []byte) []byte {
+	for off := 0; off+headerLen <= len(b); {
+		n := int(binary.LittleEndian.Uint32(b[off+52:]))
+		end := min(off+headerLen+n, len(b))
+		binary.LittleEndian.PutUint32(b[off+payloadSumAt:], checksum(b[off+headerLen:end]))
+		binary.LittleEndian.PutUint32(b[off+headerSumAt:], checksum(b[off:off+headerSumAt]))
+		off += headerLen + n
+	}
+	return b
 }

@@ -437,11 +437,12 @@ func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	h := header{Kind: kindAbort, Sender: uint32(r.rank), Generation: r.gen.Load(),
 		Seq: seq, Op: op, Length: uint32(len(reason)),
 		Aux: uint64(uint32(e.Origin)) | uint64(code)<<32}
+	copy(frame[headerLen:], reason)
+	h.Sum = checksum(frame[headerLen:])
 	if e.Culprit >= 0 && e.Culprit < 1<<(64-culpritShift)-1 {
 		h.Aux |= uint64(e.Culprit+1) << culpritShift
 	}
 	h.encode(frame)
-	copy(frame[headerLen:], reason)
 	return frame
 }
 

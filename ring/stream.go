@@ -115,6 +115,7 @@ type rxBuf struct {
 type txReq struct {
 	hdr     header
 	payload []byte
+	summed  bool // hdr.Sum is the payload's checksum already
 }
 
 // txDone reports one finished write to the op.
@@ -246,6 +247,9 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 	}
 	s.lastRead.Store(time.Now().UnixNano())
 	h, err := decodeHeader(hb, s.r.maxPayload)
+	if errors.Is(err, ErrCorrupt) {
+		err = s.corrupt(err)
+	}
 	if err == nil && h.Sender != uint32(s.peerRank) {
 		err = badFrame("frame claims sender rank %d, want %d", h.Sender, s.peerRank)
 	}
@@ -265,6 +269,12 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 			s.readFailed(err)
 			return nil, frameEnd
 		}
+		if sum := checksum(reason[:h.Length]); sum != h.Sum {
+			// The peer is failing, but what it says of it is not to be
+			// trusted: the corruption is this rank's finding.
+			s.r.failFrom(s, s.corrupt(fmt.Errorf("%w: abort frame payload checksum mismatch (CRC32C %#08x computed over %d bytes, %#08x sent)", ErrCorrupt, sum, h.Length, h.Sum)))
+			return nil, frameEndDrain
+		}
 		s.abortSeen.Store(true)
 		s.r.failFromAbort(s, h, string(reason[:h.Length]))
 	case kindData, kindStart:
@@ -282,8 +292,12 @@ func (s *stream) readFrame() (*rxBuf, frameStatus) {
 	return nil, frameOK
 }
 
-// receive reads a data or start payload into a free buffer. It returns
-// nil when the ring is failing.
+// receive reads a data or start payload into a free buffer and checks
+// its checksum, chunk by chunk as it arrives (each chunk is checked while
+// it is still in the cache). It returns nil when the ring is failing,
+// which a payload that does not match its checksum makes it. The op
+// takes the buffer only once it is checked: a place (inplace.go) is
+// written before, but a mismatch fails the op before it returns.
 func (s *stream) receive(h header) *rxBuf {
 	var b *rxBuf
 	select {
@@ -316,6 +330,7 @@ func (s *stream) receive(h header) *rxBuf {
 	}
 	b.hdr = h
 	b.data = b.buf[:h.Length]
+	var sum uint32
 	for off := 0; off < len(b.data); {
 		end := min(off+readChunk, len(b.data))
 		if _, err := io.ReadFull(s.rd, b.data[off:end]); err != nil {
@@ -324,9 +339,23 @@ func (s *stream) receive(h header) *rxBuf {
 			return nil
 		}
 		s.lastRead.Store(time.Now().UnixNano())
+		sum = sumUpdate(sum, b.data[off:end])
 		off = end
 	}
+	if sum != h.Sum {
+		s.free <- b
+		s.r.failFrom(s, s.corrupt(fmt.Errorf("%w: %s frame payload checksum mismatch (CRC32C %#08x computed over %d bytes, %#08x sent; seq %d, step %d)",
+			ErrCorrupt, h.Kind, sum, h.Length, h.Sum, h.Seq, h.Step)))
+		return nil
+	}
 	return b
+}
+
+// corrupt adds the link to a corruption found on the stream: the error
+// (and the abort frame's reason, which every rank reports) names both
+// ends, and an owner can name their nodes.
+func (s *stream) corrupt(err error) error {
+	return fmt.Errorf("%w on the link from rank %d to rank %d", err, s.peerRank, s.r.rank)
 }
 
 // drain keeps reading after the ring failed, so that the peer's last
@@ -397,13 +426,21 @@ func (s *stream) writeLoop() {
 // frame lays a frame out in wbuf, which the caller holds (wsem): the
 // header, with the payload copied behind it when it is at most
 // coalesceBytes. rest is the payload still to write after head, nil when
-// it was copied.
-func (s *stream) frame(h *header, payload []byte) (head, rest []byte) {
-	h.encode(s.wbuf[:headerLen])
+// it was copied. It sets the payload's checksum, unless summed says h
+// has it already (a frame trySendDirect laid out, then could not write).
+func (s *stream) frame(h *header, payload []byte, summed bool) (head, rest []byte) {
 	if len(payload) <= coalesceBytes {
 		n := copy(s.wbuf[headerLen:], payload)
+		if !summed {
+			h.Sum = checksum(s.wbuf[headerLen : headerLen+n])
+		}
+		h.encode(s.wbuf[:headerLen])
 		return s.wbuf[:headerLen+n], nil
 	}
+	if !summed {
+		h.Sum = checksum(payload)
+	}
+	h.encode(s.wbuf[:headerLen])
 	return s.wbuf[:headerLen], payload
 }
 
@@ -414,7 +451,7 @@ func (s *stream) writeData(req *txReq) error {
 	case s.wsem <- struct{}{}:
 	}
 	defer func() { <-s.wsem }()
-	head, rest := s.frame(&req.hdr, req.payload)
+	head, rest := s.frame(&req.hdr, req.payload, req.summed)
 	_, err := s.conn.Write(head)
 	if err == nil && rest != nil {
 		_, err = s.conn.Write(rest)
