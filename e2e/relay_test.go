@@ -167,8 +167,12 @@ func (r *relay) close() {
 }
 
 // ringHeaderLen is the length of a ring frame header (ring/doc.go): its
-// CRC32C sits in the last 4 bytes, over the bytes before them.
-const ringHeaderLen = 72
+// CRC32C sits in the last 4 bytes, over the bytes before them. A payload
+// is followed by its own CRC32C (ringTrailerLen bytes).
+const (
+	ringHeaderLen  = 68
+	ringTrailerLen = 4
+)
 
 // sealRingHeader sets a ring frame header's checksum to match what it
 // holds, as a man in the middle who rewrites a header does: the checksum
@@ -179,9 +183,10 @@ func sealRingHeader(h []byte) {
 
 // forward carries the dialer's bytes to the listener: the rendezvous
 // frames (8-byte header, big-endian u16 length) first, then ring frames
-// (ringHeaderLen-byte header, kind at 5, little-endian u32 length at 52),
-// one whole frame at a time, so that a corruption lands on a header and a
-// flip on a data frame's payload. Delays apply as in delayedCopy.
+// (ringHeaderLen-byte header, kind at 5, little-endian u32 length at 52,
+// the payload and its trailer), one whole frame at a time, so that a
+// corruption lands on a header and a flip on a data frame's payload.
+// Delays apply as in delayedCopy.
 func (r *relay) forward(dst, src net.Conn) {
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
@@ -245,7 +250,7 @@ func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
 		if h[5] == 1 && n > 0 && binary.LittleEndian.Uint32(h[48:]) == 0 && r.flip.CompareAndSwap(true, false) { // a data frame of step 0
 			// XOR 0x10 into byte 2 of a float32 near the middle of the
 			// payload: 1.0 becomes 1.125, 2.0 becomes 2.25.
-			p := make([]byte, n)
+			p := make([]byte, n+ringTrailerLen)
 			if _, err := io.ReadFull(br, p); err != nil {
 				return err
 			}
@@ -256,6 +261,9 @@ func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
 				return err
 			}
 			continue
+		}
+		if n > 0 {
+			n += ringTrailerLen
 		}
 		if _, err := io.CopyN(w, br, n); err != nil {
 			return err

@@ -23,7 +23,8 @@ import (
 // (it reads each header's length field before the flip, so its own
 // framing survives a flipped length) and, once armed, XORs one byte of
 // the frame its rule picks, once: what a faulty NIC, switch or a man in
-// the middle does to a link whose TCP checksums it recomputes.
+// the middle does to a link whose TCP checksums it recomputes. It knows
+// the frame layout of this build: a payload's trailer follows it.
 type flipRelay struct {
 	ln      net.Listener
 	target  string
@@ -46,6 +47,7 @@ type flipRule struct {
 	min     int       // ... whose payload is at least this long
 	nth     int       // the nth such frame (from 1) is flipped
 	payload bool      // at is a payload offset (taken mod the payload's length); else a header offset
+	trailer bool      // at is an offset in the payload's trailer (mod its length)
 	at      int
 	mask    byte
 }
@@ -106,7 +108,8 @@ func (f *flipRelay) close() {
 }
 
 // pick counts a frame against the rule and returns the byte to flip: a
-// header offset, headerLen + a payload offset, or -1.
+// header offset, headerLen + an offset in the payload and its trailer,
+// or -1.
 func (f *flipRelay) pick(back bool, kind frameKind, n int) int {
 	r := &f.rule
 	if !f.armed.Load() || back != r.back || kind != r.kind || n < r.min {
@@ -116,8 +119,11 @@ func (f *flipRelay) pick(back bool, kind frameKind, n int) int {
 		return -1
 	}
 	f.once.Do(func() { close(f.flipped) })
-	if r.payload {
+	switch {
+	case r.payload:
 		return headerLen + r.at%n
+	case r.trailer:
+		return headerLen + n + r.at%trailerLen
 	}
 	return r.at
 }
@@ -146,6 +152,7 @@ func (f *flipRelay) pump(dst, src net.Conn, back bool) {
 		if _, err := dst.Write(h[:]); err != nil {
 			return
 		}
+		n += trailerFor(n) // the payload's checksum follows it
 		for off := 0; off < n; {
 			m := min(len(buf), n-off)
 			if _, err := io.ReadFull(br, buf[:m]); err != nil {
@@ -357,6 +364,9 @@ func TestCorruptPayload(t *testing.T) {
 		{name: "allgather in place, last frame", n: 2, count: 1 << 20, from: 0, to: 1, placed: true, early: true,
 			tweak: func(c *Config) { c.SegmentBytes = 256 << 10 },
 			rule:  flipRule{kind: kindData, min: 1, nth: 16, payload: true, at: 100002, mask: flip}},
+		{name: "payload checksum", n: 3, count: 1 << 18, from: 0, to: 1,
+			tweak: func(c *Config) { c.SegmentBytes = 16 << 10 },
+			rule:  flipRule{kind: kindData, min: 1, nth: 2, trailer: true, at: 1, mask: 0x40}},
 		{name: "broadcast", n: 3, early: true, count: 1 << 16, from: 0, to: 1,
 			tweak: func(c *Config) { c.SegmentBytes = 16 << 10 },
 			op: func(i int, r *Ring, buf []byte) error {
@@ -430,7 +440,7 @@ func TestCorruptHeader(t *testing.T) {
 		{"step", flipRule{at: 48, mask: 0x01}},
 		{"length", flipRule{at: 53, mask: 0x01}},
 		{"aux", flipRule{at: 56, mask: 0x01}},
-		{"after aux", flipRule{at: 64, mask: 0x01}}, // the payload checksum, in the new layout
+		{"header checksum", flipRule{at: 64, mask: 0x01}},
 		{"last header byte", flipRule{at: headerLen - 1, mask: 0x80}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -495,7 +505,7 @@ func TestCorruptAbortReason(t *testing.T) {
 	b := make([]byte, headerLen+len(reason))
 	h.encode(b)
 	copy(b[headerLen:], reason)
-	seal(b)
+	b = seal(b)
 	b[headerLen+5] ^= 0x01 // "rank 0 gave up", on the way
 	time.AfterFunc(50*time.Millisecond, func() { fake.writeNext(b) })
 	err := rings[0].Barrier(collective.Desc{Op: collective.OpBarrier})

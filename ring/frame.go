@@ -11,13 +11,14 @@ import (
 
 // Frame layout constants; doc.go draws the header.
 const (
-	headerLen    = 72
+	headerLen    = 68
 	frameMagic   = 0x474e5243 // "CRNG" as little-endian bytes
-	frameVersion = 2          // 2: the checksums (version 1 had none, in a 64-byte header)
-	// payloadSumAt is where the payload's CRC32C sits, headerSumAt the
-	// header's own: over bytes [0, headerSumAt), the payload's included.
-	payloadSumAt = 64
-	headerSumAt  = 68
+	frameVersion = 2          // 2: the checksums (version 1 had none, and a 64-byte header)
+	// headerSumAt is where the header's CRC32C sits, over the bytes
+	// before it.
+	headerSumAt = 64
+	// trailerLen: a payload is followed by its CRC32C (none when empty).
+	trailerLen = 4
 	// maxReasonLen bounds the reason text of an abort frame.
 	maxReasonLen = 1024
 )
@@ -31,6 +32,20 @@ func checksum(p []byte) uint32 { return crc32.Update(0, castagnoli, p) }
 
 // sumUpdate extends the CRC32C sum of the bytes before p with p.
 func sumUpdate(sum uint32, p []byte) uint32 { return crc32.Update(sum, castagnoli, p) }
+
+// putTrailer writes the trailer of a payload whose checksum is sum.
+func putTrailer(b []byte, sum uint32) { binary.LittleEndian.PutUint32(b, sum) }
+
+// trailerSum reads a payload's trailer.
+func trailerSum(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
+
+// trailerFor is the trailer's length after a payload of n bytes.
+func trailerFor(n int) int {
+	if n == 0 {
+		return 0
+	}
+	return trailerLen
+}
 
 type frameKind uint8
 
@@ -73,9 +88,6 @@ type header struct {
 	// block length, abort frames the origin rank (low 32 bits) and the
 	// original failure's code (bits 32..39).
 	Aux uint64
-	// Sum is the CRC32C of the payload (0 for none). The sender sets it
-	// (stream.frame); the receiver compares it with what it read.
-	Sum uint32
 }
 
 // encode lays the header out in b, sealed with its checksum.
@@ -99,7 +111,6 @@ func (h *header) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[48:], h.Step)
 	binary.LittleEndian.PutUint32(b[52:], h.Length)
 	binary.LittleEndian.PutUint64(b[56:], h.Aux)
-	binary.LittleEndian.PutUint32(b[payloadSumAt:], h.Sum)
 	binary.LittleEndian.PutUint32(b[headerSumAt:], checksum(b[:headerSumAt]))
 }
 
@@ -141,7 +152,6 @@ func decodeHeader(b []byte, maxData int) (header, error) {
 	h.Step = binary.LittleEndian.Uint32(b[48:])
 	h.Length = binary.LittleEndian.Uint32(b[52:])
 	h.Aux = binary.LittleEndian.Uint64(b[56:])
-	h.Sum = binary.LittleEndian.Uint32(b[payloadSumAt:])
 	var limit uint32
 	switch h.Kind {
 	case kindData:

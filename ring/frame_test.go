@@ -4,15 +4,17 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/collectived/collectived/collective"
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
 	d := collective.Desc{Op: collective.OpBroadcast, DType: collective.Int64, Count: 1 << 33, Root: 3, Name: "w"}
-	h := header{Kind: kindData, Seq: 1<<40 + 5, Generation: 7, Sender: 2, Step: 9, Length: 4096, Aux: 1<<35 + 1, Sum: 0xdeadbeef}
+	h := header{Kind: kindData, Seq: 1<<40 + 5, Generation: 7, Sender: 2, Step: 9, Length: 4096, Aux: 1<<35 + 1}
 	h.setDesc(&d, d.Fingerprint())
 	b := make([]byte, headerLen)
 	h.encode(b)
@@ -82,11 +84,10 @@ func TestDecodeHeaderRejects(t *testing.T) {
 
 // TestDecodeHeaderCorrupt: any bit of a header changed after the sender
 // sealed it is ErrCorrupt (not a bad frame, and never a header taken as
-// sent), including a bit of the magic or version; and one of the
-// checksums themselves.
+// sent), including a bit of the magic or version, or of the checksum.
 func TestDecodeHeaderCorrupt(t *testing.T) {
 	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: 1 << 20}
-	h := header{Kind: kindData, Seq: 3, Generation: 7, Sender: 2, Step: 1, Length: 4096, Aux: 9, Sum: 0x1234abcd}
+	h := header{Kind: kindData, Seq: 3, Generation: 7, Sender: 2, Step: 1, Length: 4096, Aux: 9}
 	h.setDesc(&d, d.Fingerprint())
 	b := make([]byte, headerLen)
 	for i := 0; i < headerLen*8; i++ {
@@ -143,4 +144,41 @@ func FuzzDecodeHeader(f *testing.F) {
 		check(t, b)
 		check(t, reseal(append([]byte(nil), b...)))
 	})
+}
+
+// TestReadSummed: the payload's sum comes out the same however the reads
+// cut it, the bytes behind it (the trailer) are read but not summed, and
+// a stream that ends early is io.ErrUnexpectedEOF, as with io.ReadFull.
+func TestReadSummed(t *testing.T) {
+	payload := make([]byte, 3*sumPiece+1000) // summed in pieces and a rest
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	frame := binary.LittleEndian.AppendUint32(bytes.Clone(payload), checksum(payload))
+	for name, r := range map[string]func() io.Reader{
+		"whole":     func() io.Reader { return bytes.NewReader(frame) },
+		"one byte":  func() io.Reader { return iotest.OneByteReader(bytes.NewReader(frame)) },
+		"half":      func() io.Reader { return iotest.HalfReader(bytes.NewReader(frame)) },
+		"data, EOF": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(frame)) },
+	} {
+		got := make([]byte, len(frame))
+		sum, err := readSummed(r(), got, len(payload), 0)
+		if err != nil || sum != checksum(payload) || !bytes.Equal(got, frame) || trailerSum(got[len(payload):]) != sum {
+			t.Errorf("%s: sum %#x, err %v; want %#x", name, sum, err, checksum(payload))
+		}
+		// The same in two calls, the sum carried over.
+		sum, err = readSummed(r(), got[:sumPiece+300], sumPiece+300, 0)
+		if err == nil {
+			sum, err = readSummed(bytes.NewReader(frame[sumPiece+300:]), got[sumPiece+300:], len(payload)-sumPiece-300, sum)
+		}
+		if err != nil || sum != checksum(payload) {
+			t.Errorf("%s, in two reads: sum %#x, err %v; want %#x", name, sum, err, checksum(payload))
+		}
+	}
+	if _, err := readSummed(bytes.NewReader(frame[:10]), make([]byte, 20), 20, 0); err != io.ErrUnexpectedEOF {
+		t.Errorf("short stream: %v, want io.ErrUnexpectedEOF", err)
+	}
+	if _, err := readSummed(bytes.NewReader(nil), make([]byte, 20), 20, 0); err != io.EOF {
+		t.Errorf("empty stream: %v, want io.EOF", err)
+	}
 }

@@ -21,18 +21,19 @@ import (
 // from rank 0's next, where only heartbeats and aborts may come except on
 // the duplex stream; otherwise where the op's data comes), the op (bit
 // 1: a pipelined 400 KB allreduce instead of a 4-byte one on the small
-// path), and whether the bytes are sealed first (bit 2: every frame in
-// them given the checksums of what it holds, as a peer sending it would,
-// so that mutations reach the checks behind the checksums; unsealed, a
-// mutated frame is mostly ErrCorrupt).
+// path), and whether the bytes are sealed first (bit 2: read as frames
+// without trailers, each is given the checksums of what it holds, as a
+// peer sending it would, so that mutations reach the checks behind the
+// checksums; unsealed, a mutated frame is mostly ErrCorrupt).
 func FuzzRingStream(f *testing.F) {
 	const gen = 7
-	frame := func(h header, payload []byte) []byte {
+	unsealed := func(h header, payload []byte) []byte {
 		h.Sender, h.Generation, h.Length = 1, gen, uint32(len(payload))
 		b := make([]byte, headerLen, headerLen+len(payload))
 		h.encode(b)
-		return seal(append(b, payload...))
+		return append(b, payload...)
 	}
+	frame := func(h header, payload []byte) []byte { return seal(unsealed(h, payload)) }
 	data := func(d collective.Desc, step uint32, n int) []byte {
 		h := header{Kind: kindData, Step: step}
 		h.setDesc(&d, d.Fingerprint())
@@ -59,9 +60,16 @@ func FuzzRingStream(f *testing.F) {
 	f.Add(cat(1, data(arDesc1, 0, 4)))
 	f.Add(cat(0, frame(header{Kind: kindStart}, nil)))
 	f.Add(cat(0, []byte("GET / HTTP/1.1\r\n\r\n")))
-	f.Add(cat(4, data(arDesc1, 1, 4)))
-	f.Add(cat(6, data(arDesc, 0, 64<<10)[:headerLen+100]))
-	f.Add(cat(5, frame(header{Kind: kindAbort, Aux: 1}, []byte("rank 1 gave up"))))
+	// Sealed by the harness (bit 2): frames without their trailers.
+	rawData := func(d collective.Desc, step uint32, n int) []byte {
+		h := header{Kind: kindData, Step: step}
+		h.setDesc(&d, d.Fingerprint())
+		return unsealed(h, make([]byte, n))
+	}
+	f.Add(cat(4, rawData(arDesc1, 1, 4)))
+	f.Add(cat(4, rawData(arDesc1, 0, 4), rawData(arDesc1, 1, 4)))
+	f.Add(cat(6, rawData(arDesc, 0, 64<<10)[:headerLen+100]))
+	f.Add(cat(5, unsealed(header{Kind: kindAbort, Aux: 1}, []byte("rank 1 gave up"))))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) == 0 || len(in) > 1<<20 {
 			return

@@ -191,17 +191,29 @@ func noErrors(t testing.TB, what string, errs []error) {
 	}
 }
 
-// seal sets the checksums of the frames laid out one after another in b
-// (their headers encoded, their payloads in place), as the peer sending
-// them computes them. A last frame cut short is checksummed over what b
-// holds of it: seal the whole frame before cutting it.
+// seal gives the frames laid out one after another in b (headers
+// encoded, each payload behind its header, no trailers) their checksums,
+// as the peer sending them computes them: it returns them with each
+// payload's trailer behind it. A last frame cut short is returned as it
+// is, its header sealed: seal the whole frame before cutting it.
 func seal(b []byte) []byte {
-	for off := 0; off+headerLen <= len(b); {
-		n := int(binary.LittleEndian.Uint32(b[off+52:]))
-		end := min(off+headerLen+n, len(b))
-		binary.LittleEndian.PutUint32(b[off+payloadSumAt:], checksum(b[off+headerLen:end]))
-		binary.LittleEndian.PutUint32(b[off+headerSumAt:], checksum(b[off:off+headerSumAt]))
-		off += headerLen + n
+	var out []byte
+	for off := 0; off < len(b); {
+		if off+headerLen > len(b) {
+			return append(out, b[off:]...)
+		}
+		h := b[off : off+headerLen]
+		binary.LittleEndian.PutUint32(h[headerSumAt:], checksum(h[:headerSumAt]))
+		n := int(binary.LittleEndian.Uint32(h[52:]))
+		end := off + headerLen + n
+		if end > len(b) {
+			return append(out, b[off:]...)
+		}
+		out = append(out, b[off:end]...)
+		if n > 0 {
+			out = binary.LittleEndian.AppendUint32(out, checksum(b[off+headerLen:end]))
+		}
+		off = end
 	}
-	return b
+	return out
 }

@@ -193,9 +193,7 @@ func (r *Ring) send(kind frameKind, payload []byte, aux uint64) error {
 			return nil
 		}
 	}
-	// trySendDirect may have set the payload's checksum (frame): a
-	// nonzero one is not computed again.
-	s.reqs <- txReq{hdr: h, payload: payload, summed: h.Sum != 0} // never blocks: outstanding < txDepth
+	s.reqs <- txReq{hdr: h, payload: payload} // never blocks: outstanding < txDepth
 	r.outstanding[i]++
 	r.sendCount++
 	return nil

@@ -167,7 +167,7 @@ func New(cfg Config, links Links) (*Ring, error) {
 		r.prev = append(r.prev, newStream(r, i, fromPrev, links.Prev[i], prevRank, links.PrevAddr))
 	}
 	r.all = append(append([]*stream(nil), r.next...), r.prev...)
-	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*r.maxPayload+len(r.next[0].wbuf)))
+	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*(r.maxPayload+trailerLen)+len(r.next[0].wbuf)))
 	r.setupDuplex()
 	r.setupLenders()
 	r.tx, r.rx = r.next, r.prev
@@ -429,7 +429,7 @@ func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	if len(reason) > maxReasonLen {
 		reason = reason[:maxReasonLen-3] + "..."
 	}
-	frame := make([]byte, headerLen+len(reason))
+	frame := make([]byte, headerLen+len(reason)+trailerFor(len(reason)))
 	seq, op := e.Seq, e.Op
 	if e.abortSet {
 		seq, op = e.abortSeq, e.abortOp
@@ -437,8 +437,9 @@ func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	h := header{Kind: kindAbort, Sender: uint32(r.rank), Generation: r.gen.Load(),
 		Seq: seq, Op: op, Length: uint32(len(reason)),
 		Aux: uint64(uint32(e.Origin)) | uint64(code)<<32}
-	copy(frame[headerLen:], reason)
-	h.Sum = checksum(frame[headerLen:])
+	if n := copy(frame[headerLen:], reason); n > 0 {
+		putTrailer(frame[headerLen+n:], checksum(frame[headerLen:headerLen+n]))
+	}
 	if e.Culprit >= 0 && e.Culprit < 1<<(64-culpritShift)-1 {
 		h.Aux |= uint64(e.Culprit+1) << culpritShift
 	}
