@@ -36,7 +36,7 @@ import (
 // checks the documented layout.
 const (
 	rvHeaderLen   = 8
-	rvVersion     = 4 // rendezvous.ProtocolVersion
+	rvVersion     = 5 // rendezvous.ProtocolVersion
 	rvHello       = 1
 	rvAuth        = 2
 	rvStatus      = 3
@@ -91,12 +91,13 @@ func (h rvHelloMsg) frame() []byte {
 }
 
 // ringHeaderClaiming is a ring data frame header (ring/doc.go) from rank 0
-// claiming n payload bytes.
+// claiming n payload bytes, with a header checksum that matches.
 func ringHeaderClaiming(n uint32) []byte {
-	h := make([]byte, 64)
+	h := make([]byte, ringHeaderLen)
 	copy(h, "CRNG")
-	h[4], h[5] = 1, 1 // version, data
+	h[4], h[5] = 2, 1 // version, data
 	binary.LittleEndian.PutUint32(h[52:], n)
+	sealRingHeader(h)
 	return h
 }
 
@@ -452,7 +453,8 @@ func TestRingWrongTokenWhileForming(t *testing.T) {
 
 // TestRingFrameClaimingGiB: a man in the middle of the authenticated link
 // from node 0 to node 1 rewrites one ring frame header to claim a 3 GiB
-// payload. Node 1 refuses it from the header alone (its memory does not
+// payload, and makes the header's checksum match (a CRC authenticates
+// nothing). Node 1 refuses it from the header alone (its memory does not
 // grow), logs why, and the ring fails on every trainer naming the bad
 // frame, then re-forms; the trainers go on. The dialer's hello the relay
 // recorded, played back to node 1, is refused as a replay.

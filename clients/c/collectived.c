@@ -83,13 +83,13 @@ static const char *const code_names[] = {
 	"OK", "BAD_FRAME", "VERSION", "JOB", "RANK_TAKEN", "RANK_RANGE", "FULL",
 	"PERMISSION", "QUOTA", "BAD_SEGMENT", "BUSY", "BAD_FD", "BAD_REQUEST",
 	"TOO_LARGE", "TOO_MANY", "MISMATCH", "TIMEOUT", "PEER_LOST", "TRAINER_LOST",
-	"ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL"};
+	"ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL", "CORRUPT"};
 static const char *const client_code_names[] = {
 	"OK", "CONNECT", "CLOSED", "WAIT_TIMEOUT", "PROTOCOL", "INVALID", "NOMEM", "SYSTEM"};
 
 const char *cvd_strerror(int code)
 {
-	if (code >= 0 && code <= CVD_E_INTERNAL)
+	if (code >= 0 && code <= CVD_E_CORRUPT)
 		return code_names[code];
 	if (code < 0 && code >= CVD_E_SYSTEM)
 		return client_code_names[-code];

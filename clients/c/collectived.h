@@ -106,7 +106,7 @@ typedef enum cvd_collective {
 	CVD_REDUCE = 6          /* version 3 */
 } cvd_collective;
 
-/* Error codes: 1..22 come from the daemon, negative ones from the client. */
+/* Error codes: 1..23 come from the daemon, negative ones from the client. */
 enum {
 	CVD_OK = 0,
 	CVD_E_BAD_FRAME = 1,
@@ -131,6 +131,7 @@ enum {
 	CVD_E_SHUTDOWN = 20,
 	CVD_E_UNSUPPORTED = 21,
 	CVD_E_INTERNAL = 22,
+	CVD_E_CORRUPT = 23, /* a frame between two nodes arrived corrupted */
 
 	CVD_E_CONNECT = -1,      /* cannot connect to the socket */
 	CVD_E_CLOSED = -2,       /* connection lost or closed */

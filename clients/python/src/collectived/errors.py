@@ -21,7 +21,7 @@ CODE_NAMES = {
     7: "PERMISSION", 8: "QUOTA", 9: "BAD_SEGMENT", 10: "BUSY", 11: "BAD_FD",
     12: "BAD_REQUEST", 13: "TOO_LARGE", 14: "TOO_MANY", 15: "MISMATCH", 16: "TIMEOUT",
     17: "PEER_LOST", 18: "TRAINER_LOST", 19: "ABORTED", 20: "SHUTDOWN", 21: "UNSUPPORTED",
-    22: "INTERNAL",
+    22: "INTERNAL", 23: "CORRUPT",
 }
 
 
@@ -156,6 +156,11 @@ class InternalError(CollectivedError):
     memory; the message says), or a daemon bug."""
 
 
+class CorruptError(CollectivedError):
+    """``CORRUPT``: a frame between two nodes arrived corrupted (a checksum did
+    not match); the message names the link."""
+
+
 class UsageError(CollectivedError, ValueError):
     """A call the client refuses before sending anything: an argument out
     of range or inconsistent (a root outside the world, per-rank counts
@@ -198,6 +203,7 @@ _BY_CODE: dict[int, type[CollectivedError]] = {
     11: BadFDError, 12: BadRequestError, 13: TooLargeError, 14: TooManyError,
     15: MismatchError, 16: CollectiveTimeoutError, 17: PeerLostError, 18: TrainerLostError,
     19: AbortedError, 20: ShutdownError, 21: UnsupportedError, 22: InternalError,
+    23: CorruptError,
 }
 
 
