@@ -58,6 +58,31 @@ IN_FLIGHT_SYSTEMS = ["collectived", PYTHON_TRAINERS, "mpi-tcp", "gloo"]
 IN_FLIGHT_SIZES = "4,64KiB,1MiB"
 IN_FLIGHT_ITERS = (200, 50)  # timed, warmup; quick: a quarter
 IN_FLIGHT_TAG = "@in-flight"
+# The other collectives (issue 25): allgather and reduce-scatter (and on
+# request reduce and broadcast), float32 sum, root 0, world 2 only,
+# collectived (`bench --op`) against OpenMPI TCP (bench/mpi_collectives.c)
+# and Gloo (bench/gloo_collectives.py), in every round after the
+# allreduce measurements, in rotated order. Sizes are `collectived bench
+# --op`'s: each rank's block for allgather (the result is 2 x size), the
+# whole input for reduce-scatter. Fewer calls than allreduce's, to keep the
+# addition to a full run to a few minutes.
+COLL_OPS = "allgather,reducescatter,reduce,broadcast"
+COLL_ALL_OPS = ("allgather", "reducescatter", "reduce", "broadcast")
+COLL_SIZES = "64KiB,1MiB,16MiB,64MiB"
+COLL_SYSTEMS = ("collectived", "mpi-tcp", "gloo")
+# One start of each system's processes per collective and round, all
+# sizes alike: a start of Gloo's (torch's import) or OpenMPI's costs more
+# than the calls at the small sizes, which only shape the plots.
+COLL_ITERS = (10, 3)  # (timed, warmup) at every size; quick (3, 1)
+COLL_ROUNDS = 3  # at most --rounds; quick 1
+COLL_WORLD = 2
+# bfloat16 allreduce against float32's, the same element count (half the
+# bytes), collectived alone: back-to-back pairs of runs in every round,
+# alternating which goes first; each pair's own ratio, and their median,
+# as the sidecar's pairs (TUNING.md section 23).
+BF16_ELEMENTS = 16 << 20
+BF16_PAIRS = 2
+BF16_ITERS = (20, 3)  # timed, warmup; quick (5, 1)
 
 
 def parse_sizes(s: str, flag: str = "--sizes") -> list[int]:
@@ -172,6 +197,99 @@ def measure_system(system, world, sizes_groups, bins, timeout, in_flight=1):
     return rows
 
 
+def measure_collective(system, op, sizes_groups, bins, timeout):
+    """One system's rows of one collective other than allreduce, world 2.
+    Raises runners.Unsupported for a call the system does not offer."""
+    rows = []
+    for sizes, iters, warmup, prewarm in sizes_groups:
+        l0 = runners.loadavg()
+        t0 = time.monotonic()
+        if system == "collectived":
+            got = runners.collectived_op(bins["collectived"], op, 2, COLL_WORLD // 2, sizes, iters, warmup, timeout,
+                                         prewarm=prewarm)
+        elif system == "mpi-tcp":
+            got = runners.mpi_op(bins["mpi_collectives"], "mpi-tcp", op, COLL_WORLD, sizes, iters, warmup, timeout,
+                                 prewarm)
+        elif system == "gloo":
+            got = runners.gloo_op("/usr/bin/python3", os.path.join(HERE, "gloo_collectives.py"), op, COLL_WORLD,
+                                  sizes, iters, warmup, timeout, prewarm)
+        else:
+            raise ValueError(f"{system}: no {op} measurement (only {', '.join(COLL_SYSTEMS)})")
+        took = time.monotonic() - t0
+        for r in got:
+            r.update(system=system, op=op, world=COLL_WORLD, load_before=l0, load_after=runners.loadavg(),
+                     group_s=round(took, 1))
+        rows += got
+    return rows
+
+
+def bf16_pair(step, name, order, bins, timeout, iters, warmup, prewarm):
+    """One pair of allreduces of BF16_ELEMENTS elements, float32 and
+    bfloat16, back to back in the order given; None if either failed."""
+    pair = {"first": order[0]}
+    for dtype in order:
+        size = BF16_ELEMENTS * (4 if dtype == "float32" else 2)
+        rows = step(f"{name}: {dtype}", lambda: runners.collectived_op(
+            bins["collectived"], "allreduce", 2, 1, [size], iters, warmup, timeout, prewarm=prewarm, dtype=dtype))
+        if not rows:
+            return None
+        rows[0].update(load=runners.loadavg())
+        pair[dtype] = rows[0]
+    return pair
+
+
+def collective_items(ops, systems, rnd, unsupported):
+    """One round's collective measurements, (system, op), rotated by round
+    so that no system always runs first; those a system was found not to
+    offer are left out."""
+    items = [(s, op) for op in ops for s in systems if op not in unsupported.get(s, {})]
+    if not items:
+        return items
+    k = rnd % len(items)
+    return items[k:] + items[:k]
+
+
+def bf16_order(rnd, j):
+    """Which dtype of bf16 pair j of round rnd runs first: alternating."""
+    return ["float32", "bfloat16"] if (rnd + j) % 2 == 0 else ["bfloat16", "float32"]
+
+
+def aggregate_collectives(c):
+    """c["rows"]: one figure per (system, op, size), the median over rounds
+    of each round's median (and p99), with every round's own; busbw from
+    the median by the collective's factor. c["bf16"]: the pairs and their
+    ratios."""
+    by = {}
+    for rnd in c["per_round"]:
+        for r in rnd["rows"]:
+            by.setdefault((r["system"], r["op"], r["bytes"]), []).append(r)
+    c["rows"] = []
+    for (system, op, size), rs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        med = statistics.median(r["median_us"] for r in rs)
+        total = rs[0]["total_bytes"]
+        alg = total / (med * 1e3)
+        c["rows"].append({"system": system, "op": op, "world": COLL_WORLD, "bytes": size, "total_bytes": total,
+                          "iters": rs[0]["iters"], "median_us": med,
+                          "p99_us": statistics.median(r["p99_us"] for r in rs), "algbw_GBps": alg,
+                          "busbw_GBps": alg * runners.bus_factor(op, COLL_WORLD), "path": rs[0].get("path"),
+                          "rounds": [dict({k: r.get(k) for k in ("median_us", "p99_us", "load_before", "load_after")},
+                                          busbw_GBps=total / (r["median_us"] * 1e3)
+                                          * runners.bus_factor(op, COLL_WORLD)) for r in rs]})
+    pairs = []
+    for i, rnd in enumerate(c["per_round"]):
+        for p in rnd.get("bf16_pairs") or []:
+            f, b = p["float32"], p["bfloat16"]
+            pairs.append({"round": i + 1, "first": p["first"], "float32_us": f["median_us"],
+                          "bfloat16_us": b["median_us"], "ratio": b["median_us"] / f["median_us"],
+                          "load": [f.get("load"), b.get("load")]})
+    c.pop("bf16", None)
+    if pairs:
+        c["bf16"] = {"elements": BF16_ELEMENTS, "pairs": pairs,
+                     "ratio": statistics.median(p["ratio"] for p in pairs),
+                     "ratio_of_medians": statistics.median(p["bfloat16_us"] for p in pairs)
+                     / statistics.median(p["float32_us"] for p in pairs)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, fewer iterations (a few minutes)")
@@ -194,6 +312,22 @@ def main() -> int:
                          f"{', '.join(IN_FLIGHT_SYSTEMS)} in world 2 (default 4; 1: skip it)")
     ap.add_argument("--in-flight-sizes", default=IN_FLIGHT_SIZES, help="its sizes")
     ap.add_argument("--no-extras", action="store_true", help="skip the TCP loopback and RSS measurements")
+    ap.add_argument("--only", choices=["collectives"],
+                    help="collectives: only the other collectives and the bfloat16 pairs (issue 25), none of the "
+                         "allreduce measurements; prints them and writes bench/.results/collectives.json, and "
+                         "docs/BENCHMARKS.md only if --doc is given")
+    ap.add_argument("--collectives", default=COLL_OPS,
+                    help=f"the other collectives measured in world 2 against OpenMPI TCP and Gloo, each round: a "
+                         f"subset of {','.join(COLL_ALL_OPS)}, or none (default {COLL_OPS})")
+    ap.add_argument("--collective-sizes", default=COLL_SIZES,
+                    help=f"their sizes: each rank's block for allgather, the whole input for reducescatter "
+                         f"(default {COLL_SIZES})")
+    ap.add_argument("--collective-rounds", type=int,
+                    help=f"rounds that measure the other collectives and the bfloat16 pairs: the first N of --rounds "
+                         f"(default {COLL_ROUNDS}, at most --rounds; quick 1); with --only collectives, the rounds")
+    ap.add_argument("--bf16-pairs", type=int,
+                    help=f"pairs of {BF16_ELEMENTS >> 20} Mi-element allreduces, float32 and bfloat16, back to back, "
+                         f"each round (default {BF16_PAIRS}; quick 1; 0: none)")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "BENCHMARKS.md"), help="report to write")
     ap.add_argument("--no-doc", action="store_true", help="print only; write no report or plots")
     ap.add_argument("--report-only", metavar="RESULTS_JSON", help="rewrite report and plots from a saved run")
@@ -202,6 +336,7 @@ def main() -> int:
                     help="measure the committed HEAD (built by the wrapper in bench/.build/src), not the work tree")
     ap.add_argument("--collectived", default=os.path.join(HERE, ".build", "collectived"))
     ap.add_argument("--mpi-binary", default=os.path.join(HERE, ".build", "mpi_allreduce"))
+    ap.add_argument("--mpi-collectives-binary", default=os.path.join(HERE, ".build", "mpi_collectives"))
     ap.add_argument("--python-client", default=os.path.join(HERE, ".build", "pyvenv", "bin", "python"),
                     help="a Python with the collectived client (and its lane extension) installed, for "
                          "the collectived-py system")
@@ -246,13 +381,39 @@ def main() -> int:
     if_sizes = parse_sizes(a.in_flight_sizes, "--in-flight-sizes")
     if_iters, if_warmup = (x // 4 for x in IN_FLIGHT_ITERS) if a.quick else IN_FLIGHT_ITERS
     if_groups = [(if_sizes, if_iters, if_warmup, prewarm)]
+    coll_ops = [] if a.collectives.strip() == "none" else [o.strip() for o in a.collectives.split(",")]
+    for o in coll_ops:
+        if o not in COLL_ALL_OPS:
+            raise SystemExit(f"compare: --collectives: {o!r} is not one of {','.join(COLL_ALL_OPS)} (or none)")
+    coll_sizes = parse_sizes(a.collective_sizes, "--collective-sizes")
+    if a.bf16_pairs is None:
+        a.bf16_pairs = 1 if a.quick else BF16_PAIRS
+    if a.bf16_pairs < 0:
+        raise SystemExit(f"compare: --bf16-pairs {a.bf16_pairs}: want 0 or more")
+    coll_systems = [x for x in COLL_SYSTEMS if x in systems]
+    if a.iters is not None:
+        ci, cw = a.iters, wu_large
+    else:
+        ci, cw = (3, 1) if a.quick else COLL_ITERS
+    coll_groups = [(coll_sizes, ci, cw, prewarm)]
+    bf_iters, bf_warmup = (a.iters, wu_large) if a.iters is not None else ((5, 1) if a.quick else BF16_ITERS)
+    coll_rounds = a.collective_rounds
+    if coll_rounds is None:
+        coll_rounds = min(a.rounds, 1 if a.quick else COLL_ROUNDS)
+    if coll_rounds < 0:
+        raise SystemExit(f"compare: --collective-rounds {coll_rounds}: want 0 or more")
+    if a.only == "collectives":
+        a.rounds = max(coll_rounds, 1)
+    if a.only == "collectives" and not coll_ops and not a.bf16_pairs:
+        raise SystemExit("compare: --only collectives with --collectives none and --bf16-pairs 0 measures nothing")
     if not (2 in worlds and RING_ONLY in systems and SIDECAR_SIZE in sizes):
         # nothing to pair: the overhead is not measured in this run
         a.sidecar_pairs = a.sidecar_interleaved = 0
     sg = groups(sizes, it_small, it_large, wu_small, wu_large, prewarm)
     bins = {"collectived": a.collectived, "mpi": a.mpi_binary, "tcp_bidir": os.path.join(HERE, ".build", "tcp_bidir"),
-            "python": a.python_client}
-    if PYTHON_TRAINERS in systems and not os.access(a.python_client, os.X_OK):
+            "python": a.python_client, "mpi_collectives": a.mpi_collectives_binary}
+    only = a.only == "collectives"
+    if PYTHON_TRAINERS in systems and not only and not os.access(a.python_client, os.X_OK):
         raise SystemExit(f"compare: --python-client {a.python_client}: not an executable; run through "
                          f"bench/compare, which installs the client there, or leave {PYTHON_TRAINERS} out of --systems")
 
@@ -269,8 +430,19 @@ def main() -> int:
            "iters": {"small": it_small, "large": it_large, "small_max_bytes": SMALL,
                      "warmup": wu_large, "warmup_small": wu_small, "prewarm": prewarm},
            "rows": [], "tcp_bidir": None, "rss": None, "errors": [], "per_round": []}
-    if a.in_flight > 1 and 2 in worlds:
+    if a.in_flight > 1 and 2 in worlds and not only:
         res["in_flight"] = {"k": a.in_flight, "sizes": if_sizes, "iters": if_iters, "warmup": if_warmup}
+    if only:
+        res.update(sizes=[], worlds=[], sidecar_pairs_per_round=0, sidecar_interleaved_per_round=0, only="collectives")
+        a.no_extras = True
+    coll = None
+    if (coll_ops or a.bf16_pairs) and coll_rounds > 0:
+        coll = res["collectives"] = {
+            "ops": coll_ops, "sizes": coll_sizes, "world": COLL_WORLD, "systems": coll_systems,
+            "iters": {"iters": ci, "warmup": cw, "prewarm": prewarm},
+            "rounds": min(coll_rounds, a.rounds),
+            "bf16_pairs_per_round": a.bf16_pairs, "bf16_iters": {"iters": bf_iters, "warmup": bf_warmup},
+            "per_round": [], "unsupported": {}}
 
     def step(name, fn):
         log(f"{name} ...")
@@ -288,7 +460,7 @@ def main() -> int:
     # collectived, so they run in its rounds, on its sizes and iterations.
     for rnd in range(a.rounds):
         got = {"rows": [], "tcp_bidir": None}
-        for w in worlds:
+        for w in ([] if only else worlds):
             items = round_items(systems, w, not a.no_extras, a.in_flight)
             k = rnd % len(items)  # rotate the order each round, so no system always runs first or last
             for item in keep_pair(items[k:] + items[:k], rnd):
@@ -319,10 +491,28 @@ def main() -> int:
             if pair:
                 got["sidecar_pairs"].append(pair)
         res["per_round"].append(got)
+        if coll is not None and rnd < coll_rounds:
+            crnd = {"rows": [], "bf16_pairs": []}
+            for system, op in collective_items(coll_ops, coll_systems, rnd, coll["unsupported"]):
+                name = f"round {rnd + 1}/{a.rounds}, {op}, world {COLL_WORLD}: {system}"
+                try:
+                    crnd["rows"] += step(name, lambda: measure_collective(system, op, coll_groups, bins,
+                                                                          a.timeout)) or []
+                except runners.Unsupported as e:
+                    log(f"{name}: not offered: {e}")
+                    coll["unsupported"].setdefault(system, {})[op] = str(e)
+            for j in range(a.bf16_pairs):
+                pair = bf16_pair(step, f"round {rnd + 1}/{a.rounds}, bf16 pair {j + 1}", bf16_order(rnd, j), bins,
+                                 a.timeout, bf_iters, bf_warmup, prewarm)
+                if pair:
+                    crnd["bf16_pairs"].append(pair)
+            coll["per_round"].append(crnd)
         if rnd == 0:
             marks = {"round1_end": len(runners.COMMANDS)}
     marks["rounds_end"] = len(runners.COMMANDS)
     aggregate(res)
+    if coll is not None:
+        aggregate_collectives(coll)
     if not a.no_extras:
         res["rss"] = step("daemon RSS at idle", lambda: rss.measure(a.collectived))
     res["meta"]["from_head"] = a.from_head
@@ -341,8 +531,9 @@ def main() -> int:
     else:
         build = ["go build -o bench/.build/collectived ./cmd/collectived"]
     build.append("mpicc -O2 -Wall -o bench/.build/mpi_allreduce bench/mpi_allreduce.c")
+    build.append("mpicc -O2 -Wall -o bench/.build/mpi_collectives bench/mpi_collectives.c")
     build.append("gcc -O2 -Wall -pthread -o bench/.build/tcp_bidir bench/tcp_bidir.c")
-    if PYTHON_TRAINERS in systems:
+    if PYTHON_TRAINERS in systems and not only:
         client = "bench/.build/src/clients/python" if a.from_head else "clients/python"
         build += ["/usr/bin/python3 -m venv --system-site-packages bench/.build/pyvenv",
                   "bench/.build/pyvenv/bin/python -m pip install 'setuptools>=77' 'packaging>=24.2'",
@@ -351,9 +542,17 @@ def main() -> int:
     res["command_marks"] = {k: v + len(build) for k, v in marks.items()}
 
     os.makedirs(os.path.join(HERE, ".results"), exist_ok=True)
-    with open(os.path.join(HERE, ".results", "latest.json"), "w") as f:
+    with open(os.path.join(HERE, ".results", "collectives.json" if only else "latest.json"), "w") as f:
         json.dump(res, f, indent=1)
+    if only and not doc_given():
+        a.no_doc = True
     return finish(res, a)
+
+
+def doc_given() -> bool:
+    """Whether --doc was on the command line (--only collectives writes no
+    report otherwise: it would replace the full one with a part)."""
+    return any(x == "--doc" or x.startswith("--doc=") for x in sys.argv[1:])
 
 
 def round_items(systems, world, extras, in_flight=1):
@@ -489,12 +688,15 @@ def aggregate(res):
 def finish(res, a) -> int:
     if res.get("per_round"):
         sidecar_summary(res)  # again, for --report-only on results of older rules
-    print(report.ratio_text(res))
-    if report.python_text(res):
-        print(report.python_text(res))
-    if report.in_flight_text(res):
-        print(report.in_flight_text(res))
-    print(report.targets_text(res))
+    if res.get("only") != "collectives":
+        print(report.ratio_text(res))
+        if report.python_text(res):
+            print(report.python_text(res))
+        if report.in_flight_text(res):
+            print(report.in_flight_text(res))
+        print(report.targets_text(res))
+    if res.get("collectives"):
+        print(report.collectives_text(res))
     if res.get("errors"):
         # The first lines say what failed; the whole text is in results.json
         # and the report.
@@ -511,7 +713,7 @@ def finish(res, a) -> int:
         report.plots(res, plots)
         with open(a.doc, "w") as f:
             f.write(report.markdown(res, os.path.relpath(plots, docs)))
-        log(f"wrote {a.doc} and {plots}/busbw.png, latency.png" + ("" if a.report_only else ", results.json"))
+        log(f"wrote {a.doc} and the plots in {plots}" + ("" if a.report_only else ", results.json"))
     return 1 if res.get("errors") else 0
 
 

@@ -272,7 +272,10 @@ def plots(res, d):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 
+    collectives_plots(res, d)
     worlds = res["worlds"]
+    if not worlds:
+        return
     for kind in ("busbw", "latency"):
         fig, axes = plt.subplots(1, len(worlds), figsize=(6.5 * len(worlds), 4.6), squeeze=False)
         for ax, w in zip(axes[0], worlds):
@@ -306,6 +309,322 @@ def plots(res, d):
         fig.tight_layout()
         fig.savefig(os.path.join(d, f"{kind}.png"), dpi=110)
         plt.close(fig)
+
+
+# --- the other collectives and bfloat16 (issue 25) ------------------------------
+
+COLL_LABEL = {"allgather": "allgather", "reducescatter": "reduce-scatter", "reduce": "reduce", "broadcast": "broadcast"}
+COLL_PEER_CALL = {
+    ("mpi-tcp", "allgather"): "MPI_Allgather", ("mpi-tcp", "reducescatter"): "MPI_Reduce_scatter_block",
+    ("mpi-tcp", "reduce"): "MPI_Reduce", ("mpi-tcp", "broadcast"): "MPI_Bcast",
+    ("gloo", "allgather"): "all_gather", ("gloo", "reducescatter"): "reduce_scatter",
+    ("gloo", "reduce"): "reduce", ("gloo", "broadcast"): "broadcast",
+}
+COLL_PEERS = ["mpi-tcp", "gloo"]
+COLL_TARGET_RATIO = 1.5
+BF16_TARGET = 0.6
+
+
+def coll_row(c, system, op, size):
+    for r in c.get("rows") or []:
+        if r["system"] == system and r["op"] == op and r["bytes"] == size:
+            return r
+    return None
+
+
+def coll_unsupported(c, system, op):
+    """What the system said when asked for the call it does not offer, or
+    None."""
+    return ((c.get("unsupported") or {}).get(system) or {}).get(op)
+
+
+def coll_sizes(c, op):
+    """The sizes measured for op, as the rows have them (a reduce-scatter's
+    rounded to the world)."""
+    return sorted({r["bytes"] for r in c.get("rows") or [] if r["op"] == op})
+
+
+def coll_size_name(op, size, world):
+    if op == "allgather":
+        return f"{size_name(size)} (x{world})"
+    return size_name(size)
+
+
+def targets25(res) -> list[dict]:
+    """Issue 25's speed targets, each with the measured value and a verdict:
+    PASS/FAIL, n/a when not measured, or "not offered" when the peer has no
+    such call (with its own words)."""
+    c = res.get("collectives") or {}
+    out = []
+
+    def add(name, value, op, limit, note=None, verdict=None):
+        if verdict is None:
+            if value is None:
+                verdict = "n/a"
+            else:
+                verdict = "PASS" if (value >= limit if op == ">=" else value <= limit) else "FAIL"
+        out.append({"target": name, "value": value, "op": op, "limit": limit, "unit": "x", "verdict": verdict,
+                    "aim": False, "note": note})
+
+    for op in ("allgather", "reducescatter"):
+        size = MIB64  # allgather: each rank's block; reduce-scatter: the whole input
+        cv = coll_row(c, "collectived", op, size)
+        for peer in COLL_PEERS:
+            what = f"{COLL_LABEL[op]} 64 MiB{' per rank' if op == 'allgather' else ''}, world 2: busbw ÷ " \
+                   f"{LABEL[peer]} (`{COLL_PEER_CALL[(peer, op)]}`)"
+            why = coll_unsupported(c, peer, op)
+            if why:
+                add(what, None, ">=", COLL_TARGET_RATIO, note=f"{LABEL[peer]} has no {COLL_LABEL[op]}: \"{why}\"",
+                    verdict="not offered")
+                continue
+            pr = coll_row(c, peer, op, size)
+            add(what, _ratio(cv and cv["busbw_GBps"], pr and pr["busbw_GBps"]), ">=", COLL_TARGET_RATIO)
+    b = c.get("bf16")
+    add(f"bfloat16 allreduce of {((b or {}).get('elements') or 16 << 20) >> 20} Mi elements, world 2: time ÷ float32's "
+        "(the same elements; median of back-to-back pairs)", b and b["ratio"], "<=", BF16_TARGET)
+    return out
+
+
+def _t25val(t):
+    if t["verdict"] == "not offered":
+        return t["note"]
+    return _tval(t)
+
+
+def targets25_text(res) -> str:
+    ts = targets25(res)
+    lines = [[t["target"].replace("`", ""), "-" if t.get("note") else _tval(t), _tlimit(t), t["verdict"]] for t in ts]
+    notes = [f"  {t['target'].split(':')[0]}: {t['note']}" for t in ts if t.get("note")]
+    return "\ntargets (issue 25)\n" + _table(["target", "measured", "wanted", "verdict"], lines, md=False) + \
+        ("\n" + "\n".join(notes) if notes else "") + "\n" + _summary25(ts)
+
+
+def _summary25(ts) -> str:
+    n = lambda v: sum(t["verdict"] == v for t in ts)
+    s = f"{n('PASS')} of {len(ts)} targets pass, {n('FAIL')} fail"
+    if n("not offered"):
+        s += f", {n('not offered')} not offered by the peer"
+    if n("n/a"):
+        s += f", {n('n/a')} not measured"
+    return s
+
+
+def coll_table(res, op, md):
+    """One collective's table: per size, each system's busbw and median
+    time (with the rounds' range in the Markdown), and collectived's busbw
+    ratio to each peer."""
+    c = res["collectives"]
+    w = c.get("world", 2)
+    systems = [s for s in ["collectived"] + COLL_PEERS if s in c.get("systems", [])]
+    cols = ["size"] + [f"{LABEL[s]} busbw GB/s" for s in systems] + \
+        [f"÷ {LABEL[p]}" for p in systems if p != "collectived"] + [f"{LABEL[s]} median µs" for s in systems]
+    lines = []
+    for size in coll_sizes(c, op):
+        rs = {s: coll_row(c, s, op, size) for s in systems}
+        cells = [coll_size_name(op, size, w)]
+        for s in systems:
+            if coll_unsupported(c, s, op):
+                cells.append("not offered")
+            else:
+                cells.append(_spread(rs[s], "busbw_GBps", ".3g") if md else _fmt(rs[s] and rs[s]["busbw_GBps"], ".3g"))
+        cv = rs.get("collectived")
+        for p in systems:
+            if p == "collectived":
+                continue
+            cells.append("-" if coll_unsupported(c, p, op) else
+                         _fmt(_ratio(cv and cv["busbw_GBps"], rs[p] and rs[p]["busbw_GBps"])))
+        for s in systems:
+            if coll_unsupported(c, s, op):
+                cells.append("-")
+            else:
+                cells.append(_spread(rs[s], "median_us", ".1f") if md else _fmt(rs[s] and rs[s]["median_us"], ".1f"))
+        lines.append(cells)
+    return _table(cols, lines, md)
+
+
+def bf16_lines(res, md):
+    b = (res.get("collectives") or {}).get("bf16")
+    if not b:
+        return ""
+    cols = ["round", "first", "float32 median µs", "bfloat16 median µs", "bfloat16 ÷ float32", "load (1 min)"]
+    lines = [[str(p["round"]), p["first"], f"{p['float32_us']:.1f}", f"{p['bfloat16_us']:.1f}", f"{p['ratio']:.3f}",
+              " / ".join("-" if x is None else f"{x:.2f}" for x in p.get("load") or [])] for p in b["pairs"]]
+    return _table(cols, lines, md)
+
+
+def collectives_text(res) -> str:
+    c = res.get("collectives")
+    if not c:
+        return ""
+    parts = []
+    for op in c.get("ops") or []:
+        parts += ["", f"{COLL_LABEL[op]}, world {c.get('world', 2)} (2 nodes x 1 trainer vs 2 ranks), float32"
+                  + (" sum" if op in ("reducescatter", "reduce") else "") + "; " + _coll_sizes_mean(op),
+                  coll_table(res, op, md=False)]
+        for s in COLL_PEERS:
+            why = coll_unsupported(c, s, op)
+            if why:
+                parts.append(f"{LABEL[s]} does not offer {COLL_LABEL[op]}: {why}")
+    t = bf16_lines(res, md=False)
+    if t:
+        b = c["bf16"]
+        parts += ["", f"bfloat16 vs float32 allreduce, {b['elements'] >> 20} Mi elements, world 2, back-to-back pairs: "
+                  f"median of the pairs' ratios {b['ratio']:.3f} (ratio of medians {b['ratio_of_medians']:.3f})", t]
+    return "\n".join(parts) + "\n" + targets25_text(res)
+
+
+def _coll_sizes_mean(op):
+    return {"allgather": "size = each rank's block (the result is 2 x size); algbw = 2 x size / time, "
+                         "busbw = algbw x (W-1)/W",
+            "reducescatter": "size = the whole input (each rank gets half); algbw = size / time, "
+                             "busbw = algbw x (W-1)/W",
+            "reduce": "size = each rank's buffer, root 0; times are the root's; busbw = algbw = size / time",
+            "broadcast": "size = the buffer, root 0; times are the root's; busbw = algbw = size / time"}[op]
+
+
+def collectives_plots(res, d):
+    """docs/bench/coll_OP.png per collective (busbw and median time against
+    size, each system) and bf16_allreduce.png (each pair's two times)."""
+    c = res.get("collectives")
+    if not c:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    m, written = res["meta"], []
+    for op in c.get("ops") or []:
+        sizes = coll_sizes(c, op)
+        if not sizes:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+        for ax, key in zip(axes, ("busbw_GBps", "median_us")):
+            for s in ["collectived"] + COLL_PEERS:
+                rs = sorted((r for r in c["rows"] if r["system"] == s and r["op"] == op), key=lambda r: r["bytes"])
+                col, mk = STYLE[s]
+                if coll_unsupported(c, s, op):
+                    ax.plot([], [], color=col, marker=mk, ls="none", label=f"{LABEL[s]}: not offered")
+                    continue
+                if not rs:
+                    continue
+                x = [r["bytes"] for r in rs]
+                lo = [min(q[key] for q in r["rounds"] if q.get(key) is not None) for r in rs]
+                hi = [max(q[key] for q in r["rounds"] if q.get(key) is not None) for r in rs]
+                y = [r[key] for r in rs]
+                call = COLL_PEER_CALL.get((s, op))
+                ax.plot(x, y, color=col, marker=mk, label=LABEL[s] + (f" ({call})" if call else ""))
+                ax.fill_between(x, lo, hi, color=col, alpha=0.15, lw=0)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [coll_size_name(op, x, c.get("world", 2)) for x in sizes], fontsize=8)
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_yscale("log")
+            ax.set_xlabel("size (float32; allgather: each rank's block)" if op == "allgather" else "size (float32)")
+            ax.set_ylabel("busbw (GB/s)" if key == "busbw_GBps" else "median time per call (µs)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{COLL_LABEL[op]}, world 2 (2 nodes x 1 trainer vs 2 ranks) on loopback, {m['nproc']} cores, "
+                     f"{m['date_utc'][:10]}; shaded: range over rounds", fontsize=10)
+        fig.tight_layout()
+        name = f"coll_{op}.png"
+        fig.savefig(os.path.join(d, name), dpi=110)
+        plt.close(fig)
+        written.append(name)
+    b = c.get("bf16")
+    if b:
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        x = list(range(1, len(b["pairs"]) + 1))
+        ax.plot(x, [p["float32_us"] / 1e3 for p in b["pairs"]], "o-", color="tab:blue", label="float32 (64 MiB)")
+        ax.plot(x, [p["bfloat16_us"] / 1e3 for p in b["pairs"]], "s-", color="tab:red", label="bfloat16 (32 MiB)")
+        ax2 = ax.twinx()
+        ax2.plot(x, [p["ratio"] for p in b["pairs"]], "d:", color="gray", label="bfloat16 ÷ float32")
+        ax2.axhline(BF16_TARGET, color="gray", lw=1, ls="--")
+        ax2.set_ylim(0, 1.2)
+        ax2.set_ylabel("bfloat16 ÷ float32")
+        ax.set_xticks(x, [f"r{p['round']}" for p in b["pairs"]], fontsize=8)
+        ax.set_xlabel("pair (round)")
+        ax.set_ylabel("median time per allreduce (ms)")
+        ax.set_ylim(bottom=0)
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
+        ax.grid(True, alpha=0.3)
+        fig.suptitle(f"allreduce of {b['elements'] >> 20} Mi elements, world 2: each back-to-back pair; "
+                     f"median ratio {b['ratio']:.3f} (target <= {BF16_TARGET})", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "bf16_allreduce.png"), dpi=110)
+        plt.close(fig)
+        written.append("bf16_allreduce.png")
+    return written
+
+
+def _targets25_md(res) -> list[str]:
+    if not res.get("collectives"):
+        return []
+    ts = targets25(res)
+    L = ["## Targets (issue 25)", "", "| target | measured | wanted | verdict |", "|---|---:|---:|---|"]
+    for t in ts:
+        L.append(f"| {t['target']} | {_t25val(t)} | {_tlimit(t)} | **{t['verdict']}** |")
+    L += ["", f"In this run: {_summary25(ts)}. The measurements are in \"Other collectives\" and \"bfloat16 "
+          "allreduce\" below.", ""]
+    return L
+
+
+def _collectives_md(res, plot_rel) -> list[str]:
+    c = res.get("collectives")
+    if not c:
+        return []
+    it = c["iters"]
+    rounds = len(c.get("per_round") or [])
+    of = "" if res.get("only") == "collectives" or rounds == res.get("rounds", rounds) else \
+        f" (the first {rounds} of the run's {res.get('rounds')})"
+    L = ["## Other collectives (world 2)", "",
+         f"collectived (`collectived bench --op OP`, 2 daemons x 1 trainer) against OpenMPI over TCP "
+         "(`bench/mpi_collectives.c`: `--mca pml ob1 --mca btl tcp,self` on `lo`, as for allreduce) and Gloo "
+         "(`bench/gloo_collectives.py`, torch.distributed, CPU tensors), 2 ranks each, float32, sum, root 0. "
+         f"Each of {rounds} round(s){of} measures them"
+         + ("" if res.get("only") == "collectives" else " after the allreduce ones") + ", in an order rotated each round; "
+         "each figure is the median of the rounds' medians, the lowest and highest round in brackets (busbw's "
+         "range is the rounds' own busbw). "
+         f"Each system's processes start once per collective and round, first make {it.get('prewarm', 0)} "
+         f"untimed smallest calls, then per size one checked call on known values, {it['warmup']} untimed and "
+         f"{it['iters']} timed calls, the last checked again (the same protocol for every system). "
+         "Times are rank 0's per-call wall times. busbw follows NCCL: algbw = the full vector's bytes / median "
+         "time (allgather: the gathered result, 2 x size; reduce-scatter: the input), busbw = algbw x (W-1)/W for "
+         "both; reduce and broadcast, busbw = algbw.", ""]
+    for op in c.get("ops") or []:
+        mean = _coll_sizes_mean(op)
+        L += [f"### {COLL_LABEL[op]}", "", mean[0].upper() + mean[1:] + ".", ""]
+        for s in COLL_PEERS:
+            why = coll_unsupported(c, s, op)
+            if why:
+                L += [f"**{LABEL[s]} does not offer {COLL_LABEL[op]}**: torch {res['meta'].get('torch', '?')}'s "
+                      f"`dist.{COLL_PEER_CALL[(s, op)]}` on the gloo backend raises \"{why}\" (as do "
+                      "`reduce_scatter_tensor` and `_reduce_scatter_base`), so its column says \"not offered\".", ""]
+        if op == "allgather" and "gloo" in c.get("systems", []) and not coll_unsupported(c, "gloo", op):
+            L += ["Gloo's is the list form, `dist.all_gather(list of views of one tensor, x)`: this torch's Gloo "
+                  "has no `all_gather_into_tensor` (\"no support for _allgather_base in Gloo process group\").", ""]
+        if op in ("reduce", "broadcast"):
+            L += ["Calls follow each other without a barrier and the times are the root's, so at small sizes "
+                  "they show how fast the root can issue calls back to back rather than one call's latency, "
+                  "for every system alike.", ""]
+        L += [coll_table(res, op, md=True), "", f"![{COLL_LABEL[op]}]({plot_rel}/coll_{op}.png)", ""]
+    b = c.get("bf16")
+    if b or c.get("bf16_pairs_per_round"):
+        L += ["## bfloat16 allreduce against float32", ""]
+    if b:
+        bi = c.get("bf16_iters") or {}
+        L += [f"collectived only: `collectived bench --dtype float32 --sizes {b['elements'] * 4}` (64 MiB) and "
+              f"`--dtype bfloat16 --sizes {b['elements'] * 2}` (32 MiB, the same {b['elements'] >> 20} Mi elements, "
+              f"half the bytes on the wire), world 2, {bi.get('warmup', '?')} untimed and {bi.get('iters', '?')} "
+              f"timed calls each, as back-to-back pairs of runs, {c.get('bf16_pairs_per_round')} per round, "
+              "alternating which dtype goes first. The figure is the median of the pairs' own ratios (bfloat16's "
+              "median ÷ float32's), which cancels the machine's drift from one pair to the next as the sidecar "
+              f"pairs do: **{b['ratio']:.3f}** (target ≤ {BF16_TARGET}); the pairs range from "
+              f"{min(p['ratio'] for p in b['pairs']):.3f} to {max(p['ratio'] for p in b['pairs']):.3f}, and the "
+              f"median of bfloat16's medians ÷ the median of float32's is {b['ratio_of_medians']:.3f}.", "",
+              bf16_lines(res, md=True), "", f"![bfloat16 against float32]({plot_rel}/bf16_allreduce.png)", ""]
+    return L
 
 
 # --- the Markdown report --------------------------------------------------------
@@ -683,6 +1002,7 @@ def markdown(res, plot_rel) -> str:
           "target and do not count; "
           "see \"Sidecar cost\" below. "
           "Verdicts on a loaded 2-core machine move between runs: read them with the ranges in the tables below.", ""]
+    L += _targets25_md(res)
     tcp_t = [t for t in ts if "bidirectional TCP" in t["target"]]
     if tcp_t and tcp_t[0]["value"] is not None and tcp_t[0]["value"] > 1:
         L += [f"collectived measured {tcp_t[0]['value']:.2f}x the loopback probe in this run: the probe is a practical "
@@ -760,6 +1080,7 @@ def markdown(res, plot_rel) -> str:
 
     L += _python_section(res)
     L += _in_flight_section(res)
+    L += _collectives_md(res, plot_rel)
 
     L += ["## Figures", "", f"![busbw against size]({plot_rel}/busbw.png)", "",
           f"![latency against size]({plot_rel}/latency.png)", ""]
@@ -845,6 +1166,13 @@ def markdown(res, plot_rel) -> str:
           "bench/compare --quick       # sizes 4 B, 64 KiB, 64 MiB, fewer calls, 1 round: about 1 minute",
           "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",
           "bench/compare --systems collectived,ring-only --worlds 2 --no-extras --no-doc   # the sidecar cost alone",
+          "bench/compare --only collectives   # allgather, reduce-scatter and the bfloat16 pairs alone (prints; "
+          "--doc FILE to write a report of them)",
+          "# one collective by hand, each system (sizes: allgather each rank's block, reducescatter the input):",
+          "bench/.build/collectived bench --op allgather --sizes 64KiB,1MiB,16MiB,64MiB --iters 20 --warmup 3",
+          "mpirun --allow-run-as-root -np 2 --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo "
+          "bench/.build/mpi_collectives allgather 65536,1048576,16777216,67108864 20 3 5000",
+          "bench/.build/collectived bench --dtype bf16 --sizes 32MiB --iters 30   # vs --dtype float32 --sizes 64MiB",
           "# the sidecar's baseline by hand (what the ring-only rows run):",
           "bench/.build/collectived bench --ring-only --nodes 2 --local 1 --sizes 4,65536,1048576,67108864 "
           "--iters 30 --warmup 5 --prewarm 5000 --json",

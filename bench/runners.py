@@ -217,24 +217,32 @@ def mpi(binary, transport, world, sizes, iters, warmup, timeout, prewarm=0, in_f
 def gloo(python, script, world, sizes, iters, warmup, timeout, prewarm=0, in_flight=1) -> list[dict]:
     init = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-    procs = []
     base = [python, script, "--world", world, "--init", init, "--sizes", ",".join(map(str, sizes)),
             "--iters", iters, "--warmup", warmup, "--prewarm", prewarm]
     if in_flight != 1:
         base += ["--in-flight", in_flight]
     COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
+    rows = _parse_times(_gloo_world(base, world, env, timeout), world, "gloo")
+    _expect(rows, sizes, "gloo", in_flight)
+    return rows
+
+
+def _gloo_world(base, world, env, timeout) -> str:
+    """Runs the ranks of a Gloo program (base, then --rank r) and returns
+    rank 0's stdout."""
+    procs = []
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
         try:
-            return _gloo_ranks(tmp, base, world, sizes, env, timeout, procs, in_flight)
+            return _gloo_ranks(tmp, base, world, env, timeout, procs)
         finally:
             for _, out, err in procs:
                 out.close()
                 err.close()
 
 
-def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs, in_flight=1) -> list[dict]:
+def _gloo_ranks(tmp, base, world, env, timeout, procs) -> str:
     """Starts the ranks (appending to procs, whose files the caller closes)
-    and returns rank 0's rows."""
+    and returns rank 0's stdout."""
     for r in range(world):
         out = open(os.path.join(tmp, f"out{r}"), "w+")
         err = open(os.path.join(tmp, f"err{r}"), "w+")
@@ -264,8 +272,113 @@ def _gloo_ranks(tmp, base, world, sizes, env, timeout, procs, in_flight=1) -> li
                 q.wait()
         raise RunError("gloo: " + "\n".join(failed))
     procs[0][1].seek(0)
-    rows = _parse_times(procs[0][1].read(), world, "gloo")
-    _expect(rows, sizes, "gloo", in_flight)
+    return procs[0][1].read()
+
+
+# --- the other collectives (bench --op, mpi_collectives.c, gloo_collectives.py) ---
+
+# The collectives other than allreduce, by the name `collectived bench
+# --op`, bench/mpi_collectives.c and bench/gloo_collectives.py take, and
+# the name collectived's rows give them.
+COLLECTIVES = {"allgather": "allgather", "reducescatter": "reduce_scatter", "reduce": "reduce",
+               "broadcast": "broadcast"}
+
+
+class Unsupported(Exception):
+    """The system does not offer the collective; the message is its own
+    words."""
+
+
+def bus_factor(op: str, world: int) -> float:
+    """algbw to busbw by NCCL's conventions, as `collectived bench` does:
+    2(W-1)/W for allreduce, (W-1)/W for allgather and reduce_scatter, 1 for
+    reduce and broadcast (0 in a world of one)."""
+    if world <= 1:
+        return 0.0
+    if op == "allreduce":
+        return 2 * (world - 1) / world
+    if op in ("allgather", "reducescatter"):
+        return (world - 1) / world
+    return 1.0
+
+
+def coll_bytes(op: str, size: int, world: int, elem: int = 4) -> tuple[int, int]:
+    """A size as every system takes it: (bytes, total_bytes). Whole
+    elements, at least one; reducescatter's input a multiple of world
+    elements (rounded down, at least one each); allgather's total the
+    gathered vector, world x bytes."""
+    n = max(1, size // elem)
+    if op == "reducescatter":
+        n = max(n // world * world, world)
+    b = n * elem
+    return b, b * world if op == "allgather" else b
+
+
+def coll_stats(op: str, bytes_: int, total: int, times_ns: list[int], world: int) -> dict:
+    """stats for a collective: algbw over the full vector (total), busbw
+    by its own factor."""
+    out = stats(bytes_, times_ns, world)
+    alg = total / (out["median_us"] * 1e3)
+    out.update(total_bytes=total, algbw_GBps=alg, busbw_GBps=alg * bus_factor(op, world))
+    return out
+
+
+def _expect_coll(rows, op, sizes, world, what, elem=4):
+    want = [coll_bytes(op, s, world, elem) for s in sizes]
+    got = [(r.get("bytes"), r.get("total_bytes")) for r in rows]
+    if got != want:
+        raise RunError(f"{what}: reported (bytes, total_bytes) {got}, want {want}")
+
+
+def collectived_op(binary, op, nodes, local, sizes, iters, warmup, timeout, prewarm=0, dtype="float32",
+                   reduce=None) -> list[dict]:
+    """`collectived bench --op OP --json`: any collective (allreduce too,
+    with `dtype` and `reduce`). Its rows carry bytes, total_bytes and the
+    bandwidths by NCCL's conventions, as bench computes them."""
+    argv = [binary, "bench", "--op", op, "--dtype", dtype]
+    if reduce:
+        argv += ["--reduce", reduce]
+    argv += ["--nodes", nodes, "--local", local, "--sizes", ",".join(map(str, sizes)),
+             "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
+    what = f"collectived bench --op {op} --dtype {dtype}"
+    rows = parse_collectived(run(argv, timeout=timeout), nodes * local, what)
+    elem = 2 if dtype in ("bfloat16", "bf16", "float16", "f16") else 4
+    _expect_coll(rows, op, sizes, nodes * local, what, elem)
+    want = "reduce_scatter" if op == "reducescatter" else op
+    bad = [r.get("collective") for r in rows if r.get("collective") != want]
+    if bad:
+        raise RunError(f"{what}: rows say collective {bad}, want {want}")
+    return rows
+
+
+def mpi_op(binary, transport, op, world, sizes, iters, warmup, timeout, prewarm=0) -> list[dict]:
+    """bench/mpi_collectives.c under mpirun: MPI_Allgather,
+    MPI_Reduce_scatter_block, MPI_Reduce or MPI_Bcast."""
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", world,
+            "--mca", "oob_tcp_if_include", "lo", *MPI_TRANSPORTS[transport],
+            binary, op, ",".join(map(str, sizes)), iters, warmup, prewarm]
+    what = f"{transport} {op}"
+    rows = [coll_stats(op, r["bytes"], r["total_bytes"], r["times_ns"], world)
+            for r in _json_lines(run(argv, timeout=timeout), f"{what}: rank 0")]
+    _expect_coll(rows, op, sizes, world, what)
+    return rows
+
+
+def gloo_op(python, script, op, world, sizes, iters, warmup, timeout, prewarm=0) -> list[dict]:
+    """bench/gloo_collectives.py, one process per rank. A collective Gloo
+    does not offer raises Unsupported with what torch said."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    base = [python, script, "--op", op, "--world", world, "--init", init, "--sizes", ",".join(map(str, sizes)),
+            "--iters", iters, "--warmup", warmup, "--prewarm", prewarm]
+    COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
+    what = f"gloo {op}"
+    rows = []
+    for r in _json_lines(_gloo_world(base, world, env, timeout), f"{what}: rank 0"):
+        if "unsupported" in r:
+            raise Unsupported(r["unsupported"])
+        rows.append(coll_stats(op, r["bytes"], r["total_bytes"], r["times_ns"], world))
+    _expect_coll(rows, op, sizes, world, what)
     return rows
 
 

@@ -994,3 +994,265 @@ class PythonTrainersCompareTest(unittest.TestCase):
         with self.assertRaises(runners.RunError):
             runners.collectived("/bin/false", 2, 1, [4], 1, 0, 5, trainer_cmd="py t.py")
         self.assertTrue(runners.COMMANDS[n].endswith("--json --trainer-cmd 'py t.py'"), runners.COMMANDS[n])
+
+
+# --- the other collectives and the bfloat16 pairs (issue 25) -----------------
+
+def coll_res(cvd_ag=1.0, mpi_ag=0.5, gloo_ag=0.4, cvd_rs=1.0, mpi_rs=0.5, bf16=(0.55, 0.58), gloo_rs=None):
+    """fake_res with a collectives part as compare builds it: busbw at
+    64 MiB (GB/s) of each system's allgather and reduce-scatter, one round;
+    gloo_rs None: Gloo has no reduce_scatter. bf16: the pairs' ratios."""
+    res = fake_res()
+    rows = []
+
+    def r(system, op, busbw):
+        total = 2 * MIB64 if op == "allgather" else MIB64
+        med = total / (busbw / 0.5) / 1e3
+        return {"system": system, "op": op, "world": 2, "bytes": MIB64, "total_bytes": total, "iters": 20,
+                "median_us": med, "p99_us": med * 1.5, "path": "shm"}
+    rows = [r("collectived", "allgather", cvd_ag), r("mpi-tcp", "allgather", mpi_ag), r("gloo", "allgather", gloo_ag),
+            r("collectived", "reducescatter", cvd_rs), r("mpi-tcp", "reducescatter", mpi_rs)]
+    unsupported = {}
+    if gloo_rs is None:
+        unsupported = {"gloo": {"reducescatter": "ProcessGroupGloo does not support reduce_scatter"}}
+    else:
+        rows.append(r("gloo", "reducescatter", gloo_rs))
+    pairs = [{"first": "float32" if i % 2 == 0 else "bfloat16",
+              "float32": {"median_us": 100.0, "load": 1.0}, "bfloat16": {"median_us": 100.0 * x, "load": 1.0}}
+             for i, x in enumerate(bf16)]
+    c = {"ops": ["allgather", "reducescatter"], "sizes": [MIB64], "world": 2, "systems": list(compare.COLL_SYSTEMS),
+         "iters": {"iters": 10, "warmup": 3, "prewarm": 5000},
+         "bf16_pairs_per_round": len(bf16), "bf16_iters": {"iters": 30, "warmup": 5},
+         "per_round": [{"rows": rows, "bf16_pairs": pairs}], "unsupported": unsupported}
+    compare.aggregate_collectives(c)
+    res["collectives"] = c
+    return res
+
+
+class CollectiveSizesTest(unittest.TestCase):
+    def test_sizes_as_collectived_bench_takes_them(self):
+        # allgather: each rank's block, the total the gathered vector;
+        # reducescatter: the input, a multiple of the world in elements.
+        self.assertEqual(runners.coll_bytes("allgather", MIB64, 2), (MIB64, 2 * MIB64))
+        self.assertEqual(runners.coll_bytes("reducescatter", 100, 3), (96, 96))
+        self.assertEqual(runners.coll_bytes("reducescatter", 4, 3), (12, 12))
+        self.assertEqual(runners.coll_bytes("broadcast", 2, 2), (4, 4))
+        self.assertEqual(runners.coll_bytes("allgather", 6, 2, elem=2), (6, 12))
+
+    def test_busbw_by_nccl_conventions(self):
+        for op, f in (("allreduce", 1.0), ("allgather", 0.5), ("reducescatter", 0.5), ("reduce", 1.0),
+                      ("broadcast", 1.0)):
+            self.assertEqual(runners.bus_factor(op, 2), f, op)
+        self.assertEqual(runners.bus_factor("allgather", 4), 0.75)
+        self.assertEqual(runners.bus_factor("broadcast", 1), 0.0)
+        s = runners.coll_stats("allgather", 1000, 2000, [1000, 1000, 3000], 2)
+        self.assertAlmostEqual(s["algbw_GBps"], 2.0)  # 2000 bytes in 1 µs
+        self.assertAlmostEqual(s["busbw_GBps"], 1.0)
+        self.assertEqual((s["bytes"], s["total_bytes"], s["median_us"]), (1000, 2000, 1.0))
+
+    def test_wrong_sizes_are_errors(self):
+        with self.assertRaises(runners.RunError) as cm:
+            runners._expect_coll([{"bytes": 64, "total_bytes": 64}], "allgather", [64], 2, "x")
+        self.assertIn("x: reported (bytes, total_bytes) [(64, 64)], want [(64, 128)]", str(cm.exception))
+
+
+class CollectiveRunnersTest(unittest.TestCase):
+    def fake(self, d, text):
+        path = os.path.join(d, "fake")
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable}\nimport sys\nprint({text!r})\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def test_collectived_op_command_and_rows(self):
+        row = '{"bytes": 64, "total_bytes": 128, "collective": "allgather", "median_us": 2, "verified": true}'
+        with tempfile.TemporaryDirectory() as d:
+            n = len(runners.COMMANDS)
+            rows = runners.collectived_op(self.fake(d, row), "allgather", 2, 1, [64], 5, 1, 30, prewarm=7)
+            self.assertEqual([(r["bytes"], r["world"]) for r in rows], [(64, 2)])
+            self.assertIn("bench --op allgather --dtype float32 --nodes 2 --local 1 --sizes 64 --iters 5 --warmup 1 "
+                          "--prewarm 7 --json", runners.COMMANDS[n])
+            with self.assertRaises(runners.RunError) as cm:
+                runners.collectived_op(self.fake(d, row), "reducescatter", 2, 1, [64], 5, 1, 30)
+            self.assertIn("want [(64, 64)]", str(cm.exception))
+            bf = '{"bytes": 64, "total_bytes": 64, "collective": "allreduce", "median_us": 2, "verified": true}'
+            runners.collectived_op(self.fake(d, bf), "allreduce", 2, 1, [64], 5, 1, 30, dtype="bfloat16")
+            self.assertIn("--op allreduce --dtype bfloat16", runners.COMMANDS[-1])
+
+    def test_gloo_unsupported_is_said_not_failed(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "fake_gloo.py")
+            with open(fake, "w") as f:
+                f.write("import json, sys\nif sys.argv[sys.argv.index('--rank') + 1] == '0':\n"
+                        "    print(json.dumps({'op': 'reducescatter', 'unsupported': 'no such thing'}))\n")
+            with self.assertRaises(runners.Unsupported) as cm:
+                runners.gloo_op(sys.executable, fake, "reducescatter", 2, [64], 5, 1, 60)
+            self.assertEqual(str(cm.exception), "no such thing")
+
+    def test_collective_items_rotate_and_leave_out_the_unsupported(self):
+        ops, systems = ["allgather", "reducescatter"], list(compare.COLL_SYSTEMS)
+        r0 = compare.collective_items(ops, systems, 0, {})
+        self.assertEqual(r0[:3], [("collectived", "allgather"), ("mpi-tcp", "allgather"), ("gloo", "allgather")])
+        self.assertEqual(compare.collective_items(ops, systems, 1, {})[0], ("mpi-tcp", "allgather"))
+        un = {"gloo": {"reducescatter": "no"}}
+        got = compare.collective_items(ops, systems, 0, un)
+        self.assertNotIn(("gloo", "reducescatter"), got)
+        self.assertEqual(len(got), 5)
+        self.assertEqual(compare.collective_items([], systems, 3, {}), [])
+        with self.assertRaisesRegex(ValueError, "mpi-shm: no allgather measurement"):
+            compare.measure_collective("mpi-shm", "allgather", [([4], 1, 0, 0)], {}, 10)
+
+    def test_bf16_pairs_alternate_which_dtype_goes_first(self):
+        self.assertEqual([compare.bf16_order(rnd, j)[0] for rnd in range(2) for j in range(2)],
+                         ["float32", "bfloat16", "bfloat16", "float32"])
+        calls = []
+
+        def step(name, fn):
+            calls.append(name)
+            return [{"median_us": 50.0 if name.endswith("bfloat16") else 100.0}]
+        pair = compare.bf16_pair(step, "p", ["bfloat16", "float32"], {}, 1, 30, 5, 0)
+        self.assertEqual(calls, ["p: bfloat16", "p: float32"])
+        self.assertEqual((pair["first"], pair["float32"]["median_us"], pair["bfloat16"]["median_us"]),
+                         ("bfloat16", 100.0, 50.0))
+        self.assertIsNone(compare.bf16_pair(lambda name, fn: None, "p", ["float32", "bfloat16"], {}, 1, 30, 5, 0))
+
+    def test_aggregate_median_of_rounds_and_paired_bf16(self):
+        def row(med):
+            return {"system": "mpi-tcp", "op": "allgather", "world": 2, "bytes": 1000, "total_bytes": 2000,
+                    "iters": 5, "median_us": med, "p99_us": med * 2}
+
+        def pair(f, b):
+            return {"first": "float32", "float32": {"median_us": f}, "bfloat16": {"median_us": b}}
+        c = {"per_round": [{"rows": [row(10.0)], "bf16_pairs": [pair(100.0, 60.0)]},
+                           {"rows": [row(30.0)], "bf16_pairs": [pair(200.0, 100.0)]},
+                           {"rows": [row(20.0)], "bf16_pairs": [pair(150.0, 60.0)]}]}
+        compare.aggregate_collectives(c)
+        (r,) = c["rows"]
+        self.assertEqual((r["median_us"], r["p99_us"], r["total_bytes"]), (20.0, 40.0, 2000))
+        self.assertAlmostEqual(r["busbw_GBps"], 2000 / 20e3 * 0.5)
+        self.assertEqual([x["median_us"] for x in r["rounds"]], [10.0, 30.0, 20.0])
+        # Each pair's own ratio (0.6, 0.5, 0.4), then their median; beside
+        # it the ratio of the two medians (60 / 150).
+        self.assertAlmostEqual(c["bf16"]["ratio"], 0.5)
+        self.assertAlmostEqual(c["bf16"]["ratio_of_medians"], 0.4)
+        self.assertEqual([p["round"] for p in c["bf16"]["pairs"]], [1, 2, 3])
+
+    def test_compare_refuses_bad_collective_options(self):
+        for args, want in ((["--collectives", "alltoall"], "--collectives: 'alltoall' is not one of"),
+                           (["--collective-sizes", "4,lots"], "--collective-sizes: 'lots' is not a size"),
+                           (["--bf16-pairs", "-1"], "--bf16-pairs -1: want 0 or more"),
+                           (["--only", "collectives", "--collectives", "none", "--bf16-pairs", "0"],
+                            "measures nothing"),
+                           (["--only", "everything"], "invalid choice: 'everything'")):
+            p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--no-doc"] + args,
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr, args)
+
+
+class CollectivesReportTest(unittest.TestCase):
+    def test_targets_pass_fail_and_not_offered(self):
+        v = {t["target"]: t["verdict"] for t in report.targets25(coll_res())}
+        self.assertEqual(list(v.values()), ["PASS", "PASS", "PASS", "not offered", "PASS"], v)
+        ts = report.targets25(coll_res(cvd_ag=1.0, mpi_ag=0.7, gloo_ag=0.67, cvd_rs=1.0, mpi_rs=0.67, gloo_rs=0.7,
+                                       bf16=(0.61, 0.62)))
+        self.assertEqual([t["verdict"] for t in ts], ["FAIL"] * 5, ts)
+        self.assertAlmostEqual(ts[0]["value"], 1.0 / 0.7)
+        self.assertAlmostEqual(ts[4]["value"], 0.615)
+        un = report.targets25(coll_res())[3]
+        self.assertIn("ProcessGroupGloo does not support reduce_scatter", un["note"])
+        # Nothing measured: n/a, not a verdict.
+        res = fake_res()
+        self.assertEqual({t["verdict"] for t in report.targets25(res)}, {"n/a"})
+
+    def test_text_and_markdown_say_what_gloo_lacks(self):
+        res = coll_res()
+        text = report.collectives_text(res)
+        self.assertIn("Gloo does not offer reduce-scatter: ProcessGroupGloo does not support reduce_scatter", text)
+        self.assertIn("64 MiB (x2)", text)
+        self.assertIn("targets (issue 25)", text)
+        md = report.markdown(res, "bench")
+        self.assertIn("## Targets (issue 25)", md)
+        self.assertIn("## Other collectives (world 2)", md)
+        self.assertIn("### reduce-scatter", md)
+        self.assertIn("**Gloo does not offer reduce-scatter**", md)
+        self.assertIn("| 64 MiB | 1 | 0.5 | not offered | 2.00 | - |", md)
+        self.assertIn("![allgather](bench/coll_allgather.png)", md)
+        self.assertIn("## bfloat16 allreduce against float32", md)
+        self.assertIn("**0.565** (target ≤ 0.6)", md)
+        self.assertIn("bench/compare --only collectives", md)
+        self.assertNotIn("## Targets (issue 25)", report.markdown(fake_res(), "bench"))
+
+    @unittest.skipUnless(subprocess.run([sys.executable, "-c", "import matplotlib"], capture_output=True).returncode == 0,
+                         "no matplotlib")
+    def test_a_plot_per_collective(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.assertEqual(report.collectives_plots(coll_res(), d),
+                             ["coll_allgather.png", "coll_reducescatter.png", "bf16_allreduce.png"])
+            for name in os.listdir(d):
+                self.assertGreater(os.path.getsize(os.path.join(d, name)), 1000)
+
+
+@unittest.skipUnless(shutil.which("mpirun") and shutil.which("mpicc"), "OpenMPI not installed")
+class MPICollectivesProgramTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.bin = os.path.join(HERE, ".build", "mpi_collectives_test")
+        os.makedirs(os.path.dirname(cls.bin), exist_ok=True)
+        subprocess.run(["mpicc", "-O2", "-Wall", "-o", cls.bin, os.path.join(HERE, "mpi_collectives.c")], check=True)
+
+    def test_every_op_is_checked_and_parsed(self):
+        # The program aborts on a wrong result; world 3 has a reduce-scatter
+        # input that does not divide.
+        for world in (2, 3):
+            for op in ("allgather", "reducescatter", "reduce", "broadcast"):
+                n = len(runners.COMMANDS)
+                rows = runners.mpi_op(self.bin, "mpi-tcp", op, world, [4, 100, 65536], 3, 1, 120, prewarm=5)
+                want = [runners.coll_bytes(op, s, world) for s in (4, 100, 65536)]
+                self.assertEqual([(r["bytes"], r["total_bytes"]) for r in rows], want, (op, world))
+                self.assertTrue(all(r["iters"] == 3 and r["median_us"] > 0 for r in rows))
+                self.assertTrue(runners.COMMANDS[n].endswith(f"mpi_collectives_test {op} 4,100,65536 3 1 5"))
+
+    def test_bad_op_and_counts_are_refused_by_name(self):
+        for args, want in ((["gather", "4", "5", "1"], 'OP "gather": want allgather, reducescatter, reduce or '
+                                                       'broadcast'),
+                           (["allgather", "4", "0", "1"], 'ITERS "0": want a whole number from 1'),
+                           (["allgather", "4x", "5", "1"], 'size "4x" is not a byte count')):
+            p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", self.bin] + args,
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr, args)
+
+
+@unittest.skipUnless(_torch_python(), "no torch in /usr/bin/python3 (scripts/setup.sh installs python3-torch)")
+class GlooCollectivesProgramTest(unittest.TestCase):
+    script = os.path.join(HERE, "gloo_collectives.py")
+
+    def test_allgather_reduce_broadcast_rows_and_no_reduce_scatter(self):
+        for op in ("allgather", "reduce", "broadcast"):
+            rows = runners.gloo_op("/usr/bin/python3", self.script, op, 2, [4, 4096], 3, 1, 300, prewarm=5)
+            self.assertEqual([(r["bytes"], r["total_bytes"]) for r in rows],
+                             [runners.coll_bytes(op, s, 2) for s in (4, 4096)], op)
+        # torch 1.13's Gloo: reduce_scatter raises "not supported"; a newer
+        # one may have it, and then its rows are checked like the others.
+        try:
+            rows = runners.gloo_op("/usr/bin/python3", self.script, "reducescatter", 2, [4096], 3, 1, 300)
+            self.assertEqual([r["bytes"] for r in rows], [4096])
+        except runners.Unsupported as e:
+            self.assertIn("does not support reduce_scatter", str(e))
+
+    def test_bad_op_is_refused(self):
+        p = subprocess.run(["/usr/bin/python3", self.script, "--op", "gather", "--rank", "0", "--world", "2",
+                            "--init", "tcp://127.0.0.1:1", "--sizes", "4"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("invalid choice: 'gather'", p.stderr)
+
+
+@unittest.skipUnless(_collectived_bin("--reduce"), "bin/collectived with bench --op COLLECTIVE not built (make build)")
+class CollectivedOpRealTest(unittest.TestCase):
+    def test_real_allgather_and_reducescatter_rows(self):
+        for op, sizes in (("allgather", [4, 65536]), ("reducescatter", [4, 100, 65536])):
+            rows = runners.collectived_op(_collectived_bin("--reduce"), op, 2, 1, sizes, 3, 1, 120, prewarm=10)
+            self.assertEqual([(r["bytes"], r["total_bytes"]) for r in rows],
+                             [runners.coll_bytes(op, s, 2) for s in sizes], op)
+            self.assertTrue(all(r["verified"] and r["busbw_GBps"] > 0 for r in rows))

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/collectived/collectived/collective"
 	"github.com/collectived/collectived/internal/localworld"
 )
 
@@ -25,16 +26,17 @@ const defaultBenchSizes = "4,64,1024,4096,65536,262144,1048576,4194304,16777216,
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "start a world of daemons and trainers on this machine (loopback) and measure allreduce",
+		Usage: "start a world of daemons and trainers on this machine (loopback) and measure a collective (allreduce by default)",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "nodes", Value: 2, Usage: "daemons (ring ranks)"},
 			&cli.IntFlag{Name: "local", Value: 1, Usage: "trainers per daemon"},
-			&cli.StringFlag{Name: "sizes", Value: defaultBenchSizes, Usage: "comma-separated buffer sizes in bytes (units allowed: 64KiB, 1MiB)"},
-			&cli.StringFlag{Name: "dtype", Value: "float32"},
-			&cli.StringFlag{Name: "op", Value: "sum"},
+			&cli.StringFlag{Name: "sizes", Value: defaultBenchSizes, Usage: "comma-separated buffer sizes in bytes (units allowed: 64KiB, 1MiB); what a size is depends on --op"},
+			&cli.StringFlag{Name: "dtype", Value: "float32", Usage: "element type: float32, float64, int32, int64, bytes (allgather and broadcast only), float16, bfloat16 (bf16), int8, uint8"},
+			opFlag,
+			reduceFlag,
 			&cli.IntFlag{Name: "iters", Value: 20, Usage: "timed iterations per size"},
 			&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed iterations per size"},
-			&cli.IntFlag{Name: "prewarm", Value: defaultPrewarm, Usage: "untimed allreduces of one element before the first size: the first fraction of a second after the processes start runs slower (docs/TUNING.md, section 22)"},
+			&cli.IntFlag{Name: "prewarm", Value: defaultPrewarm, Usage: "untimed calls of one element (of the collective measured) before the first size: the first fraction of a second after the processes start runs slower (docs/TUNING.md, section 22)"},
 			betweenFlag,
 			inFlightFlag,
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per size"},
@@ -42,9 +44,9 @@ func benchCommand() *cli.Command {
 			&cli.DurationFlag{Name: "client-spin", Usage: "trainers' Options.Spin (0: the client's default; negative: never poll)"},
 			&cli.BoolFlag{Name: "client-no-lane", Usage: "trainers' Options.NoLane: small calls keep to the socket instead of the connection's lane of shared memory"},
 			&cli.IntFlag{Name: "client-inline-max", Usage: "trainers' Options.InlineMax: the largest buffer sent inline, larger ones up to the daemon's inline limit are copied through shared memory (0: the client's default; negative: none inline)"},
-			&cli.StringFlag{Name: "trainer-cmd", Usage: "run each trainer as this command (split on spaces; bench-trainer's flags are appended, and world rank 0 prints its rows) instead of the Go bench-trainer: e.g. \".venv/bin/python bench/py_trainer.py\" for trainers written with the Python client"},
-			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline)"},
-			&cli.BoolFlag{Name: "sidecar", Usage: "the daemons' world and the ring engines alone (--ring-only) up together, taking turns a block of calls at a time, each size reported for both: the sidecar's own cost, both sides seeing the same machine"},
+			&cli.StringFlag{Name: "trainer-cmd", Usage: "run each trainer as this command (split on spaces; bench-trainer's flags are appended, and world rank 0 prints its rows) instead of the Go bench-trainer: e.g. \".venv/bin/python bench/py_trainer.py\" for trainers written with the Python client; allreduce only"},
+			&cli.BoolFlag{Name: "ring-only", Usage: "no daemons or trainers: each node's ring engine called in its own process, on the ring settings its daemon would use (the sidecar's baseline); allreduce only"},
+			&cli.BoolFlag{Name: "sidecar", Usage: "the daemons' world and the ring engines alone (--ring-only) up together, taking turns a block of calls at a time, each size reported for both: the sidecar's own cost, both sides seeing the same machine; allreduce only"},
 			&cli.IntFlag{Name: "sidecar-block", Value: 1, Usage: "with --sidecar: timed calls per block; each block starts with one untimed call, as the first after the other side's turn runs cold"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "how long the whole run may take"},
 		},
@@ -54,11 +56,25 @@ func benchCommand() *cli.Command {
 
 // benchRow is one size's result, as printed with --json.
 type benchRow struct {
-	Bytes    int64   `json:"bytes"`
-	Nodes    int     `json:"nodes"`
-	Local    int     `json:"local"`
-	DType    string  `json:"dtype"`
-	Op       string  `json:"op"`
+	// Bytes is a call's size as --op has it: each trainer's buffer
+	// (allreduce, reduce, broadcast), each trainer's block (allgather) or
+	// the whole input (reduce_scatter). TotalBytes is the full vector,
+	// from which algbw is reckoned (NCCL's size): world x Bytes for
+	// allgather, else Bytes. RequestedBytes is the size asked for, when
+	// Bytes differs (rounded to whole elements, and for reduce_scatter to
+	// a multiple of the world size).
+	Bytes          int64  `json:"bytes"`
+	TotalBytes     int64  `json:"total_bytes"`
+	RequestedBytes int64  `json:"requested_bytes,omitempty"`
+	Nodes          int    `json:"nodes"`
+	Local          int    `json:"local"`
+	Collective     string `json:"collective"`
+	DType          string `json:"dtype"`
+	// Op is the reduce op (allreduce, reduce_scatter, reduce), as it
+	// was before bench measured other collectives than allreduce; Root
+	// the root of reduce and broadcast.
+	Op       string  `json:"op,omitempty"`
+	Root     *int    `json:"root,omitempty"`
 	Path     string  `json:"path"`
 	Lane     bool    `json:"lane"` // the trainers' connections have a lane (--client-no-lane unset)
 	Iters    int     `json:"iters"`
@@ -86,9 +102,9 @@ func runBench(c *cli.Context) error {
 	if nodes < 1 || local < 1 || nodes*local > 64 {
 		return exitf("bench: --nodes %d x --local %d: want at least 1 x 1 and at most 64 trainers", nodes, local)
 	}
-	sizes, _, _, err := parseWorkload(c)
+	sizes, wl, err := parseWorkload(c)
 	if err != nil {
-		return err
+		return exitf("bench: %v", err)
 	}
 	if err := checkInFlight(c); err != nil {
 		return exitf("bench: %v", err)
@@ -116,6 +132,9 @@ func runBench(c *cli.Context) error {
 		if k := c.Int("in-flight"); k != 1 {
 			return exitf("bench: --in-flight %d and %s: the ring engine alone takes one call at a time; --in-flight is for trainers", k, mode)
 		}
+		if wl.coll != collective.OpAllReduce {
+			return exitf("bench: --op %s and %s: the ring engine alone measures allreduce only", c.String("op"), mode)
+		}
 		if c.Bool("ring-only") && c.Bool("sidecar") {
 			return exitf("bench: --ring-only and --sidecar: --sidecar runs the ring engines alone itself, next to the daemons; give one")
 		}
@@ -126,17 +145,21 @@ func runBench(c *cli.Context) error {
 			if b := c.Int("sidecar-block"); b < 1 {
 				return exitf("bench: --sidecar-block %d: want at least 1", b)
 			}
-			return runBenchSidecar(c, self, dir, nodes, sizes)
+			return runBenchSidecar(c, self, dir, nodes, wl, sizes)
 		}
-		return runBenchRingOnly(c, self, dir, nodes, len(sizes))
+		return runBenchRingOnly(c, self, dir, nodes, wl, sizes)
 	}
 	if cmd := strings.Fields(c.String("trainer-cmd")); len(cmd) > 0 {
+		if wl.coll != collective.OpAllReduce {
+			return exitf("bench: --op %s and --trainer-cmd: trainers of --trainer-cmd measure allreduce only", c.String("op"))
+		}
 		if _, err := exec.LookPath(cmd[0]); err != nil {
 			return exitf("bench: --trainer-cmd %q: %v", c.String("trainer-cmd"), err)
 		}
 	} else if c.IsSet("trainer-cmd") {
 		return exitf("bench: --trainer-cmd is empty: want a command, such as \".venv/bin/python bench/py_trainer.py\"")
 	}
+	noteRounded(c, wl, sizes, nodes*local)
 	w, err := localworld.Start(daemonWorld(c, self, dir, nodes, local))
 	if err != nil {
 		return err
@@ -172,7 +195,7 @@ func runBench(c *cli.Context) error {
 	defer limit.Stop()
 
 	tty := isTerminal(os.Stderr)
-	p := newBenchPrinter(c, nodes, local, "trainers")
+	p := newBenchPrinter(c, wl, sizes, nodes, local, "trainers")
 	sc := bufio.NewScanner(trainers[0].out)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	done := 0
@@ -185,7 +208,10 @@ func runBench(c *cli.Context) error {
 		if tty {
 			fmt.Fprint(os.Stderr, "\r\033[K")
 		}
-		p.row(r)
+		if done > len(sizes) {
+			return exitf("bench: trainer 0 reported %d sizes, %d asked for", done, len(sizes))
+		}
+		p.row(r, done-1)
 		if tty && done < len(sizes) {
 			fmt.Fprintf(os.Stderr, "[%s] size %d/%d", bar(done, len(sizes), 30), done+1, len(sizes))
 		}
@@ -215,12 +241,14 @@ func runBench(c *cli.Context) error {
 // benchPrinter prints bench results as a table or as JSON lines.
 type benchPrinter struct {
 	c            *cli.Context
+	w            workload
+	sizes        []int64 // as asked for (--sizes)
 	nodes, local int
 	between      int64 // --between, checked by runBench
 	enc          *json.Encoder
 }
 
-func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter {
+func newBenchPrinter(c *cli.Context, w workload, sizes []int64, nodes, local int, who string) *benchPrinter {
 	out := c.App.Writer
 	nb, _ := parseBetween(c)
 	if !c.Bool("json") {
@@ -234,17 +262,22 @@ func newBenchPrinter(c *cli.Context, nodes, local int, who string) *benchPrinter
 		if k := c.Int("in-flight"); k > 1 {
 			between += fmt.Sprintf(", %d calls in flight at once per iteration (times are the group's)", k)
 		}
-		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s %s, %d iterations per size%s\n",
-			nodes, local, who, nodes*local, c.String("dtype"), c.String("op"), c.Int("iters"), between)
+		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s, %d iterations per size%s\n",
+			nodes, local, who, nodes*local, w, c.Int("iters"), between)
+		fmt.Fprintf(out, "%s; busbw = algbw x %s (NCCL's convention)\n", w.sizesMean(), w.busRule())
 		fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
 	}
-	return &benchPrinter{c: c, nodes: nodes, local: local, between: nb, enc: json.NewEncoder(out)}
+	return &benchPrinter{c: c, w: w, sizes: sizes, nodes: nodes, local: local, between: nb, enc: json.NewEncoder(out)}
 }
 
-func (p *benchPrinter) row(r sizeResult) { p.print(p.summarize(r)) }
+// row prints the result of the i-th size.
+func (p *benchPrinter) row(r sizeResult, i int) { p.print(p.summarize(r, i)) }
 
-func (p *benchPrinter) summarize(r sizeResult) benchRow {
-	row := summarize(r, p.nodes, p.local, float64(p.nodes*p.local), p.c.String("dtype"), p.c.String("op"))
+func (p *benchPrinter) summarize(r sizeResult, i int) benchRow {
+	row := summarize(r, p.nodes, p.local, p.w)
+	if i < len(p.sizes) && p.sizes[i] != row.Bytes {
+		row.RequestedBytes = p.sizes[i]
+	}
 	if k := p.c.Int("in-flight"); k > 1 {
 		row.InFlight = k
 		row.AlgBWGBs *= float64(k)
@@ -263,16 +296,54 @@ func (p *benchPrinter) print(row benchRow) {
 	fmt.Fprintf(p.c.App.Writer, "%12d %7s %12.1f %12.1f %12.3f %12.3f %9v\n", row.Bytes, row.Path, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)
 }
 
+// noteRounded says, on stderr, which sizes a call cannot have as asked:
+// a reduce_scatter's input is a whole number of elements for every rank.
+// (Any size is rounded to whole elements, as it always was, silently.)
+func noteRounded(c *cli.Context, w workload, sizes []int64, world int) {
+	if w.coll != collective.OpReduceScatter {
+		return
+	}
+	es := int64(w.dt.Size())
+	for _, s := range sizes {
+		if got := int64(w.count(s, world)) * es; got != s {
+			fmt.Fprintf(c.App.ErrWriter, "bench: reduce_scatter of %d bytes: %d bytes instead, a multiple of %d trainers x %d-byte elements (at least one each)\n", s, got, world, es)
+		}
+	}
+}
+
+// sizesMean says what the sizes of w are, for the table's header.
+func (w workload) sizesMean() string {
+	switch w.coll {
+	case collective.OpAllGather:
+		return "bytes: each trainer's block; the result is world x bytes, and algbw = world x bytes / median time"
+	case collective.OpReduceScatter:
+		return "bytes: the whole input of each trainer; each gets bytes / world of the result; algbw = bytes / median time"
+	}
+	return "bytes: each trainer's buffer; algbw = bytes / median time"
+}
+
+// busRule is busFactor as a formula.
+func (w workload) busRule() string {
+	switch w.coll {
+	case collective.OpAllReduce:
+		return "2(W-1)/W"
+	case collective.OpAllGather, collective.OpReduceScatter:
+		return "(W-1)/W"
+	}
+	return "1"
+}
+
 // runBenchRingOnly runs the sizes on each node's ring engine alone, one
 // process per node (bench-ring), and prints what ring rank 0 measured.
-func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error {
+func runBenchRingOnly(c *cli.Context, self, dir string, nodes int, wl workload, sizes []int64) error {
+	nsizes := len(sizes)
 	results := filepath.Join(dir, "ring-results.json")
 	w, err := localworld.Start(ringWorld(c, self, dir, nodes, results))
 	if err != nil {
 		return err
 	}
 	defer w.Stop()
-	p := newBenchPrinter(c, nodes, 1, "ring engines, no daemon")
+	p := newBenchPrinter(c, wl, sizes, nodes, 1, "ring engines, no daemon")
 	if err := w.Wait(c.Duration("timeout")); err != nil {
 		return exitf("bench --ring-only: %v", err)
 	}
@@ -280,8 +351,8 @@ func runBenchRingOnly(c *cli.Context, self, dir string, nodes, nsizes int) error
 	if err != nil {
 		return exitf("bench --ring-only: results of ring rank 0: %v", err)
 	}
-	for _, r := range rs {
-		p.row(r)
+	for i, r := range rs {
+		p.row(r, i)
 	}
 	if len(rs) != nsizes {
 		return exitf("bench --ring-only: ring rank 0 reported %d of %d sizes; its log:\n%s", len(rs), nsizes, localworld.Tail(w.Logs[0]))
@@ -311,25 +382,36 @@ func ringWorld(c *cli.Context, self, dir string, nodes int, results string) loca
 // workloadArgs passes bench's workload flags on to a bench-trainer or
 // bench-ring process.
 func workloadArgs(c *cli.Context) []string {
-	return []string{"--sizes", c.String("sizes"), "--dtype", c.String("dtype"), "--op", c.String("op"),
+	w, _ := parseBenchWorkload(c) // checked by runBench
+	return append([]string{"--sizes", c.String("sizes"),
 		"--iters", strconv.Itoa(c.Int("iters")), "--warmup", strconv.Itoa(c.Int("warmup")),
-		"--prewarm", strconv.Itoa(c.Int("prewarm")), "--between", c.String("between")}
+		"--prewarm", strconv.Itoa(c.Int("prewarm")), "--between", c.String("between")}, w.args()...)
 }
 
-func summarize(r sizeResult, nodes, local int, W float64, dtype, op string) benchRow {
+// summarize is one size's row: median, p99 and bandwidths of its times,
+// algbw over the full vector and busbw by NCCL's conventions.
+func summarize(r sizeResult, nodes, local int, w workload) benchRow {
+	world := nodes * local
 	ts := slices.Clone(r.TimesNS)
 	slices.Sort(ts)
 	med := medianSorted(ts)
 	p99 := float64(ts[min(len(ts)-1, int(float64(len(ts))*0.99))])
-	alg := float64(r.Bytes) / med // bytes per ns = GB/s
-	bus := alg
-	if W > 1 {
-		bus = alg * 2 * (W - 1) / W
-	} else {
-		bus = 0
+	total := r.Bytes
+	if w.coll == collective.OpAllGather {
+		total *= int64(world)
 	}
-	return benchRow{Bytes: r.Bytes, Nodes: nodes, Local: local, DType: dtype, Op: op, Path: r.Path, Lane: r.Lane, Iters: len(ts),
-		MedianUS: med / 1e3, P99US: p99 / 1e3, AlgBWGBs: alg, BusBWGBs: bus, Verified: true}
+	alg := float64(total) / med // bytes per ns = GB/s
+	row := benchRow{Bytes: r.Bytes, TotalBytes: total, Nodes: nodes, Local: local, Collective: w.coll.String(), DType: w.dt.String(),
+		Path: r.Path, Lane: r.Lane, Iters: len(ts),
+		MedianUS: med / 1e3, P99US: p99 / 1e3, AlgBWGBs: alg, BusBWGBs: alg * w.busFactor(world), Verified: true}
+	if w.coll.Reduces() {
+		row.Op = w.op.String()
+	}
+	if w.coll.Rooted() {
+		root := benchRoot
+		row.Root = &root
+	}
+	return row
 }
 
 // medianNS is the median of times (in ns, any order).

@@ -12,12 +12,12 @@ import (
 )
 
 // --between: before every warmup and timed call of the size measured, an
-// untimed allreduce of another size, as a trainer whose buffers come in
+// untimed call of the same collective at another size, as a trainer whose buffers come in
 // several sizes makes them. What the call measured then costs includes
 // switching from the other size (docs/TUNING.md, section 25: a ring of
 // two lends different links to 4-byte and 16 KiB calls).
 
-var betweenFlag = &cli.StringFlag{Name: "between", Usage: "before every warmup and timed call, an untimed allreduce of this many bytes (same dtype and op; units allowed), as a trainer with buffers of several sizes makes: the call measured then pays for switching sizes"}
+var betweenFlag = &cli.StringFlag{Name: "between", Usage: "before every warmup and timed call, an untimed call of the same collective (same dtype and reduce op) of this many bytes (units allowed), as a trainer with buffers of several sizes makes: the call measured then pays for switching sizes"}
 
 // parseBetween reads --between: 0 when unset. parseWorkload checks it
 // with the other workload flags, so later reads need not.
@@ -33,27 +33,24 @@ func parseBetween(c *cli.Context) (int64, error) {
 	return n, err
 }
 
-// betweenElems is the element count of --between's call: at least one.
+// betweenElems is the element count of bench-ring's --between call: at
+// least one.
 func betweenElems(n int64, dt collective.DType) int64 { return max(n/int64(dt.Size()), 1) }
 
-// trainerBetween is a bench trainer's --between call (nil when unset):
-// on a segment of shared memory above the inline limit, as benchOneSize's
-// own buffers. free releases what it holds.
-func trainerBetween(c *cli.Context, cl *cvd.Client, dt collective.DType, op collective.ReduceOp) (call func() error, free func(), err error) {
+// trainerBetween is a bench trainer's --between call (call nil when
+// unset): the collective measured, at --between's size, on buffers of its
+// own laid out as the measured ones are (shared memory above the inline
+// limit). free releases what it holds.
+func trainerBetween(c *cli.Context, cl *cvd.Client, w workload) (*trainerBufs, error) {
 	n, _ := parseBetween(c)
 	if n == 0 {
-		return nil, func() {}, nil
+		return &trainerBufs{free: func() {}}, nil
 	}
-	nb := int(betweenElems(n, dt)) * dt.Size()
-	buf, free := make([]byte, nb), func() {}
-	if nb > cl.InlineLimit() {
-		seg, err := cl.Alloc(nb)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--between buffer: %w", err)
-		}
-		buf, free = seg.Bytes()[:nb], func() { seg.Free() }
+	b, err := newTrainerBufs(cl, w, w.count(n, cl.Size()), 1)
+	if err != nil {
+		return nil, fmt.Errorf("--between buffer: %w", err)
 	}
-	return func() error { return cl.AllReduce(buf, dt, op) }, free, nil
+	return b, nil
 }
 
 // ringBetween is bench-ring's --between call (nil when unset), on a memfd

@@ -10,7 +10,7 @@ import (
 	"github.com/collectived/collectived/collective"
 )
 
-// --in-flight K: each timed iteration starts K allreduces at once, each on
+// --in-flight K: each timed iteration starts K calls at once, each on
 // a buffer of its own, and waits for all of them, as a trainer that
 // overlaps its gradient buckets does (torch's DDP: an async allreduce per
 // bucket). The group is timed as one; a client that runs overlapping
@@ -31,18 +31,24 @@ func checkInFlight(c *cli.Context) error {
 }
 
 // inFlightCall is a bench trainer's timed call with --in-flight K: start
-// an allreduce on each of bufs, then wait for every one. A failure to
-// start waits for those started before it returns.
-func inFlightCall(cl *cvd.Client, bufs [][]byte, dt collective.DType, op collective.ReduceOp) func() error {
-	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(len(bufs[0]) / dt.Size())}
-	hs := make([]*cvd.Handle, len(bufs))
+// a call of d on each of slots (in place, or into the slot's out), then
+// wait for every one. A failure to start waits for those started before
+// it returns.
+func inFlightCall(cl *cvd.Client, d collective.Desc, slots []slot) func() error {
+	hs := make([]*cvd.Handle, len(slots))
 	return func() error {
 		var errs []error
 		started := 0
-		for i, b := range bufs {
-			h, err := cl.Start(d, b)
+		for i, s := range slots {
+			var h *cvd.Handle
+			var err error
+			if s.out != nil {
+				h, err = cl.StartInto(d, s.in, s.out)
+			} else {
+				h, err = cl.Start(d, s.in)
+			}
 			if err != nil {
-				errs = append(errs, fmt.Errorf("call %d of %d in flight: %w", i+1, len(bufs), err))
+				errs = append(errs, fmt.Errorf("call %d of %d in flight: %w", i+1, len(slots), err))
 				break
 			}
 			hs[i] = h
@@ -50,7 +56,7 @@ func inFlightCall(cl *cvd.Client, bufs [][]byte, dt collective.DType, op collect
 		}
 		for i, h := range hs[:started] {
 			if err := h.Wait(); err != nil {
-				errs = append(errs, fmt.Errorf("call %d of %d in flight: %w", i+1, len(bufs), err))
+				errs = append(errs, fmt.Errorf("call %d of %d in flight: %w", i+1, len(slots), err))
 			}
 		}
 		return errors.Join(errs...)

@@ -27,7 +27,8 @@ func benchRingCommand() *cli.Command {
 		Flags: append([]cli.Flag{configFlag, rankFlag,
 			&cli.StringFlag{Name: "sizes", Required: true},
 			&cli.StringFlag{Name: "dtype", Value: "float32"},
-			&cli.StringFlag{Name: "op", Value: "sum"},
+			opFlag,
+			reduceFlag,
 			&cli.IntFlag{Name: "iters", Value: 20},
 			&cli.IntFlag{Name: "warmup", Value: 3},
 			&cli.IntFlag{Name: "prewarm"},
@@ -39,10 +40,14 @@ func benchRingCommand() *cli.Command {
 }
 
 func runBenchRing(c *cli.Context) error {
-	sizes, dt, op, err := parseWorkload(c)
+	sizes, w, err := parseWorkload(c)
 	if err != nil {
 		return err
 	}
+	if w.coll != collective.OpAllReduce {
+		return fmt.Errorf("bench-ring: --op %s: the ring engine alone measures allreduce only", c.String("op"))
+	}
+	dt, op := w.dt, w.op
 	pace, err := pacerFromFlags(c)
 	if err != nil {
 		return err
@@ -91,14 +96,15 @@ func runBenchRing(c *cli.Context) error {
 	}
 	enc := json.NewEncoder(out)
 	d1 := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: 1}
-	prewarm := prewarmer(c.Int("prewarm"), dt, func(one []byte) error { return r.AllReduce(d1, one) })
+	one := make([]byte, dt.Size())
+	prewarm := prewarmer(c.Int("prewarm"), func() error { return r.AllReduce(d1, one) })
 	between, free, err := ringBetween(c, r, dt, op)
 	if err != nil {
 		return err
 	}
 	defer free()
 	for i, size := range sizes {
-		res, err := benchRingSize(r, rank, len(dc.Peers), size, dt, op, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm), between)
+		res, err := benchRingSize(r, rank, len(dc.Peers), size, w, c.Int("iters"), c.Int("warmup"), pace, firstOnly(i, prewarm), between)
 		if err != nil {
 			return fmt.Errorf("bench-ring node %d, size %d: %w", rank, size, err)
 		}
@@ -113,26 +119,27 @@ func runBenchRing(c *cli.Context) error {
 	return r.Barrier(collective.Desc{Op: collective.OpBarrier})
 }
 
-// benchRingSize is benchOneSize for the ring engine itself: the same
-// fill, verification and timing, so that the two are comparable.
-func benchRingSize(r *ring.Ring, rank, world int, size int64, dt collective.DType, op collective.ReduceOp, iters, warmup int, pace *pacer, prewarm, between func() error) (sizeResult, error) {
-	es := int64(dt.Size())
-	count := max(size/es, 1)
+// benchRingSize is trainerBench.size for the ring engine itself (an
+// allreduce): the same fill, verification and timing, so that the two
+// are comparable.
+func benchRingSize(r *ring.Ring, rank, world int, size int64, w workload, iters, warmup int, pace *pacer, prewarm, between func() error) (sizeResult, error) {
+	es := int64(w.dt.Size())
+	count := w.count(size, world)
 	// The buffer is a memfd mapping, as the daemon's are (shared with
 	// its trainers), not the Go heap, so the baseline differs from the
 	// daemon in nothing the sidecar does not add (TUNING section 21).
-	seg, err := shm.Create(count * es)
+	seg, err := shm.Create(int64(count) * es)
 	if err != nil {
 		return sizeResult{}, fmt.Errorf("ring-only buffer: %w", err)
 	}
 	defer seg.Close()
-	buf := seg.Bytes()[:count*es]
+	buf := seg.Bytes()[:int64(count)*es]
 	res := sizeResult{Bytes: int64(len(buf)), Path: "ring"}
-	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: op, Count: uint64(count)}
+	d := w.desc(count)
 	res.TimesNS, err = measurement{
-		bufs: [][]byte{buf}, dt: dt, op: op, rank: rank, world: world,
+		chk:   newCheck(w, rank, world, count, []slot{{in: buf}}),
 		iters: iters, warmup: warmup, pace: pace, prewarm: prewarm, between: between,
-		allreduce: func() error { return r.AllReduce(d, buf) },
+		call: func() error { return r.AllReduce(d, buf) },
 	}.run()
 	return res, err
 }

@@ -33,7 +33,7 @@ const othersGrace = time.Second
 // (turnOrder). Each side's figures are then taken over the same stretch of
 // time, and each block of one side has a neighbour of the other to be set
 // against.
-func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64) error {
+func runBenchSidecar(c *cli.Context, self, dir string, nodes int, wl workload, sizes []int64) error {
 	block, iters := c.Int("sidecar-block"), c.Int("iters")
 	deadline := time.Now().Add(c.Duration("timeout"))
 	paceArgs := []string{"--pace-block", strconv.Itoa(block), "--pace-timeout", c.Duration("timeout").String()}
@@ -161,9 +161,9 @@ func runBenchSidecar(c *cli.Context, self, dir string, nodes int, sizes []int64)
 		return exitf("bench --sidecar: ring rank 0 reported %d of %d sizes (%v); its log:\n%s", len(ringRes), len(sizes), err, localworld.Tail(rw.Logs[0]))
 	}
 
-	p := newBenchPrinter(c, nodes, 1, "trainers, side by side with the ring engines alone")
+	p := newBenchPrinter(c, wl, sizes, nodes, 1, "trainers, side by side with the ring engines alone")
 	for i := range sizes {
-		d, r := p.summarize(daemonRes[i]), p.summarize(ringRes[i])
+		d, r := p.summarize(daemonRes[i], i), p.summarize(ringRes[i], i)
 		d.SidecarBlock, r.SidecarBlock = block, block
 		d.BlockMediansUS, r.BlockMediansUS = blockMedians(daemonRes[i].TimesNS, block), blockMedians(ringRes[i].TimesNS, block)
 		p.print(d)

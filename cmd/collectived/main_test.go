@@ -28,15 +28,15 @@ func TestParseSizes(t *testing.T) {
 // Bad bench flags are refused, by name, before any daemon starts.
 func TestBenchRefusesBadFlags(t *testing.T) {
 	for want, args := range map[string][]string{
-		"--nodes 0 x --local 1":        {"--nodes", "0"},
-		"at most 64 trainers":          {"--nodes", "9", "--local", "8"},
-		"--sizes":                      {"--sizes", "4,lots"},
-		"unknown dtype \"complex64\"":  {"--dtype", "complex64"},
-		"unknown reduce op \"mean":     {"--op", "mean"},
-		"--iters 0":                    {"--iters", "0"},
-		"--warmup -1: want 0 or more":  {"--warmup", "-1"},
-		"--prewarm -1: want 0 or more": {"--prewarm", "-1"},
-		"--timeout 0s: want more":      {"--ring-only", "--timeout", "0s"},
+		"--nodes 0 x --local 1":            {"--nodes", "0"},
+		"at most 64 trainers":              {"--nodes", "9", "--local", "8"},
+		"--sizes":                          {"--sizes", "4,lots"},
+		"unknown dtype \"complex64\"":      {"--dtype", "complex64"},
+		"--op \"mean\": want a collective": {"--op", "mean"},
+		"--iters 0":                        {"--iters", "0"},
+		"--warmup -1: want 0 or more":      {"--warmup", "-1"},
+		"--prewarm -1: want 0 or more":     {"--prewarm", "-1"},
+		"--timeout 0s: want more":          {"--ring-only", "--timeout", "0s"},
 		"--sidecar runs one ring rank per node and no trainers beside it: --local is 2, want 1": {"--sidecar", "--local", "2"},
 		"--sidecar-block 0: want at least 1":                                                    {"--sidecar", "--sidecar-block", "0"},
 		"--ring-only and --sidecar":                                                             {"--sidecar", "--ring-only"},
@@ -88,7 +88,8 @@ func TestVersion(t *testing.T) {
 
 // f32sum is a float32 sum measurement as world rank 0, on buf.
 func f32sum(buf []byte, world, iters, warmup int) measurement {
-	return measurement{bufs: [][]byte{buf}, dt: collective.Float32, op: collective.Sum, world: world, iters: iters, warmup: warmup}
+	w := workload{coll: collective.OpAllReduce, dt: collective.Float32, op: collective.Sum}
+	return measurement{chk: newCheck(w, 0, world, uint64(len(buf)/4), []slot{{in: buf}}), iters: iters, warmup: warmup}
 }
 
 // The bench commands check their results: a call that leaves the buffer
@@ -97,21 +98,21 @@ func f32sum(buf []byte, world, iters, warmup int) measurement {
 func TestMeasureChecksResults(t *testing.T) {
 	buf := make([]byte, 16)
 	nothing := f32sum(buf, 2, 3, 1)
-	nothing.allreduce = func() error { return nil }
+	nothing.call = func() error { return nil }
 	_, err := nothing.run()
 	if err == nil || !strings.Contains(err.Error(), "wrong result at element 0") {
 		t.Fatalf("measure of a call that does nothing: %v, want a wrong result at element 0", err)
 	}
 	// In a world of 1 the buffer itself is the sum.
 	one := f32sum(buf, 1, 3, 1)
-	one.allreduce = func() error { return nil }
+	one.call = func() error { return nil }
 	times, err := one.run()
 	if err != nil || len(times) != 3 {
 		t.Fatalf("measure in a world of one: %v, %d times, want 3", err, len(times))
 	}
 	boom := errors.New("boom")
 	failing := f32sum(buf, 1, 3, 1)
-	failing.allreduce = func() error { return boom }
+	failing.call = func() error { return boom }
 	if _, err := failing.run(); !errors.Is(err, boom) {
 		t.Fatalf("measure of a failing call: %v, want its error", err)
 	}
@@ -121,10 +122,12 @@ func TestMeasureChecksResults(t *testing.T) {
 // is named by its place among them.
 func TestMeasureChecksEveryBufferInFlight(t *testing.T) {
 	bufs := [][]byte{make([]byte, 8), make([]byte, 8), make([]byte, 8)}
-	m := measurement{bufs: bufs, dt: collective.Float32, op: collective.Sum, world: 2, iters: 2, warmup: 1}
+	slots := []slot{{in: bufs[0]}, {in: bufs[1]}, {in: bufs[2]}}
+	w := workload{coll: collective.OpAllReduce, dt: collective.Float32, op: collective.Sum}
+	m := measurement{chk: newCheck(w, 0, 2, 2, slots), iters: 2, warmup: 1}
 	// A world of 2 as rank 0 (values 1, 2): the sum is 3 and 6. The call
 	// does it for all buffers but the second.
-	m.allreduce = func() error {
+	m.call = func() error {
 		for i, b := range bufs {
 			if i != 1 {
 				collective.Float32.Put(b[0:], 3)
@@ -137,7 +140,7 @@ func TestMeasureChecksEveryBufferInFlight(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "buffer 2 of 3 in flight: wrong result at element 0") {
 		t.Fatalf("measure with the second of three buffers left alone: %v, want it named", err)
 	}
-	m.allreduce = func() error {
+	m.call = func() error {
 		for _, b := range bufs {
 			collective.Float32.Put(b[0:], 3)
 			collective.Float32.Put(b[4:], 6)
@@ -154,10 +157,7 @@ func TestMeasureChecksEveryBufferInFlight(t *testing.T) {
 // stops the size before anything is timed.
 func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	var order []string
-	prewarm := prewarmer(4, collective.Float64, func(one []byte) error {
-		if len(one) != 8 || !bytes.Equal(one, make([]byte, 8)) {
-			t.Errorf("prewarm buffer %v, want one float64 zero", one)
-		}
+	prewarm := prewarmer(4, func() error {
 		order = append(order, "pre")
 		return nil
 	})
@@ -165,7 +165,7 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	buf := make([]byte, 8)
 	for i := range 2 {
 		m := f32sum(buf, 1, 1, 0)
-		m.prewarm, m.allreduce = firstOnly(i, prewarm), call
+		m.prewarm, m.call = firstOnly(i, prewarm), call
 		if _, err := m.run(); err != nil {
 			t.Fatal(err)
 		}
@@ -174,14 +174,14 @@ func TestPrewarmRunsBeforeTheFirstSizeOnly(t *testing.T) {
 	if got, want := strings.Join(order, " "), "pre pre pre pre call call call call"; got != want {
 		t.Fatalf("calls made: %q, want %q", got, want)
 	}
-	if prewarmer(0, collective.Float32, func([]byte) error { return call() }) != nil {
+	if prewarmer(0, call) != nil {
 		t.Error("prewarmer(0) makes calls; want none (nil)")
 	}
 	boom := errors.New("boom")
 	sized := false // the size's own calls: the checked one and the timed ones
 	m := f32sum(buf, 1, 1, 0)
-	m.prewarm = prewarmer(2, collective.Float32, func([]byte) error { return boom })
-	m.allreduce = func() error { sized = true; return nil }
+	m.prewarm = prewarmer(2, func() error { return boom })
+	m.call = func() error { sized = true; return nil }
 	_, err := m.run()
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "prewarm: boom") || sized {
 		t.Fatalf("a failing prewarm: %v (the size's calls made: %v), want \"prewarm: boom\" and none", err, sized)
@@ -197,7 +197,7 @@ func TestMeasureBetween(t *testing.T) {
 	between := func() error { order = append(order, "between"); return nil }
 	buf := make([]byte, 8)
 	m := f32sum(buf, 1, 2, 1)
-	m.between, m.allreduce = between, call
+	m.between, m.call = between, call
 	times, err := m.run()
 	if err != nil || len(times) != 2 {
 		t.Fatalf("measure: %v, %d times, want 2", err, len(times))

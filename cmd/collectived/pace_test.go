@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/collectived/collectived/collective"
 )
 
 // pacedPair is a pacing side of one process whose end this test plays.
@@ -54,8 +52,8 @@ func TestPacedMeasureTakesTurns(t *testing.T) {
 			return nil
 		}
 		m := f32sum(make([]byte, 8), 1, 5, 1)
-		m.pace, m.allreduce = pace, call
-		m.prewarm = prewarmer(3, collective.Float32, func([]byte) error { return call() })
+		m.pace, m.call = pace, call
+		m.prewarm = prewarmer(3, call)
 		_, err := m.run()
 		done <- err
 	}()
