@@ -50,7 +50,7 @@ gotest: build
 	$(GO) test -tags purego -timeout 10m ./ring/
 
 pytest: build
-	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests bench/test_bench.py
+	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q clients/python/tests bench/test_bench.py bench/test_ddp_step.py
 	$(TORCH_PY) -c 'import torch' || { echo "no torch in $(TORCH_PY): run scripts/setup.sh"; exit 1; }
 	COLLECTIVED_BIN=$(CURDIR)/$(BIN) $(TORCH_PY) -m pytest -q -k torch clients/python/tests
 

@@ -69,6 +69,9 @@ type Daemon struct {
 	hotRuns    uint64       // collectives run on the hot lane since the start
 	lender     *ipc.Session // the session whose goroutine holds the ring link lent by AllReduceLent
 
+	// statusMu lets one status document be built at a time.
+	statusMu sync.Mutex
+
 	closeOnce sync.Once
 	closeErr  error
 }

@@ -37,13 +37,13 @@ func TestServerConfig(t *testing.T) {
 // learn whether they do only from the ring handshake's version: a change
 // to the stripe rule without a new rendezvous.ProtocolVersion (or the
 // other way round) fails here. Version 3 stripes from 4 segments, 2 MiB
-// by default (docs/TUNING.md, section 19); version 4 keeps that rule and
-// adds the ring of two's duplex stream (ring/duplex.go).
+// by default (docs/TUNING.md, section 19); versions 4 (the ring of two's
+// duplex stream, ring/duplex.go) and 5 (frame checksums) keep that rule.
 func TestStripeRuleIsVersioned(t *testing.T) {
 	c := daemon.DefaultConfig()
 	rc := c.RingConfig(0, nil)
-	if rc.StripeBytes != 4*c.SegmentBytes || rc.StripeBytes != 2<<20 || rendezvous.ProtocolVersion != 4 {
-		t.Errorf("ring handshake version %d with ops striped from %d bytes (%d segments of %d); version 4 stripes from 4 segments, 2 MiB by default",
+	if rc.StripeBytes != 4*c.SegmentBytes || rc.StripeBytes != 2<<20 || rendezvous.ProtocolVersion != 5 {
+		t.Errorf("ring handshake version %d with ops striped from %d bytes (%d segments of %d); version 5 stripes from 4 segments, 2 MiB by default",
 			rendezvous.ProtocolVersion, rc.StripeBytes, rc.StripeBytes/c.SegmentBytes, c.SegmentBytes)
 	}
 }

@@ -541,6 +541,8 @@ func (d *Daemon) callError(seq uint64, gen uint32, cause error, closed bool) *ip
 		code = ipc.CodeShutdown
 	case errors.Is(cause, ring.ErrMismatch):
 		code = ipc.CodeMismatch
+	case errors.Is(cause, ring.ErrCorrupt):
+		code = ipc.CodeCorrupt
 	case errors.Is(cause, ring.ErrCallerLost):
 		code = ipc.CodeTrainerLost
 	case errors.Is(cause, ring.ErrTimeout):
@@ -572,6 +574,10 @@ func (d *Daemon) explainRing(cause error) string {
 			what = "stopped answering (no heartbeat within the timeout: stopped, partitioned or overloaded)"
 		case errors.Is(cause, ring.ErrBadFrame), errors.Is(cause, ring.ErrGeneration):
 			what = "sent frames this ring cannot accept"
+		case errors.Is(cause, ring.ErrCorrupt):
+			// The culprit sent the frame; the origin found it corrupted.
+			what = "sent a frame that reached " + d.describeNode(re.Origin) +
+				" corrupted (checksum mismatch): the link between them, or something on its path, changed its bytes"
 		}
 		s += fmt.Sprintf(" [%s %s]", d.describeNode(c), what)
 	}

@@ -1,9 +1,14 @@
 package daemon
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
+
+	"github.com/collectived/collectived/internal/logthrottle"
+	"github.com/collectived/collectived/ipc"
 )
 
 // Status is the daemon's state as `collectived status` shows it and as the
@@ -20,7 +25,21 @@ type Status struct {
 	Listen     string          `json:"listen"`
 	Peers      []string        `json:"peers"`
 	Process    ProcessStatus   `json:"process"`
+	Refused    RefusedStatus   `json:"refused"`
 	ReportedAt time.Time       `json:"reported_at"`
+	// Truncated says what was left out to keep the document within
+	// ipc.MaxStatusFrame; empty at every legal configuration.
+	Truncated string `json:"truncated,omitempty"`
+}
+
+// RefusedStatus counts the connections refused since the daemon started,
+// by reason and by reason and source: on the ring port (source: the
+// remote IP) and on the Unix socket before admission (source: the uid).
+// The log shows the first few of each kind and source, then a summary
+// per 10 s (docs/SECURITY.md).
+type RefusedStatus struct {
+	Ring   logthrottle.Counts `json:"ring"`
+	Socket logthrottle.Counts `json:"socket"`
 }
 
 // RingStatus is the ring's state and last failure.
@@ -74,6 +93,7 @@ type InFlightStatus struct {
 // Status reports the daemon's state.
 func (d *Daemon) Status() Status {
 	ps := processStatus() // reads /proc: not under the daemon's lock
+	refused := RefusedStatus{Ring: d.rv.Refusals(), Socket: d.srv.Refusals()}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := len(d.cfg.Peers)
@@ -81,14 +101,15 @@ func (d *Daemon) Status() Status {
 		Job: d.cfg.Job, NodeRank: d.cfg.Rank, NodeCount: n, LocalSize: d.cfg.LocalSize,
 		Socket: d.cfg.SocketPath, Listen: d.RingAddr(), Peers: d.cfg.Peers,
 		ReportedAt: time.Now().UTC(), Process: ps,
-		Ring: RingStatus{State: d.state, Generation: d.gen, Finished: d.match.finished},
+		Refused: refused,
+		Ring:    RingStatus{State: d.state, Generation: d.gen, Finished: d.match.finished},
 	}
 	if n > 1 {
 		st.Ring.Next = d.cfg.Peers[(d.cfg.Rank+1)%n]
 		st.Ring.Prev = d.cfg.Peers[(d.cfg.Rank+n-1)%n]
 	}
 	if d.lastErr != nil {
-		st.Ring.LastError = d.lastErr.Error()
+		st.Ring.LastError = clip(d.lastErr.Error(), maxStatusError)
 	}
 	if d.ring != nil {
 		rs := d.ring.Status()
@@ -126,4 +147,63 @@ func (d *Daemon) Status() Status {
 	return st
 }
 
-func (d *Daemon) statusJSON() ([]byte, error) { return json.Marshal(d.Status()) }
+// maxStatusError bounds an error message in the status document: errors
+// are built by the daemon, but may quote what peers said.
+const maxStatusError = 4096
+
+// clip cuts s to at most n bytes, at a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// statusJSON is the STATUS_OK document. It is at most ipc.MaxStatusFrame
+// bytes at every legal configuration (TestStatusDocumentAtTheMaxima);
+// were it longer, labels, calls and the peer list are left out and
+// Truncated says so. One document is built at a time, so that many
+// observers asking at once at the largest configurations do not each
+// hold megabytes being built.
+func (d *Daemon) statusJSON() ([]byte, error) {
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
+	return encodeStatus(d.Status())
+}
+
+func encodeStatus(st Status) ([]byte, error) {
+	doc, err := marshalStatus(&st)
+	if err != nil || len(doc) <= ipc.MaxStatusFrame {
+		return doc, err
+	}
+	n := len(doc)
+	for i := range st.Trainers {
+		st.Trainers[i].Label, st.Trainers[i].LastCall = "", ""
+	}
+	st.Peers = nil
+	if st.InFlight != nil {
+		st.InFlight.Call, st.InFlight.NotCalled = "", ""
+	}
+	st.Truncated = fmt.Sprintf("the whole document was %d bytes, over the %d-byte bound of STATUS_OK: trainers' labels and last calls, the peer list and the call in flight are left out",
+		n, ipc.MaxStatusFrame)
+	if doc, err = marshalStatus(&st); err == nil && len(doc) > ipc.MaxStatusFrame {
+		err = fmt.Errorf("the status document is %d bytes even without labels and peers, over the %d-byte bound of STATUS_OK", len(doc), ipc.MaxStatusFrame)
+	}
+	return doc, err
+}
+
+// marshalStatus encodes without HTML escaping: '<' in a label stays one
+// byte, not six.
+func marshalStatus(st *Status) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(st); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}

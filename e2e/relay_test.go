@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -23,7 +24,8 @@ import (
 // A relay is a TCP proxy the test puts on one ring link: it delays every
 // chunk of bytes (with jitter, keeping their order), and on request
 // rewrites the next ring frame header the dialer sends, so that the
-// listening daemon receives what a broken or hostile peer would send.
+// listening daemon receives what a broken or hostile peer would send, or
+// flips a byte of a data frame's payload, as a faulty link would.
 // It can live in a node's network namespace: its listening and dialing
 // sockets are then made by a goroutine locked to a thread that entered
 // that namespace, and that thread exits with the goroutine, never to be
@@ -38,8 +40,12 @@ type relay struct {
 	accepted atomic.Int64
 	bytes    atomic.Int64
 
-	corrupt   atomic.Bool   // armed: the next ring frame header dialer->listener claims 3 GiB
+	corrupt   atomic.Bool   // armed: the next ring frame header dialer->listener claims 3 GiB (its checksum made to match)
 	corrupted chan struct{} // closed when that header went out
+
+	flip    atomic.Bool   // armed: one payload byte of the next step-0 data frame dialer->listener is flipped
+	flipped chan struct{} // closed when that frame went out
+	flipNs  atomic.Int64  // when (Unix nanoseconds), set before flipped is closed
 
 	mu         sync.Mutex
 	conns      []net.Conn
@@ -61,7 +67,8 @@ const hugeLength = 3 << 30
 
 func startRelay(t *testing.T, o relayOpts) *relay {
 	t.Helper()
-	r := &relay{t: t, target: o.target, delay: o.delay, jitter: o.jitter, mark: o.mark, corrupted: make(chan struct{})}
+	r := &relay{t: t, target: o.target, delay: o.delay, jitter: o.jitter, mark: o.mark,
+		corrupted: make(chan struct{}), flipped: make(chan struct{})}
 	ready := make(chan error, 1)
 	r.wg.Add(1)
 	go r.acceptLoop(o.netns, o.listen, ready)
@@ -159,11 +166,27 @@ func (r *relay) close() {
 	r.wg.Wait()
 }
 
+// ringHeaderLen is the length of a ring frame header (ring/doc.go): its
+// CRC32C sits in the last 4 bytes, over the bytes before them. A payload
+// is followed by its own CRC32C (ringTrailerLen bytes).
+const (
+	ringHeaderLen  = 68
+	ringTrailerLen = 4
+)
+
+// sealRingHeader sets a ring frame header's checksum to match what it
+// holds, as a man in the middle who rewrites a header does: the checksum
+// detects corruption, it authenticates nothing.
+func sealRingHeader(h []byte) {
+	binary.LittleEndian.PutUint32(h[ringHeaderLen-4:], crc32.Checksum(h[:ringHeaderLen-4], crc32.MakeTable(crc32.Castagnoli)))
+}
+
 // forward carries the dialer's bytes to the listener: the rendezvous
 // frames (8-byte header, big-endian u16 length) first, then ring frames
-// (64-byte header, little-endian u32 length at 52), one whole frame at a
-// time, so that a corruption lands on a header. Delays apply as in
-// delayedCopy.
+// (ringHeaderLen-byte header, kind at 5, little-endian u32 length at 52,
+// the payload and its trailer), one whole frame at a time, so that a
+// corruption lands on a header and a flip on a data frame's payload.
+// Delays apply as in delayedCopy.
 func (r *relay) forward(dst, src net.Conn) {
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
@@ -175,7 +198,7 @@ func (r *relay) forward(dst, src net.Conn) {
 }
 
 func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
-	var h [64]byte
+	var h [ringHeaderLen]byte
 	// The dialer sends its hello, then its proof (or a status refusing).
 	for i := 0; i < 2; i++ {
 		if _, err := io.ReadFull(br, h[:8]); err != nil {
@@ -211,6 +234,7 @@ func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
 		}
 		if r.corrupt.CompareAndSwap(true, false) {
 			binary.LittleEndian.PutUint32(h[52:], hugeLength)
+			sealRingHeader(h[:])
 			_, err := w.Write(h[:])
 			close(r.corrupted)
 			if err != nil {
@@ -222,6 +246,24 @@ func (r *relay) frames(w io.Writer, br *bufio.Reader) error {
 		n := int64(binary.LittleEndian.Uint32(h[52:]))
 		if _, err := w.Write(h[:]); err != nil {
 			return err
+		}
+		if h[5] == 1 && n > 0 && binary.LittleEndian.Uint32(h[48:]) == 0 && r.flip.CompareAndSwap(true, false) { // a data frame of step 0
+			// XOR 0x10 into byte 2 of a float32 near the middle of the
+			// payload: 1.0 becomes 1.125, 2.0 becomes 2.25.
+			p := make([]byte, n+ringTrailerLen)
+			if _, err := io.ReadFull(br, p); err != nil {
+				return err
+			}
+			p[(n/2)&^3+2] ^= 0x10
+			r.flipNs.Store(time.Now().UnixNano())
+			close(r.flipped)
+			if _, err := w.Write(p); err != nil {
+				return err
+			}
+			continue
+		}
+		if n > 0 {
+			n += ringTrailerLen
 		}
 		if _, err := io.CopyN(w, br, n); err != nil {
 			return err

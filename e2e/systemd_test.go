@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"os/exec"
@@ -13,8 +14,11 @@ import (
 	"time"
 )
 
-// TestSystemdUnit: the unit passes `systemd-analyze verify` and rates at
-// an exposure of at most 2.0 with `systemd-analyze security --offline`.
+// TestSystemdUnit: the unit denies every IP address and mounts nothing of
+// its own; with the drop-in `collectived ipallow` makes from a config (the
+// peers' addresses) installed beside it, it passes `systemd-analyze
+// verify` and rates at an exposure of at most 2.0 with `systemd-analyze
+// security --offline`, which sees the allow-list.
 func TestSystemdUnit(t *testing.T) {
 	sa, err := exec.LookPath("systemd-analyze")
 	if err != nil {
@@ -29,6 +33,20 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// IPAddressAllow= alone (without a deny) restricts nothing: the unit
+	// denies all, and the drop-in allows the peers.
+	lines := map[string]bool{}
+	for _, l := range strings.Split(string(unit), "\n") {
+		lines[strings.TrimSpace(l)] = true
+	}
+	for _, want := range []string{"IPAddressDeny=any", "PrivateMounts=yes", "Environment=COLLECTIVED_ALLOWED_PEERS=none"} {
+		if !lines[want] {
+			t.Errorf("the unit lacks %s", want)
+		}
+	}
+	if lines["IPAddressAllow=any"] {
+		t.Error("the unit allows any IP address")
+	}
 	// Verify the unit as installed: its ExecStart must name an executable.
 	dir := t.TempDir()
 	path := filepath.Join(dir, "collectived.service")
@@ -36,7 +54,23 @@ func TestSystemdUnit(t *testing.T) {
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(sa, "verify", path).CombinedOutput()
+	// The peers' drop-in, made from a config as the README says.
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("job:\n  name: e2e\n  token_file: /nonexistent\npeers:\n  - 10.77.0.1:7101\n  - \"[fd00:77::2]:7101\"\n"), 0o600)
+	dropIn, err := exec.Command(daemonBin, "ipallow", "--config", cfg).Output()
+	if err != nil {
+		t.Fatalf("collectived ipallow: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "collectived.service.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "collectived.service.d", "peers.conf"), dropIn, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	verify := exec.Command(sa, "verify", "collectived.service")
+	// Search the test's folder for the unit and its drop-ins first.
+	verify.Env = append(os.Environ(), "SYSTEMD_UNIT_PATH="+dir+":")
+	out, err := verify.CombinedOutput()
 	// verify prints warnings about the host's own units on some machines;
 	// only lines about our unit count.
 	var ours []string
@@ -52,6 +86,9 @@ func TestSystemdUnit(t *testing.T) {
 	m := regexp.MustCompile(`Overall exposure level for collectived.service: ([0-9.]+)`).FindSubmatch(out)
 	if m == nil {
 		t.Fatalf("systemd-analyze security printed no exposure level:\n%s", out)
+	}
+	if !bytes.Contains(out, []byte("IP address allow list with non-localhost entries")) {
+		t.Errorf("systemd-analyze security does not see the peers' allow-list:\n%s", out)
 	}
 	level, _ := strconv.ParseFloat(string(m[1]), 64)
 	t.Logf("exposure level %.1f", level)

@@ -308,7 +308,12 @@ func (c *Conn) readFrame() (Frame, error) {
 			return Frame{}, err
 		}
 	}
-	h, err := DecodeHeader(c.buf[c.r:c.w], c.maxFrame.Load())
+	limit := c.maxFrame.Load()
+	if c.side == ClientSide && Type(c.buf[c.r+4]) == TypeStatusOK {
+		// The one frame allowed past max_frame (MaxStatusFrame).
+		limit = max(limit, MaxStatusFrame)
+	}
+	h, err := DecodeHeader(c.buf[c.r:c.w], limit)
 	if err != nil {
 		return Frame{}, err
 	}

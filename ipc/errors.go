@@ -35,6 +35,7 @@ const (
 	CodeShutdown    Code = 20
 	CodeUnsupported Code = 21
 	CodeInternal    Code = 22
+	CodeCorrupt     Code = 23
 )
 
 var codeNames = [...]string{
@@ -42,6 +43,7 @@ var codeNames = [...]string{
 	"PERMISSION", "QUOTA", "BAD_SEGMENT", "BUSY", "BAD_FD", "BAD_REQUEST",
 	"TOO_LARGE", "TOO_MANY", "MISMATCH", "TIMEOUT", "PEER_LOST",
 	"TRAINER_LOST", "ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL",
+	"CORRUPT",
 }
 
 // String is the name the protocol document uses, e.g. "MISMATCH".
@@ -53,7 +55,7 @@ func (c Code) String() string {
 }
 
 // Known reports whether c is a code of the protocol (versions 1 to 3 have
-// the same codes).
+// the same codes; CORRUPT was added to all three).
 func (c Code) Known() bool { return c != 0 && int(c) < len(codeNames) }
 
 // Error makes a Code usable as a sentinel error. It is the code's name,
@@ -85,6 +87,7 @@ var (
 	ErrShutdown    error = CodeShutdown
 	ErrUnsupported error = CodeUnsupported
 	ErrInternal    error = CodeInternal
+	ErrCorrupt     error = CodeCorrupt
 )
 
 // Error is the content of an ERROR frame: what went wrong (Code, for

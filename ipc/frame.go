@@ -27,6 +27,14 @@ const (
 	// FrameOverhead is what max_frame must exceed inline_limit by: room for
 	// a CALL's fixed fields and longest name, and for CALL_OK's fixed fields.
 	FrameOverhead = 512
+	// MaxStatusFrame bounds a STATUS_OK payload, whatever max_frame is: the
+	// status document lists every local rank and peer, and at the largest
+	// legal configurations (1024 local ranks with 255-byte labels, 4096
+	// peers with 253-byte host names) it is megabytes, far over any
+	// max_frame. Clients accept STATUS_OK up to this length, and only
+	// STATUS_OK; the daemon never sends a longer one (docs/PROTOCOL.md,
+	// STATUS).
+	MaxStatusFrame = 8 << 20
 	// NoRank is the world and local rank of an observer.
 	NoRank = 0xffffffff
 )

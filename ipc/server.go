@@ -9,6 +9,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/collectived/collectived/internal/logthrottle"
 )
 
 // Handler is the daemon core as the server sees it. Its methods are called
@@ -42,6 +44,11 @@ type Server struct {
 	sockInfo os.FileInfo
 	self     uint32
 	maxFrame uint32
+	// refusals logs connections refused before they were admitted,
+	// rate-limited by reason and uid, and counts them for status;
+	// acceptLog the accept loop's own failures.
+	refusals  *logthrottle.Throttle
+	acceptLog *logthrottle.Throttle
 
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
@@ -78,8 +85,17 @@ func Listen(cfg ServerConfig) (*Server, error) {
 		self:     uint32(os.Getuid()),
 		maxFrame: cfg.maxFrame(),
 		sessions: make(map[*Session]struct{}),
+		refusals: logthrottle.New(logthrottle.Config{Logger: log.With("socket", cfg.Path), Prefix: "socket",
+			Msg: "connection refused", Noun: "connections refused"}),
+		acceptLog: logthrottle.New(logthrottle.Config{Logger: log.With("socket", cfg.Path), Prefix: "socket",
+			Msg: "accept failed; retrying", Noun: "accepts failed"}),
 	}, nil
 }
+
+// Refusals counts the connections refused before they were admitted
+// (peer credentials not allowed, no HELLO in time, a HELLO refused, the
+// connection limit), by reason (the error code) and uid.
+func (s *Server) Refusals() logthrottle.Counts { return s.refusals.Snapshot() }
 
 // Path is the socket file's path.
 func (s *Server) Path() string { return s.cfg.Path }
@@ -98,7 +114,7 @@ func (s *Server) Serve(h Handler) error {
 			if errors.As(err, &ne) && !errors.Is(err, net.ErrClosed) {
 				// EMFILE and friends: wait for fds to come back.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("accept failed; retrying", "err", err, "retry_in", backoff)
+				s.acceptLog.Log(slog.LevelWarn, "accept failed", "", err.Error(), "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
 				continue
 			}
@@ -124,8 +140,15 @@ func (s *Server) start(c *net.UnixConn, h Handler) {
 	}
 	if len(s.sessions) >= s.cfg.MaxClients {
 		s.mu.Unlock()
-		s.log.Warn("connection refused: too many clients", "max_clients", s.cfg.MaxClients)
-		refuse(c, Fatalf(CodeFull, "the daemon serves at most %d connections", s.cfg.MaxClients))
+		e := Fatalf(CodeFull, "the daemon serves at most %d connections", s.cfg.MaxClients)
+		source := "unknown peer"
+		cred, err := PeerCred(c)
+		if err == nil {
+			source = fmt.Sprintf("uid %d", cred.UID)
+		}
+		s.refusals.Log(slog.LevelWarn, CodeFull.String(), source, e.Message,
+			"pid", cred.PID, "uid", cred.UID, "code", CodeFull.String(), "err", e.Message, "max_clients", s.cfg.MaxClients)
+		refuse(c, e)
 		return
 	}
 	s.nextID++
@@ -180,6 +203,8 @@ func (s *Server) Close() error {
 		if err := removeSocket(s.cfg.Path, s.sockInfo); err != nil && s.closeErr == nil {
 			s.closeErr = err
 		}
+		s.refusals.Close()
+		s.acceptLog.Close()
 	})
 	return s.closeErr
 }

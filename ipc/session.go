@@ -167,17 +167,16 @@ func (s *Session) run() {
 	defer s.cleanup()
 	cred, err := PeerCred(s.conn.UnixConn())
 	if err != nil {
-		s.log.Warn("connection dropped", "err", err)
+		s.srv.refusals.Log(slog.LevelWarn, "credentials unreadable", "unknown peer", err.Error(),
+			"session", s.id, "err", err)
 		s.setCause(err)
 		return
 	}
 	s.cred = cred
 	s.log = s.log.With("pid", cred.PID, "uid", cred.UID)
 	if !allowed(cred, s.srv.self, s.srv.cfg.AllowedUIDs, s.srv.cfg.AllowedGIDs) {
-		e := Fatalf(CodePermission, "uid %d / gid %d may not use this daemon (allowed: uids %v, gids %v, root and uid %d)",
-			cred.UID, cred.GID, s.srv.cfg.AllowedUIDs, s.srv.cfg.AllowedGIDs, s.srv.self)
-		s.log.Warn("connection refused", "gid", cred.GID, "err", e)
-		s.fatal(e)
+		s.fatal(Fatalf(CodePermission, "uid %d / gid %d may not use this daemon (allowed: uids %v, gids %v, root and uid %d)",
+			cred.UID, cred.GID, s.srv.cfg.AllowedUIDs, s.srv.cfg.AllowedGIDs, s.srv.self))
 		return
 	}
 	if err := s.handshake(); err != nil {
@@ -231,7 +230,14 @@ func (s *Session) fatal(err error) {
 	if errors.As(err, &e) {
 		fatal := *e
 		fatal.Fatal = true
-		s.log.Warn("closing connection", "code", e.Code.String(), "err", e.Message)
+		if s.admitted {
+			s.log.Warn("closing connection", "code", e.Code.String(), "err", e.Message)
+		} else {
+			// Refused before it was admitted: whoever it is, a flood of
+			// them costs a few lines per reason and uid, then summaries.
+			s.srv.refusals.Log(slog.LevelWarn, e.Code.String(), fmt.Sprintf("uid %d", s.cred.UID), e.Message,
+				"session", s.id, "pid", s.cred.PID, "uid", s.cred.UID, "gid", s.cred.GID, "code", e.Code.String(), "err", e.Message)
+		}
 		s.conn.WriteFinal(fatal.Append(s.wbuf[:0], faultID(err)))
 	} else {
 		s.log.Debug("connection ended", "err", err)
@@ -464,8 +470,13 @@ func (s *Session) handleStatus(f Frame) error {
 	if err != nil {
 		return Errorf(CodeInternal, "STATUS: %v", err)
 	}
+	if len(doc) > MaxStatusFrame {
+		return Errorf(CodeInternal, "STATUS: the document is %d bytes, over the STATUS_OK bound of %d", len(doc), MaxStatusFrame)
+	}
 	if len(doc) > int(s.srv.maxFrame) {
-		return Errorf(CodeInternal, "STATUS: the document is %d bytes, over max_frame %d", len(doc), s.srv.maxFrame)
+		// A document past max_frame (large worlds) goes out from a buffer
+		// of its own, which the session does not keep.
+		return s.conn.WriteFrame(StatusOK{JSON: doc}.Encode(f.ID), -1)
 	}
 	return s.send(StatusOK{JSON: doc}.Append(s.wbuf[:0], f.ID), -1)
 }
@@ -494,5 +505,9 @@ func (s *Session) cleanup() {
 		s.laneSeg.Close()
 	}
 	s.conn.Close()
-	s.log.Info("client detached", "cause", cause)
+	if s.admitted {
+		s.log.Info("client detached", "cause", cause)
+	} else {
+		s.log.Debug("connection closed before it was admitted", "cause", cause)
+	}
 }

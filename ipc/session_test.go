@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -473,14 +476,130 @@ func TestTruncatedFrame(t *testing.T) {
 	c.expectClosed()
 }
 
-func TestStatusTooBig(t *testing.T) {
+// A status document longer than max_frame goes out whole, up to
+// MaxStatusFrame (issue 29: at the largest legal configurations it is
+// megabytes); only a longer one fails, INTERNAL.
+func TestStatusPastMaxFrame(t *testing.T) {
 	srv, h := startServer(t, nil)
+	for _, n := range []int{minMaxFrame + 1, MaxStatusFrame} {
+		doc := bytes.Repeat([]byte("x"), n)
+		h.mu.Lock()
+		h.status = doc
+		h.mu.Unlock()
+		c := dial(t, srv.Path())
+		c.attach()
+		f := c.roundTrip(AppendEmpty(nil, TypeStatus, 2), -1)
+		if f.Type != TypeStatusOK || !bytes.Equal(f.Payload, doc) {
+			t.Fatalf("a %d-byte document: %s of %d bytes %v", n, f.Type, len(f.Payload), c.errorOf(f))
+		}
+		// The connection goes on, its frame bound as before.
+		if f := c.inlineCall(3, make([]byte, 4), ""); f.Type != TypeCallOK {
+			t.Fatalf("after a %d-byte STATUS_OK: %s", n, f.Type)
+		}
+	}
 	h.mu.Lock()
-	h.status = bytes.Repeat([]byte("x"), minMaxFrame+1)
+	h.status = bytes.Repeat([]byte("x"), MaxStatusFrame+1)
 	h.mu.Unlock()
 	c := dial(t, srv.Path())
 	c.attach()
-	c.expectError(c.roundTrip(AppendEmpty(nil, TypeStatus, 2), -1), CodeInternal, false, "over max_frame")
+	c.expectError(c.roundTrip(AppendEmpty(nil, TypeStatus, 2), -1), CodeInternal, false, "over the STATUS_OK bound of 8388608")
+}
+
+// A client's Conn accepts STATUS_OK up to MaxStatusFrame whatever
+// max_frame is, and no other frame past max_frame; the daemon's Conn
+// nothing past max_frame.
+func TestStatusOKBound(t *testing.T) {
+	for _, tc := range []struct {
+		side   Side
+		typ    Type
+		length uint32
+		ok     bool
+	}{
+		{ClientSide, TypeStatusOK, MaxStatusFrame, true},
+		{ClientSide, TypeStatusOK, MaxStatusFrame + 1, false},
+		{ClientSide, TypeCallOK, minMaxFrame + 1, false},
+		{ClientSide, TypeError, minMaxFrame + 1, false},
+		{DaemonSide, TypeStatus, minMaxFrame + 1, false},
+	} {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, mine := os.NewFile(uintptr(fds[0]), "peer"), os.NewFile(uintptr(fds[1]), "mine")
+		nc, err := net.FileConn(mine)
+		mine.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := nc.(*net.UnixConn)
+		c := NewConn(a, tc.side)
+		c.SetMaxFrame(minMaxFrame)
+		go func() {
+			h := Header{Length: tc.length, Type: tc.typ, ID: 2}
+			buf := make([]byte, HeaderSize+int(tc.length))
+			h.Put(buf)
+			b.Write(buf)
+		}()
+		a.SetReadDeadline(time.Now().Add(10 * time.Second))
+		f, err := c.ReadFrame()
+		if tc.ok && (err != nil || len(f.Payload) != int(tc.length)) {
+			t.Fatalf("%v side, %s of %d bytes: %v", tc.side, tc.typ, tc.length, err)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "exceeds the limit")) {
+			t.Fatalf("%v side, %s of %d bytes: accepted (%v)", tc.side, tc.typ, tc.length, err)
+		}
+		c.Close()
+		b.Close()
+	}
+}
+
+// lockedLog is a log sink goroutines may share.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Connections refused before they are admitted (here: no HELLO in time)
+// cost a few log lines per reason and uid, not one each, and are counted
+// by reason and uid (issue 29).
+func TestRefusalsRateLimited(t *testing.T) {
+	var buf lockedLog
+	srv, _ := startServer(t, func(c *ServerConfig) {
+		c.HelloTimeout = 50 * time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	})
+	const n = 40
+	for range n {
+		c := dial(t, srv.Path())
+		c.expectError(c.read(), CodeTimeout, true, "no HELLO within 50ms")
+	}
+	uid := fmt.Sprintf("uid %d", os.Getuid())
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.Refusals().Total < n && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	got := srv.Refusals()
+	if got.Total != n || got.Reasons["TIMEOUT"] != n || len(got.Sources) != 1 || got.Sources[0].Source != uid {
+		t.Fatalf("counts %+v, want %d TIMEOUT from %s", got, n, uid)
+	}
+	if lines := strings.Count(buf.String(), "msg=\"connection refused\""); lines != 5 {
+		t.Fatalf("%d refusals logged %d lines in full, want 5:\n%s", n, lines, buf.String())
+	}
+	if strings.Contains(buf.String(), "closing connection") || strings.Contains(buf.String(), "client detached") {
+		t.Fatalf("a refused connection logged more than its refusal:\n%s", buf.String())
+	}
 }
 
 // A steady stream of calls costs no allocations on either side: the codec,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 )
@@ -16,7 +17,8 @@ import (
 // doc.go) and, on success, hands c to the formation in progress. Every
 // refusal after the dialer's hello is answered with a status frame naming
 // the reason, so the dialer can report it too.
-func (l *Listener) acceptHandshake(c net.Conn) error {
+func (l *Listener) acceptHandshake(h *handshake) error {
+	c := h.c
 	cfg := &l.cfg
 	c.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
 	var buf frameBuf
@@ -92,6 +94,9 @@ func (l *Listener) acceptHandshake(c net.Conn) error {
 	if !hmac.Equal(f.payload, proof(cfg.Token, labelDialer, dialerRaw, listenerRaw)) {
 		return refuse(c, fmt.Errorf("%w: the dialer's proof does not match (other job token?)", ErrAuth))
 	}
+	if err := l.proven(h); err != nil {
+		return err
+	}
 	return l.deliver(c, form, &dh)
 }
 
@@ -147,6 +152,12 @@ func (l *Listener) checkPrevAddr(a net.Addr) error {
 	}
 	if ips = l.resolvePrev(context.Background()); ipIn(ta.IP, ips) {
 		return nil
+	}
+	if a, ok := netip.AddrFromSlice(ta.IP); ok {
+		if r, ok := l.peerIPs[a.Unmap()]; ok {
+			return fmt.Errorf("%w: connection from %s, the address of rank %d (%s), but our prev is rank %d (%s, resolved %v)",
+				ErrNotPrev, ta.IP, r, l.cfg.Peers[r], l.cfg.prev(), l.cfg.Peers[l.cfg.prev()], ips)
+		}
 	}
 	return fmt.Errorf("%w: connection from %s, but our prev is rank %d (%s, resolved %v)",
 		ErrAddrNotInPeers, ta.IP, l.cfg.prev(), l.cfg.Peers[l.cfg.prev()], ips)

@@ -40,7 +40,12 @@ type Config struct {
 	ConnectTimeout   time.Duration // whole formation deadline (default 60s)
 	BindTimeout      time.Duration // how long Listen retries a port in use (default 60s)
 	HandshakeTimeout time.Duration // per-connection handshake deadline (default 5s)
-	MaxPending       int           // handshakes in progress at once on the listener (default 8); at most half from strangers
+	// MaxPending is how many unauthenticated handshakes from the prev
+	// peer's address may be in progress at once (default 64): a newer one
+	// evicts the oldest, so holding them keeps nobody out. Other
+	// addresses get MaxPending/8 (at least 1) more; beyond that they are
+	// refused at once (ErrBusy).
+	MaxPending int
 
 	Logger *slog.Logger // nil: logs are discarded
 
@@ -58,7 +63,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:   60 * time.Second,
 		BindTimeout:      60 * time.Second,
 		HandshakeTimeout: 5 * time.Second,
-		MaxPending:       8,
+		MaxPending:       64,
 		Logger:           slog.Default(),
 	}
 }

@@ -78,7 +78,14 @@ func (l *Listener) dialNext(ctx context.Context, gen uint32, limit time.Duration
 		// still booting would otherwise flood the log.
 		if msg := err.Error(); msg != lastLogged {
 			lastLogged = msg
-			l.log.Info("rendezvous next not ready, retrying", "next", cfg.next(), "addr", addr, "err", err)
+			if errors.Is(err, syscall.EPERM) {
+				// What connect says when a cgroup firewall (systemd's
+				// IPAddressDeny=) drops the address.
+				l.log.Warn("rendezvous next not reachable: a firewall refuses its address; under the systemd unit, the drop-in of `collectived ipallow` may not list it",
+					"next", cfg.next(), "addr", addr, "err", err)
+			} else {
+				l.log.Info("rendezvous next not ready, retrying", "next", cfg.next(), "addr", addr, "err", err)
+			}
 		}
 		t := time.NewTimer(backoff/2 + mrand.N(backoff))
 		select {

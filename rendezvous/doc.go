@@ -99,20 +99,32 @@
 //
 // # Rejections
 //
-// Each refused connection is logged with its remote address and reported to
-// Config.OnReject with an error wrapping one sentinel: ErrBadMagic,
-// ErrMalformed, ErrVersion, ErrByteOrder, ErrJob, ErrWorldSize, ErrDigest,
-// ErrStreams, ErrAuth, ErrUnexpectedRank, ErrAddrNotInPeers, ErrReplay,
-// ErrHandshakeTimeout, ErrBusy, ErrNotForming or ErrStale. The dialer gets the
-// same sentinel from the status frame. Configuration mismatches end Form at
-// once; not-ready answers and network errors are retried until the deadline,
-// after which the error wraps ErrTimeout and names the silent neighbour.
+// Each refused connection is reported to Config.OnReject with its remote
+// address and an error wrapping one sentinel: ErrBadMagic, ErrMalformed,
+// ErrVersion, ErrByteOrder, ErrJob, ErrWorldSize, ErrDigest, ErrStreams,
+// ErrAuth, ErrUnexpectedRank, ErrAddrNotInPeers (an address in no peer's
+// entry), ErrNotPrev (a listed peer that is not our prev), ErrReplay,
+// ErrHandshakeTimeout, ErrBusy, ErrNotForming or ErrStale. The dialer gets
+// the same sentinel from the status frame. Configuration mismatches end
+// Form at once; not-ready answers and network errors are retried until the
+// deadline, after which the error wraps ErrTimeout and names the silent
+// neighbour.
 //
-// Strangers cannot disturb a formation: each handshake has a deadline
-// (HandshakeTimeout), at most MaxPending run at once (more are closed at
-// once with ErrBusy), connections from addresses other than the prev
-// peer's may hold at most half of those slots, so a flood of them never
-// keeps prev out, and nothing is allocated from a length the peer sent.
-// Links already formed are not the listener's any more: nothing it
-// accepts touches them.
+// Refusals are logged with the remote address and reason, rate-limited
+// per reason and source address (internal/logthrottle): the first few of
+// a quiet spell in full, then one summary line per 10 s with the count, so
+// that a flood cannot grow the log without bound. Refusals counts them
+// all, by reason and source, for status.
+//
+// Strangers cannot keep prev out. Each handshake has a deadline
+// (HandshakeTimeout). Connections from prev's address get MaxPending
+// slots for their unauthenticated handshakes; when all are taken, a new
+// one evicts the oldest (told ErrBusy and closed), so holding slots, even
+// from prev's own host, keeps nobody out: an unauthenticated handshake
+// lasts only until MaxPending newer ones have come. A handshake whose
+// proof checks out frees its slot at once, so a proven stream never waits
+// behind unproven ones. Other addresses get MaxPending/8 slots of their
+// own, and are refused ErrBusy beyond them. Nothing is allocated from a
+// length the peer sent. Links already formed are not the listener's any
+// more: nothing it accepts touches them.
 package rendezvous

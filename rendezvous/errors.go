@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 )
@@ -21,6 +22,7 @@ var (
 	ErrAuth             = errors.New("authentication failed")
 	ErrUnexpectedRank   = errors.New("unexpected rank")
 	ErrAddrNotInPeers   = errors.New("address not in peer list")
+	ErrNotPrev          = errors.New("address of a peer that is not our prev")
 	ErrReplay           = errors.New("replayed handshake")
 	ErrHandshakeTimeout = errors.New("handshake timed out")
 	ErrBusy             = errors.New("too many handshakes pending")
@@ -38,7 +40,7 @@ var (
 // same answer, so Form returns it at once.
 func fatal(err error) bool {
 	for _, s := range []error{ErrBadMagic, ErrMalformed, ErrVersion, ErrByteOrder, ErrJob,
-		ErrWorldSize, ErrDigest, ErrStreams, ErrAuth, ErrUnexpectedRank, ErrAddrNotInPeers} {
+		ErrWorldSize, ErrDigest, ErrStreams, ErrAuth, ErrUnexpectedRank, ErrAddrNotInPeers, ErrNotPrev} {
 		if errors.Is(err, s) {
 			return true
 		}
@@ -66,6 +68,7 @@ const (
 	codeBusy
 	codeNotForming
 	codeStale
+	codeNotPrev
 )
 
 var codeErrs = [...]error{
@@ -83,6 +86,34 @@ var codeErrs = [...]error{
 	codeBusy:           ErrBusy,
 	codeNotForming:     ErrNotForming,
 	codeStale:          ErrStale,
+	codeNotPrev:        ErrNotPrev,
+}
+
+// handshakeSentinels are the reasons a listener refuses a connection, as
+// its log and status count them (reasonOf).
+var handshakeSentinels = []error{ErrBadMagic, ErrMalformed, ErrVersion, ErrByteOrder, ErrJob, ErrWorldSize,
+	ErrDigest, ErrStreams, ErrAuth, ErrUnexpectedRank, ErrAddrNotInPeers, ErrNotPrev, ErrReplay,
+	ErrHandshakeTimeout, ErrBusy, ErrNotForming, ErrStale}
+
+// Reasons for refusals that wrap no sentinel: the connection ended or
+// failed before the handshake did.
+const (
+	reasonClosed = "closed mid-handshake"
+	reasonIO     = "connection error mid-handshake"
+)
+
+// reasonOf names err's sentinel, the kind of refusal that logs are
+// rate-limited and status counts by.
+func reasonOf(err error) string {
+	for _, s := range handshakeSentinels {
+		if errors.Is(err, s) {
+			return s.Error()
+		}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return reasonClosed
+	}
+	return reasonIO
 }
 
 // codeOf maps an error to the code sent to the peer; 0 (OK) never results.

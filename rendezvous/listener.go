@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/collectived/collectived/internal/logthrottle"
 )
 
 // Listener owns the TCP listener and its accept goroutine. It lives as long
@@ -20,13 +23,17 @@ type Listener struct {
 	ln    net.Listener // nil in a world of one
 	epoch uint64       // process start, orders our attempts after a restart
 	seq   atomic.Uint64
-	sem   chan struct{} // one token per handshake in progress
-	// strangers holds a second token for each handshake from an address
-	// that is not our prev peer's, so that they can never take every slot
-	// and keep prev out.
-	strangers chan struct{}
-	seen      *nonceCache
-	done      chan struct{} // closed by Close
+	seen  *nonceCache
+	done  chan struct{} // closed by Close
+
+	// refusals logs refused connections, rate-limited by reason and
+	// source address, and counts them for status; acceptLog the accept
+	// loop's own failures.
+	refusals  *logthrottle.Throttle
+	acceptLog *logthrottle.Throttle
+	// peerIPs maps the IP literals of the peer list to their ranks, to
+	// name a listed peer that dials us without being our prev.
+	peerIPs map[netip.Addr]int
 
 	mu         sync.Mutex
 	closed     bool
@@ -35,11 +42,31 @@ type Listener struct {
 	prevIPs    []net.IP   // resolved host of Peers[prev]
 	lastReject string     // last refusal, quoted in a prev timeout
 	pending    map[net.Conn]struct{}
+	// waiting holds the unauthenticated handshakes from prev's address,
+	// oldest first, at most MaxPending: a newer one evicts the oldest, so
+	// that nobody can keep the genuine prev out by holding slots.
+	waiting []*handshake
+	// strangers counts the handshakes from other addresses, at most
+	// strangerSlots; more are refused at once.
+	strangers int
 
 	wg        sync.WaitGroup // accept loop and handshakes
 	closeOnce sync.Once
 	closeErr  error
 }
+
+// handshake is one accepted connection until the dialer's proof checks
+// out (or the handshake fails). Its fields are guarded by Listener.mu.
+type handshake struct {
+	c        net.Conn
+	stranger bool // not from prev's address (as resolved at accept)
+	evicted  bool // closed to make room for a newer one: the evictor logged it
+	freed    bool // its slot is free again
+}
+
+// strangerSlots is how many handshakes addresses other than prev's may
+// have in progress at once.
+func (c *Config) strangerSlots() int { return max(1, c.MaxPending/8) }
 
 // Listen binds cfg.Listen (or Peers[Rank]) and starts accepting. A port in
 // use is retried for up to cfg.BindTimeout (bind.go). A world of one binds
@@ -80,16 +107,28 @@ func NewListener(cfg Config, ln net.Listener) (*Listener, error) {
 
 func newListener(cfg Config, ln net.Listener) *Listener {
 	cfg = cfg.withDefaults()
+	log := cfg.Logger.With("component", "rendezvous", "job", cfg.Job, "rank", cfg.Rank)
 	l := &Listener{
-		cfg:       cfg,
-		log:       cfg.Logger.With("component", "rendezvous", "job", cfg.Job, "rank", cfg.Rank),
-		ln:        ln,
-		epoch:     uint64(time.Now().UnixNano()),
-		sem:       make(chan struct{}, cfg.MaxPending),
-		strangers: make(chan struct{}, max(1, cfg.MaxPending/2)),
-		seen:      newNonceCache(),
-		done:      make(chan struct{}),
-		pending:   make(map[net.Conn]struct{}),
+		cfg:     cfg,
+		log:     log,
+		ln:      ln,
+		epoch:   uint64(time.Now().UnixNano()),
+		seen:    newNonceCache(),
+		done:    make(chan struct{}),
+		pending: make(map[net.Conn]struct{}),
+		refusals: logthrottle.New(logthrottle.Config{Logger: log, Prefix: "rendezvous",
+			Msg: "rendezvous refused connection", Noun: "connections refused"}),
+		acceptLog: logthrottle.New(logthrottle.Config{Logger: log, Prefix: "rendezvous",
+			Msg: "rendezvous accept failed, retrying", Noun: "accepts failed"}),
+		peerIPs: make(map[netip.Addr]int),
+	}
+	for i, p := range cfg.Peers {
+		host, _, _ := net.SplitHostPort(p)
+		if a, err := netip.ParseAddr(host); err == nil {
+			if _, seen := l.peerIPs[a.Unmap()]; !seen {
+				l.peerIPs[a.Unmap()] = i
+			}
+		}
 	}
 	if ln == nil {
 		return l
@@ -126,6 +165,8 @@ func (l *Listener) Close() error {
 			l.closeErr = l.ln.Close()
 		}
 		l.wg.Wait()
+		l.refusals.Close()
+		l.acceptLog.Close()
 	})
 	return l.closeErr
 }
@@ -148,7 +189,7 @@ func (l *Listener) acceptLoop() {
 			// Like net/http: transient failures (EMFILE, ECONNABORTED)
 			// must not end the listener that outlives every ring.
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			l.log.Warn("rendezvous accept failed, retrying", "err", err, "in", delay)
+			l.acceptLog.Log(slog.LevelWarn, "accept failed", "", err.Error(), "err", err, "in", delay)
 			select {
 			case <-l.done:
 				return
@@ -157,59 +198,104 @@ func (l *Listener) acceptLoop() {
 			continue
 		}
 		delay = 0
-		stranger := !l.fromPrev(c.RemoteAddr())
-		if err := l.acquire(stranger); err != nil {
+		h, victim, err := l.admit(c)
+		if victim != nil {
+			l.evict(victim)
+		}
+		if err != nil {
 			l.refuseBusy(c, err)
 			continue
 		}
-		if !l.track(c) {
-			l.release(stranger)
+		if h == nil { // closed
 			c.Close()
 			return
 		}
 		l.wg.Add(1)
-		go l.serve(c, stranger)
+		go l.serve(h)
 	}
 }
 
-// fromPrev is the accept-time guess of whether c comes from the prev peer,
-// by the addresses last resolved; the handshake checks for certain.
-func (l *Listener) fromPrev(a net.Addr) bool {
+// fromPrevLocked is the accept-time guess of whether a connection from a
+// comes from the prev peer, by the addresses last resolved; the handshake
+// checks for certain. The caller holds l.mu.
+func (l *Listener) fromPrevLocked(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
-	if !ok {
-		return false
-	}
+	return ok && ipIn(ta.IP, l.prevIPs)
+}
+
+// admit gives c a handshake slot. From prev's address there is always
+// one: when all MaxPending are taken, the oldest unauthenticated
+// handshake is evicted (returned as victim, for the caller to close). From
+// any other address c gets one of the stranger slots or ErrBusy. A nil
+// handshake and error mean the listener is closed.
+func (l *Listener) admit(c net.Conn) (h, victim *handshake, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return ipIn(ta.IP, l.prevIPs)
+	if l.closed {
+		return nil, nil, nil
+	}
+	h = &handshake{c: c, stranger: !l.fromPrevLocked(c.RemoteAddr())}
+	if h.stranger {
+		if n := l.cfg.strangerSlots(); l.strangers >= n {
+			return nil, nil, fmt.Errorf("%w: %d in progress from addresses other than our prev peer's, limit %d; connection closed",
+				ErrBusy, l.strangers, n)
+		}
+		l.strangers++
+	} else {
+		if len(l.waiting) >= l.cfg.MaxPending {
+			victim = l.waiting[0]
+			l.waiting = l.waiting[1:]
+			victim.evicted, victim.freed = true, true
+		}
+		l.waiting = append(l.waiting, h)
+	}
+	l.pending[c] = struct{}{}
+	return h, victim, nil
 }
 
-// acquire takes a handshake slot, and a stranger slot for a connection not
-// from prev's address. Half the slots stay free for prev whatever strangers do.
-func (l *Listener) acquire(stranger bool) error {
-	select {
-	case l.sem <- struct{}{}:
-	default:
-		return fmt.Errorf("%w: %d in progress, limit %d; connection closed", ErrBusy, cap(l.sem), cap(l.sem))
+// free returns h's slot, once. A handshake proven or failed frees it; an
+// evicted one had it taken. The caller holds l.mu.
+func (l *Listener) freeLocked(h *handshake) {
+	if h.freed {
+		return
 	}
-	if !stranger {
-		return nil
+	h.freed = true
+	if h.stranger {
+		l.strangers--
+		return
 	}
-	select {
-	case l.strangers <- struct{}{}:
-		return nil
-	default:
-		<-l.sem
-		return fmt.Errorf("%w: %d in progress from addresses other than our prev peer's, limit %d; connection closed",
-			ErrBusy, cap(l.strangers), cap(l.strangers))
+	for i, w := range l.waiting {
+		if w == h {
+			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
+			break
+		}
 	}
 }
 
-func (l *Listener) release(stranger bool) {
-	if stranger {
-		<-l.strangers
+// proven frees h's slot as soon as the dialer's proof checks out, so that
+// an authenticated stream never waits on, or for, unproven ones. It fails
+// if h was evicted meanwhile (its connection is closed).
+func (l *Listener) proven(h *handshake) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h.evicted {
+		return errEvicted
 	}
-	<-l.sem
+	l.freeLocked(h)
+	return nil
+}
+
+// errEvicted ends the goroutine of a handshake evicted under it; the
+// evictor has logged it.
+var errEvicted = errors.New("evicted")
+
+// evict closes the oldest unauthenticated handshake from prev's address
+// to make room for a newer one, telling it why (best effort, a few bytes
+// into a socket whose handshake has not sent more than ours).
+func (l *Listener) evict(h *handshake) {
+	err := fmt.Errorf("%w: evicted, the oldest of %d unauthenticated handshakes from our prev peer's address, to make room for a newer one",
+		ErrBusy, l.cfg.MaxPending)
+	l.refuseBusy(h.c, err)
 }
 
 // refuseBusy answers a connection beyond the limits with a status frame (a
@@ -221,42 +307,45 @@ func (l *Listener) refuseBusy(c net.Conn, err error) {
 	l.reject(c.RemoteAddr().String(), err)
 }
 
-func (l *Listener) track(c net.Conn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	l.pending[c] = struct{}{}
-	return true
-}
-
 func (l *Listener) untrack(c net.Conn) {
 	l.mu.Lock()
 	delete(l.pending, c)
 	l.mu.Unlock()
 }
 
-// serve runs one incoming handshake; it owns c until it hands it to a
+// serve runs one incoming handshake; it owns h.c until it hands it to a
 // formation or closes it.
-func (l *Listener) serve(c net.Conn, stranger bool) {
+func (l *Listener) serve(h *handshake) {
 	defer l.wg.Done()
-	defer l.release(stranger)
-	defer l.untrack(c)
+	c := h.c
 	addr := c.RemoteAddr().String()
-	if err := l.acceptHandshake(c); err != nil {
+	err := l.acceptHandshake(h)
+	l.mu.Lock()
+	evicted := h.evicted
+	l.freeLocked(h)
+	l.mu.Unlock()
+	if err != nil {
 		c.Close()
-		l.reject(addr, err)
+		if !evicted {
+			l.reject(addr, err)
+		}
 	}
+	l.untrack(c)
 }
 
-// reject logs a refused connection and tells the OnReject hook.
+// reject logs a refused connection, rate-limited by reason and source
+// address (a flood costs a few lines and then one summary per window),
+// and tells the OnReject hook.
 func (l *Listener) reject(addr string, err error) {
 	lvl := slog.LevelInfo
 	if fatal(err) || errors.Is(err, ErrReplay) || errors.Is(err, ErrBusy) || errors.Is(err, ErrHandshakeTimeout) {
 		lvl = slog.LevelWarn
 	}
-	l.log.Log(context.Background(), lvl, "rendezvous refused connection", "remote", addr, "err", err)
+	source := addr
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		source = host
+	}
+	l.refusals.Log(lvl, reasonOf(err), source, err.Error(), "remote", addr, "err", err)
 	l.mu.Lock()
 	l.lastReject = addr + ": " + err.Error()
 	l.mu.Unlock()
@@ -264,6 +353,10 @@ func (l *Listener) reject(addr string, err error) {
 		l.cfg.OnReject(addr, err)
 	}
 }
+
+// Refusals counts the connections refused since Listen, by reason and by
+// reason and source address (docs/SECURITY.md).
+func (l *Listener) Refusals() logthrottle.Counts { return l.refusals.Snapshot() }
 
 // resolvePrev refreshes the addresses the prev peer may connect from. A
 // failure keeps the old set: DNS trouble must not lock out a known peer.

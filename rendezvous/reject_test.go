@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,19 +155,39 @@ func TestRejectUnexpectedRankAtDialer(t *testing.T) {
 	wantErr(t, "listener", rj.err, ErrUnexpectedRank, "dialer refused us")
 }
 
+// A connection from an address in no peer's entry is refused as such.
 func TestRejectAddrNotInPeers(t *testing.T) {
-	// Rank 1's prev lives at 127.0.0.2 (also loopback); we dial from
-	// 127.0.0.1.
+	tg := newTarget(t, true, nil)
+	p := craft(t, tg.peers, 0)
+	p.local = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 3)}
+	_, err := dialCrafted(tg.addr, p)
+	if err != nil && strings.Contains(err.Error(), "bind") {
+		t.Skipf("cannot dial from 127.0.0.3: %v", err)
+	}
+	tg.expect(t, err, ErrAddrNotInPeers, "connection from 127.0.0.3", "prev is rank 0 (127.0.0.1:")
+	wantErr(t, "dialer", err, ErrAddrNotInPeers, "is not from our prev peer")
+}
+
+// A listed peer that is not our prev is named as such, not as a stranger
+// (issue 29): rank 1's prev lives at 127.0.0.2 (also loopback), and we
+// dial from 127.0.0.1, rank 2's address.
+func TestRejectNotPrev(t *testing.T) {
 	tg := newTarget(t, true, func(c *Config) {
 		_, port, _ := net.SplitHostPort(c.Peers[0])
 		c.Peers[0] = net.JoinHostPort("127.0.0.2", port)
 	})
 	p := craft(t, tg.peers, 0)
 	_, err := dialCrafted(tg.addr, p)
-	tg.expect(t, err, ErrAddrNotInPeers, "connection from 127.0.0.1", "prev is rank 0 (127.0.0.2:")
-	wantErr(t, "dialer", err, ErrAddrNotInPeers, "is not from our prev peer")
+	tg.expect(t, err, ErrNotPrev, "connection from 127.0.0.1, the address of rank 1", "prev is rank 0 (127.0.0.2:")
+	wantErr(t, "dialer", err, ErrNotPrev, "is not from our prev peer")
+	if errors.Is(err, ErrAddrNotInPeers) {
+		t.Fatalf("a listed peer was told its address is not in the peer list: %v", err)
+	}
 	if strings.Contains(err.Error(), "127.0.0.2") {
 		t.Fatalf("dialer learned where the real prev lives: %v", err)
+	}
+	if !fatal(err) {
+		t.Fatalf("%v does not end Form; the peer list itself is wrong", err)
 	}
 }
 
@@ -277,35 +299,29 @@ func TestRejectHalfOpen(t *testing.T) {
 	expectClosed(t, slow)
 }
 
-func TestRejectBusy(t *testing.T) {
-	tg := newTarget(t, false, func(c *Config) { c.MaxPending = 2; c.HandshakeTimeout = 3 * time.Second })
-	for range 2 {
-		c, err := net.Dial("tcp", tg.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-	}
-	// The two above hold both handshake slots until their deadline.
+// waitWaiting waits until the listener holds n unauthenticated
+// handshakes from prev's address and strangers from other addresses.
+func waitWaiting(t *testing.T, l *Listener, n, strangers int) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if len(tg.l.sem) == 2 {
-			break
+	for {
+		l.mu.Lock()
+		w, s := len(l.waiting), l.strangers
+		l.mu.Unlock()
+		if w == n && s == strangers {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listener holds %d handshakes from prev's address and %d from strangers, want %d and %d", w, s, n, strangers)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	c, err := net.Dial("tcp", tg.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	tg.expect(t, readStatus(t, c), ErrBusy, "2 in progress, limit 2")
 }
 
-// Strangers (not from prev's address) get at most half the handshake slots:
-// holding them all open, they still cannot keep prev out.
+// Strangers (not from prev's address) get MaxPending/8 slots; more are
+// refused at once, and however many they hold, prev gets in.
 func TestRejectBusyStrangersLeavePrevRoom(t *testing.T) {
-	tg := newTarget(t, true, func(c *Config) { c.MaxPending = 4; c.HandshakeTimeout = 3 * time.Second })
+	tg := newTarget(t, true, func(c *Config) { c.MaxPending = 16; c.HandshakeTimeout = 3 * time.Second })
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 5)}}
 	for range 2 {
 		c, err := d.Dial("tcp", tg.addr)
@@ -314,9 +330,7 @@ func TestRejectBusyStrangersLeavePrevRoom(t *testing.T) {
 		}
 		defer c.Close()
 	}
-	for deadline := time.Now().Add(5 * time.Second); len(tg.l.strangers) < 2 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	waitWaiting(t, tg.l, 0, 2)
 	c, err := d.Dial("tcp", tg.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -326,6 +340,82 @@ func TestRejectBusyStrangersLeavePrevRoom(t *testing.T) {
 	if _, err := dialCrafted(tg.addr, craft(t, tg.peers, 0)); err != nil {
 		t.Fatalf("prev kept out by strangers: %v", err)
 	}
+}
+
+// From prev's address a new connection always gets a slot: with all
+// MaxPending held, the oldest unauthenticated one is evicted (told busy,
+// and closed), and a genuine handshake completes.
+func TestEvictOldestUnauthenticated(t *testing.T) {
+	tg := newTarget(t, true, func(c *Config) { c.MaxPending = 2; c.HandshakeTimeout = 3 * time.Second })
+	var held []net.Conn
+	for i := range 2 {
+		c, err := net.Dial("tcp", tg.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+		waitWaiting(t, tg.l, i+1, 0)
+	}
+	// A third: the oldest goes.
+	third, err := net.Dial("tcp", tg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	tg.expect(t, readStatus(t, held[0]), ErrBusy, "evicted, the oldest of 2 unauthenticated handshakes")
+	expectClosed(t, held[0])
+	waitWaiting(t, tg.l, 2, 0)
+	// The genuine prev, while two half-open connections are held: it
+	// evicts the older, and its proven stream frees its own slot.
+	c, err := dialCrafted(tg.addr, craft(t, tg.peers, 0))
+	if err != nil {
+		t.Fatalf("prev kept out by held slots: %v", err)
+	}
+	c.Close()
+	tg.expect(t, readStatus(t, held[1]), ErrBusy, "evicted")
+	waitWaiting(t, tg.l, 1, 0) // third alone
+}
+
+// A Form completes while an attacker on prev's own address keeps more
+// unauthenticated handshakes open than there are slots, half of them with
+// a hello that passes every check but the proof, each replaced the moment
+// it ends (issue 29: before, it held every slot and prev never got one).
+func TestFormWhileSlotsHeld(t *testing.T) {
+	const streams = 2
+	w := newWorld(t, 2, streams, func(c *Config) { c.MaxPending = 8; c.HandshakeTimeout = 2 * time.Second })
+	stop := make(chan struct{})
+	var attackers sync.WaitGroup
+	defer func() { close(stop); attackers.Wait() }()
+	for i := range 24 {
+		attackers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.Dial("tcp", w.peers[1])
+				if err != nil {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if i%2 == 0 {
+					p := craft(t, w.peers, 0)
+					p.cfg.Streams, p.hello.Streams = streams, streams
+					rand.Read(p.hello.Nonce[:])
+					c.Write(appendHello(nil, &p.hello))
+				}
+				go func() { <-stop; c.Close() }()
+				io.Copy(io.Discard, c)
+				c.Close()
+			}
+		})
+	}
+	time.Sleep(100 * time.Millisecond) // let them fill the slots
+	links := mustFormAll(t, w.ls, []uint32{1, 1})
+	checkWired(t, w.peers, links, []uint32{1, 1}, streams)
+	w.rejects[1].waitFor(t, ErrBusy, 5*time.Second)
 }
 
 func TestRejectNotForming(t *testing.T) {
@@ -401,4 +491,37 @@ func expectClosed(t *testing.T, c net.Conn) {
 
 func isReset(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
+
+// A flood of refused connections from one address costs a few log lines,
+// not one each, and every one is counted by reason and source (issue 29).
+func TestRejectLogsRateLimited(t *testing.T) {
+	var buf syncbuf.Buffer
+	tg := newTarget(t, false, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&buf, nil)) })
+	const n = 200
+	for range n {
+		c, err := net.Dial("tcp", tg.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+	for range n {
+		tg.rejects.waitFor(t, ErrBadMagic, 5*time.Second)
+	}
+	lines := strings.Count(buf.String(), "rendezvous refused connection")
+	if lines != 5 { // logthrottle.DefaultBurst
+		t.Fatalf("%d refusals logged %d lines in full, want 5:\n%s", n, lines, buf.String())
+	}
+	c := tg.l.Refusals()
+	if c.Total != n || c.Reasons[ErrBadMagic.Error()] != n || len(c.Sources) != 1 || c.Sources[0].Source != "127.0.0.1" {
+		t.Fatalf("counts %+v, want %d bad magic from 127.0.0.1", c, n)
+	}
+	tg.l.Close()
+	if !strings.Contains(buf.String(), `msg="rendezvous: 200 connections refused from 127.0.0.1 in the last 10s: not a collectived rendezvous handshake (bad magic)"`) {
+		t.Fatalf("no summary when the listener closed:\n%s", buf.String())
+	}
 }

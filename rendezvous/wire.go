@@ -23,7 +23,10 @@ const (
 	// 4: in a ring of two, the ops of short frames (Start, Barrier, a
 	// small allreduce) travel both ways on the first stream rank 0 dialled
 	// (ring/duplex.go), where version 3 sent rank 1's on its own link.
-	ProtocolVersion = 4
+	// Version 5: ring frames carry CRC32C checksums of their header (a
+	// 68-byte header) and of their payload (a trailer behind it): ring
+	// frame version 2, ring/doc.go.
+	ProtocolVersion = 5
 
 	magic      = "CLVD"
 	headerLen  = 8

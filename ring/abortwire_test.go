@@ -36,11 +36,12 @@ func readWire(c net.Conn, deadline time.Time) wireLog {
 			w.end = err
 			return w
 		}
-		payload := make([]byte, h.Length)
+		payload := make([]byte, int(h.Length)+trailerFor(int(h.Length)))
 		if _, err := io.ReadFull(c, payload); err != nil {
 			w.end = err
 			return w
 		}
+		payload = payload[:h.Length]
 		w.headers = append(w.headers, h)
 		if h.Kind == kindAbort {
 			w.reasons = append(w.reasons, string(payload))

@@ -12,12 +12,14 @@ import (
 // ops of any size add nothing to it: they work in the caller's buffer.
 func TestBufferBytes(t *testing.T) {
 	const seg, small = 512 << 10, 4096
-	// Per ring: 2 streams x (4 receive buffers of a segment + a write
-	// buffer of header + 16 KiB), and a small-op scratch of 2 x 4 KiB;
-	// and the duplex stream's other side (duplex.go): on rank 0, 4
-	// receive buffers of the small limit, on rank 1, a write buffer.
-	const base = 2*(4*seg+64+16<<10) + 2*small
-	want := []int64{base + 4*small, base + 64 + 16<<10}
+	// Per ring: 2 streams x (4 receive buffers of a segment and a
+	// trailer + a write buffer of header, 16 KiB and a trailer), and a
+	// small-op scratch of 2 x 4 KiB; and the duplex stream's other side
+	// (duplex.go): on rank 0, 4 receive buffers of the small limit and a
+	// trailer, on rank 1, a write buffer.
+	const wbuf = headerLen + 16<<10 + trailerLen
+	const base = 2*(4*(seg+trailerLen)+wbuf) + 2*small
+	want := []int64{base + 4*(small+trailerLen), base + wbuf}
 	count := 16 << 20 / 4
 	bufs := [][]byte{make([]byte, 4*count), make([]byte, 4*count)}
 	heap := func() uint64 {

@@ -119,16 +119,8 @@ func (r *Ring) allGatherInto(b blocks, out []byte) error {
 		so, sl := b.span(mod(r.rank-s, n), n)
 		ro, rl := b.span(mod(r.rank-s-1, n), n)
 		for j := 0; j < nseg; j++ {
-			po, pl := piece(so, sl, b.es, j, nseg)
-			if err := r.send(kindData, out[po:po+pl], 0); err != nil {
-				return err
-			}
-			bf, err := r.recv(kindData)
+			bf, qo, ql, err := r.swapSegment(out, b.es, so, sl, ro, rl, j, nseg)
 			if err != nil {
-				return err
-			}
-			qo, ql := piece(ro, rl, b.es, j, nseg)
-			if err := r.expectLen(bf, ql); err != nil {
 				return err
 			}
 			dst := out[qo : qo+ql]
@@ -146,6 +138,25 @@ func (r *Ring) allGatherInto(b blocks, out []byte) error {
 	return nil
 }
 
+// swapSegment sends segment j of the block of buf at so (sl bytes) and
+// receives segment j of the block at ro (rl bytes), checked for length:
+// one pipeline step of AllGatherInto and ReduceScatterLocal. It returns
+// the received frame (to release) and where it belongs in buf.
+func (r *Ring) swapSegment(buf []byte, es, so, sl, ro, rl, j, nseg int) (bf *rxBuf, qo, ql int, err error) {
+	po, pl := piece(so, sl, es, j, nseg)
+	if err := r.send(kindData, buf[po:po+pl], 0); err != nil {
+		return nil, 0, 0, err
+	}
+	if bf, err = r.recv(kindData); err != nil {
+		return nil, 0, 0, err
+	}
+	qo, ql = piece(ro, rl, es, j, nseg)
+	if err := r.expectLen(bf, ql); err != nil {
+		return nil, 0, 0, err
+	}
+	return bf, qo, ql, nil
+}
+
 // ReduceScatterLocal reduces ins, this ring rank's local inputs (each the
 // whole vector, d.Count elements, left unchanged), across the ring and
 // leaves in work (as long as an input) this ring rank's block of the
@@ -158,13 +169,8 @@ func (r *Ring) ReduceScatterLocal(d collective.Desc, work []byte, ins [][]byte) 
 	if err := r.checkCall(&d, collective.OpReduceScatter, len(work)); err != nil {
 		return err
 	}
-	if len(ins) == 0 {
-		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, d.Op, collective.ErrInvalid)
-	}
-	for i, in := range ins {
-		if len(in) != len(work) {
-			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(in), len(work), collective.ErrInvalid)
-		}
+	if err := r.checkInputs(&d, work, ins); err != nil {
+		return err
 	}
 	f := newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32)
 	b := r.blocksOf(&d)
@@ -188,19 +194,12 @@ func (r *Ring) reduceScatter(b blocks, work []byte, f *folder) error {
 		so, sl := b.span(mod(r.rank-s-1, n), n)
 		ro, rl := b.span(mod(r.rank-s-2, n), n)
 		for j := 0; j < nseg; j++ {
-			po, pl := piece(so, sl, b.es, j, nseg)
 			if s == 0 {
+				po, pl := piece(so, sl, b.es, j, nseg)
 				f.local(work[po:po+pl], po)
 			}
-			if err := r.send(kindData, work[po:po+pl], 0); err != nil {
-				return err
-			}
-			bf, err := r.recv(kindData)
+			bf, qo, ql, err := r.swapSegment(work, b.es, so, sl, ro, rl, j, nseg)
 			if err != nil {
-				return err
-			}
-			qo, ql := piece(ro, rl, b.es, j, nseg)
-			if err := r.expectLen(bf, ql); err != nil {
 				return err
 			}
 			f.combine(work[qo:qo+ql], bf.data, qo, s == n-2)
@@ -215,4 +214,18 @@ func (r *Ring) reduceScatter(b blocks, work []byte, f *folder) error {
 // byte offset and length.
 func (r *Ring) BlockSpan(d *collective.Desc, i int) (off, length int) {
 	return r.blocksOf(d).span(i, r.size)
+}
+
+// checkInputs checks the local inputs of a reduction into work: at least
+// one, each as long as work.
+func (r *Ring) checkInputs(d *collective.Desc, work []byte, ins [][]byte) error {
+	if len(ins) == 0 {
+		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, d.Op, collective.ErrInvalid)
+	}
+	for i, in := range ins {
+		if len(in) != len(work) {
+			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(in), len(work), collective.ErrInvalid)
+		}
+	}
+	return nil
 }

@@ -21,8 +21,9 @@ const directBytes = 64 << 10
 // false, having written nothing, when the frame must be queued instead:
 // the lock is held (a heartbeat), the socket is full, or the stream is
 // not a plain socket. A payload up to coalesceBytes is copied behind the
-// header and written with write(2); a longer one goes out with the header
-// in one writev(2), from where it is.
+// header, with its trailer, and written with write(2); a longer one goes
+// out with the header in one writev(2), from where it is, then its
+// trailer, summed once the payload is written (stream.frame).
 func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error) {
 	if s.rc == nil {
 		return false, nil
@@ -35,7 +36,7 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 	defer func() { <-s.wsem }()
 	// wbuf is the writer goroutine's, but only under wsem, which we hold.
 	s.direct, s.directPay = s.frame(h, payload)
-	s.directOff, s.directErr, s.directFull = 0, nil, false
+	s.directOff, s.directErr, s.directFull, s.directSummed = 0, nil, false, false
 	if rerr := s.rc.Write(s.directFn); rerr != nil && s.directErr == nil {
 		s.directErr = rerr
 	}
@@ -64,8 +65,16 @@ func (s *stream) trySendDirect(h *header, payload []byte) (sent bool, err error)
 // writeDirect is the RawConn.Write callback of trySendDirect; false means
 // "wait until writable", which it asks only to finish a frame begun.
 func (s *stream) writeDirect(fd uintptr) bool {
-	total := len(s.direct) + len(s.directPay)
+	body := len(s.direct) + len(s.directPay)
+	total := body
+	if s.directPay != nil {
+		total += trailerLen
+	}
 	for s.directOff < total {
+		if s.directOff == body && !s.directSummed {
+			putTrailer(s.tail(), checksum(s.directPay))
+			s.directSummed = true
+		}
 		n, err := s.writeSome(fd)
 		switch err {
 		case nil:
@@ -86,10 +95,14 @@ func (s *stream) writeDirect(fd uintptr) bool {
 }
 
 // writeSome writes what is left of the frame from directOff: the rest of
-// the header (or coalesced frame), then the payload, in one system call.
+// the header (or coalesced frame), then the payload, in one system call;
+// then the payload's trailer.
 func (s *stream) writeSome(fd uintptr) (int, error) {
 	if len(s.directPay) == 0 {
 		return unix.Write(int(fd), s.direct[s.directOff:])
+	}
+	if body := len(s.direct) + len(s.directPay); s.directOff >= body {
+		return unix.Write(int(fd), s.tail()[s.directOff-body:])
 	}
 	n := 0
 	if s.directOff < len(s.direct) {

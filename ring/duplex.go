@@ -43,7 +43,7 @@ func (r *Ring) setupDuplex() {
 	if r.rank == 0 {
 		d = r.next[0]
 		d.receiveData(r.duplexLimit())
-		r.bufBytes += int64(rxBuffers * r.duplexLimit())
+		r.bufBytes += int64(rxBuffers * (r.duplexLimit() + trailerLen))
 	} else {
 		d = r.prev[0]
 		d.sendData()

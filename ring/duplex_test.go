@@ -145,6 +145,7 @@ func TestDuplexLongFrameRefused(t *testing.T) {
 	h.setDesc(&d, d.Fingerprint())
 	b := make([]byte, headerLen+8192)
 	h.encode(b)
+	b = seal(b)
 	time.AfterFunc(50*time.Millisecond, func() { fake.writeData(true, b) })
 	err := rings[0].AllReduce(d, make([]byte, d.Bytes()))
 	if !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), "data frame of 8192 bytes on the duplex stream, which carries frames of at most 4096") {
@@ -371,6 +372,7 @@ func TestDuplexLentWriteFails(t *testing.T) {
 			h.setDesc(&short, short.Fingerprint())
 			b := make([]byte, headerLen+int(short.Bytes()))
 			h.encode(b)
+			b = seal(b)
 			time.AfterFunc(20*time.Millisecond, func() { fake.writeData(true, b) })
 			if err := r.AllReduceLent(short, [][]byte{make([]byte, short.Bytes())}, nil); err != nil {
 				t.Fatal(err)

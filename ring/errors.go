@@ -20,6 +20,10 @@ var (
 	ErrMismatch   = errors.New("collective mismatch")
 	ErrBadFrame   = errors.New("bad frame")
 	ErrGeneration = errors.New("generation mismatch")
+	// ErrCorrupt: a frame's checksum did not match (frame.go): its bytes
+	// changed between the peer's encoding and this rank's reading, on the
+	// link or in a man in the middle. The error names the link.
+	ErrCorrupt = errors.New("frame corrupted in transit")
 	// ErrBusy is returned (without failing the ring) when an op is called
 	// while another is in progress: ops are called by one goroutine at a time.
 	ErrBusy = errors.New("another op is in progress on this ring")
@@ -46,10 +50,12 @@ type Error struct {
 	PeerAddr   string
 	Origin     int // the rank where the failure began
 	// Culprit is the rank the origin found at fault: the neighbour whose
-	// connection closed, that stopped answering, or that sent a bad frame
-	// or another generation. -1 when no one rank is: a mismatch (two calls
-	// disagree), a timeout (the silent rank may be further away), an abort
-	// by the ring's owner (a trainer lost, a shutdown).
+	// connection closed, that stopped answering, or that sent a bad frame,
+	// another generation or a frame that arrived corrupted (ErrCorrupt:
+	// the link from it to the origin, or the sender, changed the bytes).
+	// -1 when no one rank is: a mismatch (two calls disagree), a timeout
+	// (the silent rank may be further away), an abort by the ring's owner
+	// (a trainer lost, a shutdown).
 	Culprit int
 	Err     error
 
@@ -140,6 +146,7 @@ const (
 	codeOther
 	codeCallerLost
 	codeShutdown
+	codeCorrupt
 )
 
 var codeSentinels = [...]error{
@@ -153,6 +160,7 @@ var codeSentinels = [...]error{
 	codeOther:      nil,
 	codeCallerLost: ErrCallerLost,
 	codeShutdown:   ErrShutdown,
+	codeCorrupt:    ErrCorrupt,
 }
 
 func codeOf(err error) abortCode {
@@ -175,6 +183,8 @@ func codeOf(err error) abortCode {
 		return codeBadFrame
 	case errors.Is(err, ErrGeneration):
 		return codeGeneration
+	case errors.Is(err, ErrCorrupt):
+		return codeCorrupt
 	case errors.Is(err, ErrCallerLost):
 		return codeCallerLost
 	case errors.Is(err, ErrShutdown):

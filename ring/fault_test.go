@@ -575,7 +575,7 @@ func TestFaultBadDataFrames(t *testing.T) {
 		h.Sender, h.Generation, h.Length = 1, 11, uint32(payload)
 		b := make([]byte, headerLen+payload)
 		h.encode(b)
-		return b
+		return seal(b)
 	}
 	withDesc := func(d collective.Desc, h header) header {
 		h.Kind = kindData

@@ -3,6 +3,7 @@ package ring
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"strconv"
 
 	"github.com/collectived/collectived/collective"
@@ -10,12 +11,41 @@ import (
 
 // Frame layout constants; doc.go draws the header.
 const (
-	headerLen    = 64
+	headerLen    = 68
 	frameMagic   = 0x474e5243 // "CRNG" as little-endian bytes
-	frameVersion = 1
+	frameVersion = 2          // 2: the checksums (version 1 had none, and a 64-byte header)
+	// headerSumAt is where the header's CRC32C sits, over the bytes
+	// before it.
+	headerSumAt = 64
+	// trailerLen: a payload is followed by its CRC32C (none when empty).
+	trailerLen = 4
 	// maxReasonLen bounds the reason text of an abort frame.
 	maxReasonLen = 1024
 )
+
+// castagnoli is the CRC32C table; hash/crc32 computes it with the CPU's
+// CRC32 instruction (SSE 4.2 on amd64, the CRC extension on arm64).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksum is the CRC32C of p.
+func checksum(p []byte) uint32 { return crc32.Update(0, castagnoli, p) }
+
+// sumUpdate extends the CRC32C sum of the bytes before p with p.
+func sumUpdate(sum uint32, p []byte) uint32 { return crc32.Update(sum, castagnoli, p) }
+
+// putTrailer writes the trailer of a payload whose checksum is sum.
+func putTrailer(b []byte, sum uint32) { binary.LittleEndian.PutUint32(b, sum) }
+
+// trailerSum reads a payload's trailer.
+func trailerSum(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
+
+// trailerFor is the trailer's length after a payload of n bytes.
+func trailerFor(n int) int {
+	if n == 0 {
+		return 0
+	}
+	return trailerLen
+}
 
 type frameKind uint8
 
@@ -60,6 +90,7 @@ type header struct {
 	Aux uint64
 }
 
+// encode lays the header out in b, sealed with its checksum.
 func (h *header) encode(b []byte) {
 	_ = b[headerLen-1]
 	binary.LittleEndian.PutUint32(b[0:], frameMagic)
@@ -80,16 +111,24 @@ func (h *header) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[48:], h.Step)
 	binary.LittleEndian.PutUint32(b[52:], h.Length)
 	binary.LittleEndian.PutUint64(b[56:], h.Aux)
+	binary.LittleEndian.PutUint32(b[headerSumAt:], checksum(b[:headerSumAt]))
 }
 
-// decodeHeader parses and checks the structure of a header: magic,
-// version, kind, reserved bytes and the payload length against the bound
-// for its kind (maxData for data frames). Whether the frame belongs to
-// the op under way is checked later, by the op. Errors wrap ErrBadFrame.
+// decodeHeader parses and checks a header: its checksum first, so that
+// no field of a header changed on the way is used, then its structure:
+// magic, version, kind, reserved bytes and the payload length against the
+// bound for its kind (maxData for data frames). Whether the frame belongs
+// to the op under way is checked later, by the op. A checksum that does
+// not match is ErrCorrupt, unless the bytes are not a header of this
+// protocol at all (another program, another version, a stream out of
+// step), which like every other violation is ErrBadFrame.
 func decodeHeader(b []byte, maxData int) (header, error) {
 	var h header
 	if len(b) < headerLen {
 		return h, fmt.Errorf("%w: header is %d bytes, want %d", ErrBadFrame, len(b), headerLen)
+	}
+	if sum, want := checksum(b[:headerSumAt]), binary.LittleEndian.Uint32(b[headerSumAt:]); sum != want && !foreignHeader(b, want) {
+		return h, fmt.Errorf("%w: header checksum mismatch (CRC32C %#08x computed, %#08x sent)", ErrCorrupt, sum, want)
 	}
 	if m := binary.LittleEndian.Uint32(b[0:]); m != frameMagic {
 		return h, fmt.Errorf("%w: bad magic %#08x (not a collectived ring peer, or the stream lost sync)", ErrBadFrame, m)
@@ -132,6 +171,20 @@ func decodeHeader(b []byte, maxData int) (header, error) {
 		return h, fmt.Errorf("%w: %s frame payload of %d bytes exceeds the limit of %d%s", ErrBadFrame, h.Kind, h.Length, limit, hint)
 	}
 	return h, nil
+}
+
+// foreignHeader tells, for a header whose checksum failed, whether it is
+// not one of this protocol at all (its magic or version is another's, and
+// stays so: the checksum does not match with ours in their place either),
+// rather than one of ours corrupted on the way.
+func foreignHeader(b []byte, want uint32) bool {
+	if binary.LittleEndian.Uint32(b[0:]) == frameMagic && b[4] == frameVersion {
+		return false
+	}
+	var ours [5]byte
+	binary.LittleEndian.PutUint32(ours[:], frameMagic)
+	ours[4] = frameVersion
+	return sumUpdate(checksum(ours[:]), b[5:headerSumAt]) != want
 }
 
 // setDesc stamps a call description into the header.

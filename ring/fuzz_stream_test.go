@@ -19,17 +19,21 @@ import (
 //
 // The first byte picks the direction (bit 0: on the streams to the fake
 // from rank 0's next, where only heartbeats and aborts may come except on
-// the duplex stream; otherwise where the op's data comes) and the op (bit
+// the duplex stream; otherwise where the op's data comes), the op (bit
 // 1: a pipelined 400 KB allreduce instead of a 4-byte one on the small
-// path).
+// path), and whether the bytes are sealed first (bit 2: read as frames
+// without trailers, each is given the checksums of what it holds, as a
+// peer sending it would, so that mutations reach the checks behind the
+// checksums; unsealed, a mutated frame is mostly ErrCorrupt).
 func FuzzRingStream(f *testing.F) {
 	const gen = 7
-	frame := func(h header, payload []byte) []byte {
+	unsealed := func(h header, payload []byte) []byte {
 		h.Sender, h.Generation, h.Length = 1, gen, uint32(len(payload))
 		b := make([]byte, headerLen, headerLen+len(payload))
 		h.encode(b)
 		return append(b, payload...)
 	}
+	frame := func(h header, payload []byte) []byte { return seal(unsealed(h, payload)) }
 	data := func(d collective.Desc, step uint32, n int) []byte {
 		h := header{Kind: kindData, Step: step}
 		h.setDesc(&d, d.Fingerprint())
@@ -56,11 +60,24 @@ func FuzzRingStream(f *testing.F) {
 	f.Add(cat(1, data(arDesc1, 0, 4)))
 	f.Add(cat(0, frame(header{Kind: kindStart}, nil)))
 	f.Add(cat(0, []byte("GET / HTTP/1.1\r\n\r\n")))
+	// Sealed by the harness (bit 2): frames without their trailers.
+	rawData := func(d collective.Desc, step uint32, n int) []byte {
+		h := header{Kind: kindData, Step: step}
+		h.setDesc(&d, d.Fingerprint())
+		return unsealed(h, make([]byte, n))
+	}
+	f.Add(cat(4, rawData(arDesc1, 1, 4)))
+	f.Add(cat(4, rawData(arDesc1, 0, 4), rawData(arDesc1, 1, 4)))
+	f.Add(cat(6, rawData(arDesc, 0, 64<<10)[:headerLen+100]))
+	f.Add(cat(5, unsealed(header{Kind: kindAbort, Aux: 1}, []byte("rank 1 gave up"))))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) == 0 || len(in) > 1<<20 {
 			return
 		}
 		flags, payload := in[0], in[1:]
+		if flags&4 != 0 {
+			payload = seal(append([]byte(nil), payload...))
+		}
 		d := arDesc1
 		if flags&2 != 0 {
 			d = arDesc
@@ -101,7 +118,7 @@ func FuzzRingStream(f *testing.F) {
 			t.Fatalf("%T is not a *ring.Error: %v", err, err)
 		}
 		known := false
-		for _, s := range []error{ErrAborted, ErrPeerClosed, ErrTimeout, ErrPeerHung, ErrMismatch, ErrBadFrame, ErrGeneration} {
+		for _, s := range []error{ErrAborted, ErrPeerClosed, ErrTimeout, ErrPeerHung, ErrMismatch, ErrBadFrame, ErrGeneration, ErrCorrupt} {
 			known = known || errors.Is(err, s)
 		}
 		if !known {

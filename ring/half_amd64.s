@@ -17,6 +17,29 @@ GLOBL bf16inf<>(SB), RODATA|NOPTR, $4
 DATA bf16quiet<>+0(SB)/4, $0x00000040
 GLOBL bf16quiet<>(SB), RODATA|NOPTR, $4
 
+// BF16_CONSTANTS loads ROUND_BF16's constants into Y8-Y12.
+#define BF16_CONSTANTS \
+	VPBROADCASTD bf16ones<>(SB), Y8 \
+	VPBROADCASTD bf16bias<>(SB), Y9 \
+	VPBROADCASTD bf16abs<>(SB), Y10 \
+	VPBROADCASTD bf16inf<>(SB), Y11 \
+	VPBROADCASTD bf16quiet<>(SB), Y12
+
+// ROUND_BF16 rounds the eight float32 in Y0 to bfloat16 in X3:
+// (b + 0x7fff + (b>>16)&1) >> 16, or (b>>16)|0x40 for a NaN.
+#define ROUND_BF16 \
+	VPSRLD $16, Y0, Y1 \
+	VPAND Y8, Y1, Y2 \
+	VPADDD Y9, Y0, Y3 \
+	VPADDD Y2, Y3, Y3 \
+	VPSRLD $16, Y3, Y3 \
+	VPOR Y12, Y1, Y4 \
+	VPAND Y10, Y0, Y5 \
+	VPCMPGTD Y11, Y5, Y5 \
+	VPBLENDVB Y5, Y4, Y3, Y3 \
+	VEXTRACTI128 $1, Y3, X6 \
+	VPACKUSDW X6, X3, X3
+
 // func widenBF16(dst *float32, src *byte, n int)
 TEXT ·widenBF16(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
@@ -37,31 +60,16 @@ wdone:
 	RET
 
 // func narrowBF16(dst *byte, src *float32, n int)
-// r = (b + 0x7fff + (b>>16)&1) >> 16, or (b>>16)|0x40 for a NaN.
 TEXT ·narrowBF16(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
-	VPBROADCASTD bf16ones<>(SB), Y8
-	VPBROADCASTD bf16bias<>(SB), Y9
-	VPBROADCASTD bf16abs<>(SB), Y10
-	VPBROADCASTD bf16inf<>(SB), Y11
-	VPBROADCASTD bf16quiet<>(SB), Y12
+	BF16_CONSTANTS
 nloop:
 	CMPQ CX, $8
 	JLT  ndone
 	VMOVDQU (SI), Y0
-	VPSRLD $16, Y0, Y1
-	VPAND Y8, Y1, Y2
-	VPADDD Y9, Y0, Y3
-	VPADDD Y2, Y3, Y3
-	VPSRLD $16, Y3, Y3
-	VPOR Y12, Y1, Y4
-	VPAND Y10, Y0, Y5
-	VPCMPGTD Y11, Y5, Y5
-	VPBLENDVB Y5, Y4, Y3, Y3
-	VEXTRACTI128 $1, Y3, X6
-	VPACKUSDW X6, X3, X3
+	ROUND_BF16
 	VMOVDQU X3, (DI)
 	ADDQ $32, SI
 	ADDQ $16, DI
@@ -127,11 +135,7 @@ TEXT ·addBF16(SB), NOSPLIT, $0-32
 	MOVQ a+8(FP), SI
 	MOVQ b+16(FP), DX
 	MOVQ n+24(FP), CX
-	VPBROADCASTD bf16ones<>(SB), Y8
-	VPBROADCASTD bf16bias<>(SB), Y9
-	VPBROADCASTD bf16abs<>(SB), Y10
-	VPBROADCASTD bf16inf<>(SB), Y11
-	VPBROADCASTD bf16quiet<>(SB), Y12
+	BF16_CONSTANTS
 aloop:
 	CMPQ CX, $8
 	JLT  adone
@@ -140,17 +144,7 @@ aloop:
 	VPSLLD $16, Y0, Y0
 	VPSLLD $16, Y1, Y1
 	VADDPS Y1, Y0, Y0
-	VPSRLD $16, Y0, Y1
-	VPAND Y8, Y1, Y2
-	VPADDD Y9, Y0, Y3
-	VPADDD Y2, Y3, Y3
-	VPSRLD $16, Y3, Y3
-	VPOR Y12, Y1, Y4
-	VPAND Y10, Y0, Y5
-	VPCMPGTD Y11, Y5, Y5
-	VPBLENDVB Y5, Y4, Y3, Y3
-	VEXTRACTI128 $1, Y3, X6
-	VPACKUSDW X6, X3, X3
+	ROUND_BF16
 	VMOVDQU X3, (DI)
 	ADDQ $16, SI
 	ADDQ $16, DX

@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -188,4 +189,31 @@ func noErrors(t testing.TB, what string, errs []error) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// seal gives the frames laid out one after another in b (headers
+// encoded, each payload behind its header, no trailers) their checksums,
+// as the peer sending them computes them: it returns them with each
+// payload's trailer behind it. A last frame cut short is returned as it
+// is, its header sealed: seal the whole frame before cutting it.
+func seal(b []byte) []byte {
+	var out []byte
+	for off := 0; off < len(b); {
+		if off+headerLen > len(b) {
+			return append(out, b[off:]...)
+		}
+		h := b[off : off+headerLen]
+		binary.LittleEndian.PutUint32(h[headerSumAt:], checksum(h[:headerSumAt]))
+		n := int(binary.LittleEndian.Uint32(h[52:]))
+		end := off + headerLen + n
+		if end > len(b) {
+			return append(out, b[off:]...)
+		}
+		out = append(out, b[off:end]...)
+		if n > 0 {
+			out = binary.LittleEndian.AppendUint32(out, checksum(b[off+headerLen:end]))
+		}
+		off = end
+	}
+	return out
 }

@@ -18,7 +18,10 @@ import "time"
 // back. Frames of a later op never get a place, so when an op succeeds
 // every place has come back. When it fails, end stops the readers that may
 // still hold one before the op returns: the caller's buffer is the
-// caller's again the moment the op returns.
+// caller's again the moment the op returns. A place is written before the
+// frame's checksum is checked (stream.receive), but the op takes the
+// frame only once it matched: a mismatch fails the op, which returns the
+// error and no result.
 
 // placement is what an allreduce needs to know to place its allgather
 // frames: set by allReduceRing for the op under way, zero otherwise (and

@@ -86,7 +86,11 @@ func TestFailedOpLeavesNoPlace(t *testing.T) {
 		for i := headerLen; i < len(b); i++ {
 			b[i] = fill
 		}
-		return b[:headerLen+n]
+		s := seal(b)
+		if n < seg {
+			return s[:headerLen+n]
+		}
+		return s
 	}
 	// The reduce-scatter's 8 frames, then half of the first allgather
 	// frame: rank 0's reader is then receiving it into its place.
@@ -150,7 +154,7 @@ func TestPlacedFrameTooLong(t *testing.T) {
 		h.setDesc(&d, d.Fingerprint())
 		b := make([]byte, headerLen+n)
 		h.encode(b)
-		return b
+		return seal(b)
 	}
 	var frames []byte
 	for j := 0; j < 8; j++ {
@@ -186,7 +190,7 @@ func TestWrongLengthFrameWhileMoreArrive(t *testing.T) {
 		h.setDesc(&d, d.Fingerprint())
 		b := make([]byte, headerLen+4096)
 		h.encode(b)
-		stream = append(stream, b...)
+		stream = append(stream, seal(b)...)
 	}
 	fake.writeData(d.Bytes() <= duplexBytes, stream) // longer: the one-way streams
 	err := rings[0].AllReduce(d, make([]byte, d.Bytes()))

@@ -195,13 +195,8 @@ func (r *Ring) ReduceLocal(d collective.Desc, work []byte, ins [][]byte) error {
 	if err := r.checkCall(&d, collective.OpReduce, len(work)); err != nil {
 		return err
 	}
-	if len(ins) == 0 {
-		return fmt.Errorf("ring rank %d: %s of no buffers: %w", r.rank, d.Op, collective.ErrInvalid)
-	}
-	for i, b := range ins {
-		if len(b) != len(work) {
-			return fmt.Errorf("ring rank %d: %s: local buffer %d is %d bytes, want %d: %w", r.rank, d.Op, i, len(b), len(work), collective.ErrInvalid)
-		}
+	if err := r.checkInputs(&d, work, ins); err != nil {
+		return err
 	}
 	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32), false, nil)
 }

@@ -171,7 +171,7 @@ func New(cfg Config, links Links) (*Ring, error) {
 		r.prev = append(r.prev, newStream(r, i, fromPrev, links.Prev[i], prevRank, links.PrevAddr))
 	}
 	r.all = append(append([]*stream(nil), r.next...), r.prev...)
-	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*r.maxPayload+len(r.next[0].wbuf)))
+	r.bufBytes = int64(len(r.scratch) + S*(rxBuffers*(r.maxPayload+trailerLen)+len(r.next[0].wbuf)))
 	r.setupDuplex()
 	r.setupLenders()
 	r.tx, r.rx = r.next, r.prev
@@ -309,13 +309,15 @@ func (r *Ring) failFrom(s *stream, cause error) {
 }
 
 // culpable tells the failures that are the peer's own doing (a socket
-// this rank closed itself is not).
+// this rank closed itself is not). A corrupted frame names its sender as
+// the culprit: the link from it to this rank, or the sender itself,
+// changed the bytes.
 func culpable(cause error) bool {
 	if errors.Is(cause, net.ErrClosed) {
 		return false
 	}
 	return errors.Is(cause, ErrPeerClosed) || errors.Is(cause, ErrPeerHung) ||
-		errors.Is(cause, ErrBadFrame) || errors.Is(cause, ErrGeneration)
+		errors.Is(cause, ErrBadFrame) || errors.Is(cause, ErrGeneration) || errors.Is(cause, ErrCorrupt)
 }
 
 // deferredAbort is an abort kept until the op under way ends.
@@ -431,7 +433,7 @@ func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	if len(reason) > maxReasonLen {
 		reason = reason[:maxReasonLen-3] + "..."
 	}
-	frame := make([]byte, headerLen+len(reason))
+	frame := make([]byte, headerLen+len(reason)+trailerFor(len(reason)))
 	seq, op := e.Seq, e.Op
 	if e.abortSet {
 		seq, op = e.abortSeq, e.abortOp
@@ -439,11 +441,13 @@ func (r *Ring) abortFrame(e *Error, reason string, code abortCode) []byte {
 	h := header{Kind: kindAbort, Sender: uint32(r.rank), Generation: r.gen.Load(),
 		Seq: seq, Op: op, Length: uint32(len(reason)),
 		Aux: uint64(uint32(e.Origin)) | uint64(code)<<32}
+	if n := copy(frame[headerLen:], reason); n > 0 {
+		putTrailer(frame[headerLen+n:], checksum(frame[headerLen:headerLen+n]))
+	}
 	if e.Culprit >= 0 && e.Culprit < 1<<(64-culpritShift)-1 {
 		h.Aux |= uint64(e.Culprit+1) << culpritShift
 	}
 	h.encode(frame)
-	copy(frame[headerLen:], reason)
 	return frame
 }
 

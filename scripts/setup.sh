@@ -23,6 +23,8 @@ python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(
 [ -x /usr/bin/python3 ] || need_pkgs+=(python3)
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need_pkgs+=(python3-torch)
+# examples/train_ddp.py learns scikit-learn's bundled digits (no download).
+/usr/bin/python3 -c 'import sklearn' 2>/dev/null || need_pkgs+=(python3-sklearn)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "setup: missing Debian packages ${need_pkgs[*]}; run as root or install them" >&2
@@ -61,5 +63,5 @@ if [ ! -x .venv-torch/bin/python ]; then
 	/usr/bin/python3 -m venv --system-site-packages .venv-torch
 fi
 .venv-torch/bin/python -m pip install -q pytest
-.venv-torch/bin/python -c 'import torch, numpy, pytest'
+.venv-torch/bin/python -c 'import torch, numpy, pytest, sklearn'
 echo "setup: done"

@@ -83,13 +83,13 @@ static const char *const code_names[] = {
 	"OK", "BAD_FRAME", "VERSION", "JOB", "RANK_TAKEN", "RANK_RANGE", "FULL",
 	"PERMISSION", "QUOTA", "BAD_SEGMENT", "BUSY", "BAD_FD", "BAD_REQUEST",
 	"TOO_LARGE", "TOO_MANY", "MISMATCH", "TIMEOUT", "PEER_LOST", "TRAINER_LOST",
-	"ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL"};
+	"ABORTED", "SHUTDOWN", "UNSUPPORTED", "INTERNAL", "CORRUPT"};
 static const char *const client_code_names[] = {
 	"OK", "CONNECT", "CLOSED", "WAIT_TIMEOUT", "PROTOCOL", "INVALID", "NOMEM", "SYSTEM"};
 
 const char *cvd_strerror(int code)
 {
-	if (code >= 0 && code <= CVD_E_INTERNAL)
+	if (code >= 0 && code <= CVD_E_CORRUPT)
 		return code_names[code];
 	if (code < 0 && code >= CVD_E_SYSTEM)
 		return client_code_names[-code];
@@ -690,6 +690,7 @@ struct cvd_client {
 	uint64_t bytes_sent;
 	uint8_t *rbuf;
 	size_t rcap, rstart, rend;
+	size_t rbase; /* rbuf's usual size; it grows for a STATUS_OK past it, then shrinks back */
 	int fds[MAX_FDS];
 	size_t nfds;
 	cvd_request *pending;
@@ -1116,6 +1117,8 @@ static int lane_put(cvd_client *c, const struct iovec *iov, int n, cvd_error *er
  * until spin_until_ns first, if that is later than now) and dispatch whole
  * frames. Returns 0 after progress, CVD_E_WAIT_TIMEOUT, or the broken
  * connection's code. */
+static int grow_rbuf(cvd_client *c, size_t need, cvd_error *err);
+
 static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, cvd_error *err)
 {
 	union { char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } u;
@@ -1230,11 +1233,17 @@ static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, c
 		c->rend += (size_t)n;
 		while (c->rend - c->rstart >= CVD_HEADER_SIZE) {
 			cvd_frame f;
-			uint32_t plen;
-			if (cvd_frame_header(c->rbuf + c->rstart, c->info.max_frame, &f, &plen, &e) != 0)
+			uint32_t plen, bound = c->info.max_frame;
+			/* STATUS_OK alone may pass max_frame, up to CVD_MAX_STATUS_FRAME. */
+			if (c->rbuf[c->rstart + 4] == CVD_T_STATUS_OK && bound < CVD_MAX_STATUS_FRAME)
+				bound = CVD_MAX_STATUS_FRAME;
+			if (cvd_frame_header(c->rbuf + c->rstart, bound, &f, &plen, &e) != 0)
 				goto bad;
-			if (c->rend - c->rstart < CVD_HEADER_SIZE + (size_t)plen)
+			if (c->rend - c->rstart < CVD_HEADER_SIZE + (size_t)plen) {
+				if (grow_rbuf(c, CVD_HEADER_SIZE + (size_t)plen, &e) != 0)
+					goto bad;
 				break;
+			}
 			if (cvd_frame_payload(&f, c->rbuf + c->rstart + CVD_HEADER_SIZE, plen, &e) != 0)
 				goto bad;
 			c->rstart += CVD_HEADER_SIZE + plen;
@@ -1243,8 +1252,16 @@ static int progress(cvd_client *c, int64_t deadline_ms, int64_t spin_until_ns, c
 				return c->broken_err.code;
 			}
 		}
-		if (c->rstart == c->rend)
+		if (c->rstart == c->rend) {
 			c->rstart = c->rend = 0;
+			if (c->rcap > c->rbase) { /* a large STATUS_OK has gone: shrink back */
+				uint8_t *nb = (uint8_t *)realloc(c->rbuf, c->rbase);
+				if (nb) {
+					c->rbuf = nb;
+					c->rcap = c->rbase;
+				}
+			}
+		}
 		return 0;
 	}
 bad:
@@ -1253,6 +1270,26 @@ bad:
 	break_conn(c, &e);
 	copy_err(err, &e);
 	return e.code;
+}
+
+/* Make room in rbuf for a whole frame of need bytes from rstart (only a
+ * STATUS_OK can be larger than rbuf's usual size). */
+static int grow_rbuf(cvd_client *c, size_t need, cvd_error *err)
+{
+	uint8_t *nb;
+	if (need <= c->rcap)
+		return 0;
+	memmove(c->rbuf, c->rbuf + c->rstart, c->rend - c->rstart);
+	c->rend -= c->rstart;
+	c->rstart = 0;
+	nb = (uint8_t *)realloc(c->rbuf, need);
+	if (!nb) {
+		set_err(err, CVD_E_NOMEM, "no memory for a %lu-byte frame from the daemon", (unsigned long)need);
+		return -1;
+	}
+	c->rbuf = nb;
+	c->rcap = need;
+	return 0;
 }
 
 static cvd_request *new_req(cvd_client *c, uint8_t reply_type, cvd_error *err)
@@ -1613,6 +1650,7 @@ static cvd_client *connect_once(const char *socket_path, const cvd_options *opt,
 	c->rcap = 2 * ((size_t)c->info.max_frame + CVD_HEADER_SIZE);
 	if (c->rcap < 65536)
 		c->rcap = 65536;
+	c->rbase = c->rcap;
 	c->rbuf = (uint8_t *)malloc(c->rcap);
 	if (!c->rbuf) {
 		set_err(err, CVD_E_NOMEM, "no memory for a %lu-byte read buffer", (unsigned long)c->rcap);

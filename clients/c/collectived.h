@@ -68,6 +68,9 @@ extern "C" {
 #define CVD_DEFAULT_JOB "default"
 #define CVD_HEADER_SIZE 16
 #define CVD_PRE_HELLO_MAX_FRAME 4096u
+/* A STATUS_OK payload may be this long whatever max_frame is (the status of
+ * the largest worlds is megabytes); no other frame may pass max_frame. */
+#define CVD_MAX_STATUS_FRAME (8u << 20)
 
 /* Element types (wire codes). */
 typedef enum cvd_dtype {
@@ -103,7 +106,7 @@ typedef enum cvd_collective {
 	CVD_REDUCE = 6          /* version 3 */
 } cvd_collective;
 
-/* Error codes: 1..22 come from the daemon, negative ones from the client. */
+/* Error codes: 1..23 come from the daemon, negative ones from the client. */
 enum {
 	CVD_OK = 0,
 	CVD_E_BAD_FRAME = 1,
@@ -128,6 +131,7 @@ enum {
 	CVD_E_SHUTDOWN = 20,
 	CVD_E_UNSUPPORTED = 21,
 	CVD_E_INTERNAL = 22,
+	CVD_E_CORRUPT = 23, /* a frame between two nodes arrived corrupted */
 
 	CVD_E_CONNECT = -1,      /* cannot connect to the socket */
 	CVD_E_CLOSED = -2,       /* connection lost or closed */

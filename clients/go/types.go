@@ -69,6 +69,7 @@ var (
 	ErrQuota       = ipc.ErrQuota
 	ErrBadRequest  = ipc.ErrBadRequest
 	ErrRankTaken   = ipc.ErrRankTaken
+	ErrCorrupt     = ipc.ErrCorrupt
 )
 
 // Elem is an element type the daemon reduces.

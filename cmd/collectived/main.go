@@ -1,6 +1,6 @@
 // Command collectived is the per-node sidecar daemon of collectived and its
 // tools: run the daemon, check a config, ask a running daemon for its
-// status, benchmark a local world.
+// status, benchmark a local world, run a development world (up).
 package main
 
 import (
@@ -39,8 +39,10 @@ func newApp() *cli.App {
 		Commands: []*cli.Command{
 			runCommand(),
 			checkCommand(),
+			ipallowCommand(),
 			statusCommand(),
 			benchCommand(),
+			upCommand(),
 			versionCommand(),
 			benchTrainerCommand(),
 			benchRingCommand(),

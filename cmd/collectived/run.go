@@ -20,6 +20,13 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			// Under the unit, whose IP allow-list comes from the peers
+			// (ipallow.go): it must be this config's.
+			if v, ok := os.LookupEnv(allowedPeersEnv); ok {
+				if err := checkAllowedPeers(c.String(configFlag.Name), cfg.Peers, v); err != nil {
+					return err
+				}
+			}
 			// The daemon adds the job and node to every line it logs;
 			// this command's own lines add them here, once.
 			base := newLogger(cfg.Log)

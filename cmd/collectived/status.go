@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	cvd "github.com/collectived/collectived/clients/go"
 	"github.com/collectived/collectived/daemon"
+	"github.com/collectived/collectived/internal/logthrottle"
 )
 
 func statusCommand() *cli.Command {
@@ -51,6 +54,34 @@ func statusCommand() *cli.Command {
 	}
 }
 
+// printRefused prints one line of refusal counts, if any: the total, by
+// reason, and the three sources refused most.
+func printRefused(w io.Writer, where string, c logthrottle.Counts) {
+	if c.Total == 0 {
+		return
+	}
+	reasons := make([]string, 0, len(c.Reasons))
+	for r := range c.Reasons {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool { return c.Reasons[reasons[i]] > c.Reasons[reasons[j]] })
+	for i, r := range reasons {
+		reasons[i] = fmt.Sprintf("%s %s", logthrottle.Thousands(c.Reasons[r]), r)
+	}
+	fmt.Fprintf(w, "refused on the %s: %s (%s)", where, logthrottle.Thousands(c.Total), strings.Join(reasons, ", "))
+	for i, sc := range c.Sources {
+		if i == 3 {
+			break
+		}
+		sep := "; most from "
+		if i > 0 {
+			sep = ", "
+		}
+		fmt.Fprintf(w, "%s%s (%s %s, last %s)", sep, sc.Source, logthrottle.Thousands(sc.Count), sc.Reason, sc.Last.Format(time.RFC3339))
+	}
+	fmt.Fprintln(w)
+}
+
 func printStatus(w io.Writer, st *daemon.Status) {
 	fmt.Fprintf(w, "job %q  node %d of %d  local size %d  socket %s\n", st.Job, st.NodeRank, st.NodeCount, st.LocalSize, st.Socket)
 	fmt.Fprintf(w, "ring: %s, generation %d, %d collectives finished, listen %s", st.Ring.State, st.Ring.Generation, st.Ring.Finished, st.Listen)
@@ -84,6 +115,11 @@ func printStatus(w io.Writer, st *daemon.Status) {
 		}
 		fmt.Fprintf(w, "  local %d (world %d): pid %d %q, %s, %d calls, %d queued, last %s%s\n",
 			t.LocalRank, t.WorldRank, t.PID, t.Label, lane, t.Calls, t.Queued, t.LastCall, owes)
+	}
+	printRefused(w, "ring port", st.Refused.Ring)
+	printRefused(w, "socket", st.Refused.Socket)
+	if st.Truncated != "" {
+		fmt.Fprintf(w, "(truncated: %s)\n", st.Truncated)
 	}
 	if f := st.InFlight; f != nil {
 		fmt.Fprintf(w, "in flight: collective %d %s, %s for %.1fs", f.Seq, f.Call, f.Phase, f.WaitedSec)

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -52,7 +53,16 @@ func main() {
 	pause := flag.Duration("pause", 0, "repeat: sleep before each call")
 	stopOnError := flag.Bool("stop-on-error", false, "repeat: exit after the first failed call")
 	timeout := flag.Duration("timeout", 0, "client call timeout")
+	connectFlood := flag.Int("connect-flood", 0, "connect this many times without a HELLO, read each until the daemon closes it, print how many it refused, and exit")
 	flag.Parse()
+	if *connectFlood > 0 {
+		n, err := flood(*socket, *connectFlood)
+		fmt.Println(n)
+		if err != nil {
+			fatal(err)
+		}
+		return
+	}
 
 	c, err := cvd.Dial(cvd.Options{Socket: *socket, Job: *job, LocalRank: -1, Label: "e2e-trainer", Timeout: *timeout})
 	if err != nil {
@@ -71,6 +81,33 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
+}
+
+// flood connects n times in turn and waits for the daemon to close each
+// connection (a refused peer is answered with one ERROR frame); it
+// returns how many were closed by the daemon.
+func flood(socket string, n int) (int, error) {
+	closed := 0
+	buf := make([]byte, 8192)
+	for range n {
+		c, err := net.Dial("unix", socket)
+		if err != nil {
+			return closed, err
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			if _, err := c.Read(buf); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					c.Close()
+					return closed, fmt.Errorf("connection %d: the daemon kept it open: %w", closed, err)
+				}
+				break
+			}
+		}
+		c.Close()
+		closed++
+	}
+	return closed, nil
 }
 
 func fatal(err error) {

@@ -40,6 +40,21 @@ static int read_n(int fd, uint8_t *b, size_t n)
 	return 0;
 }
 
+static int write_all(int fd, const uint8_t *b, size_t n)
+{
+	while (n > 0) {
+		ssize_t k = write(fd, b, n);
+		if (k <= 0)
+			return -1;
+		b += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* The size of the scripted peer's first STATUS_OK document. */
+#define STATUS_BIG (3u << 20)
+
 static void send_frame(int fd, const cvd_frame *f)
 {
 	uint8_t buf[8192];
@@ -273,6 +288,32 @@ static void peer(int lfd, int refuse)
 		}
 		if (f.type == CVD_T_HELLO) {
 			send_hello_ok(fd, f.id, refuse == PEER_V3 ? 3 : refuse >= PEER_LANE_SHORT_FD ? 2 : 1);
+			continue;
+		}
+		if (f.type == CVD_T_STATUS) {
+			/* A document of STATUS_BIG bytes, far past max_frame (4096), as
+			 * the largest worlds' are; then, on a second STATUS, one byte
+			 * past the bound STATUS_OK has. */
+			static int statuses;
+			size_t n = statuses++ ? CVD_MAX_STATUS_FRAME + 1 : STATUS_BIG;
+			uint8_t *big = (uint8_t *)malloc(16 + n);
+			if (!big)
+				_exit(9);
+			memset(&r, 0, sizeof r);
+			r.id = f.id;
+			r.type = CVD_T_STATUS_OK;
+			if (cvd_frame_encode(&r, big, 16) != 16)
+				_exit(9);
+			big[0] = (uint8_t)n; /* the length, little-endian */
+			big[1] = (uint8_t)(n >> 8);
+			big[2] = (uint8_t)(n >> 16);
+			big[3] = (uint8_t)(n >> 24);
+			memset(big + 16, 'x', n);
+			big[16] = '{';
+			big[16 + n - 1] = '}';
+			if (write_all(fd, big, 16 + n) != 0)
+				_exit(2);
+			free(big);
 			continue;
 		}
 		if (f.type == CVD_T_ALLOC && refuse == PEER_V3_W4 && nsegs < 16) {
@@ -927,6 +968,18 @@ void run_scripted_tests(void)
 		CHECK(cvd_barrier(c, &err) == 0, "parent after fork: %s", err.message);
 	}
 
+	/* A STATUS_OK past max_frame (4096 here) and past the read buffer is
+	 * taken whole, and the connection goes on; one past
+	 * CVD_MAX_STATUS_FRAME breaks it. */
+	{
+		size_t n = 0;
+		char *js = cvd_status(c, &n, &err);
+		CHECK(js != NULL && n == STATUS_BIG && js[0] == '{' && js[n - 1] == '}' && js[n] == '\0',
+		      "a %u-byte STATUS_OK: %s (%lu bytes)", STATUS_BIG, js ? "wrong" : err.message, (unsigned long)n);
+		free(js);
+		CHECK(cvd_barrier(c, &err) == 0, "a call after a large STATUS_OK: %s", err.message);
+	}
+
 	/* no reply: a bounded wait, the request stays valid */
 	s = named(c, x, 4, "silent", &err);
 	CHECK(s != NULL, "silent call: %s", err.message);
@@ -965,6 +1018,24 @@ void run_scripted_tests(void)
 		cvd_close(c);
 		CHECK(s && cvd_wait(s, 1000, &err) == CVD_E_CLOSED, "after close: %d %s", err.code,
 		      err.message);
+	}
+	stop_peer(p, path);
+
+	/* A STATUS_OK one byte past CVD_MAX_STATUS_FRAME is refused from its
+	 * header (the peer's second answer to STATUS). */
+	p = start_peer(path, 0);
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL, "reconnect: %s", err.message);
+	if (c) {
+		size_t n = 0;
+		char *js = cvd_status(c, &n, &err);
+		CHECK(js != NULL && n == STATUS_BIG, "first STATUS: %s", js ? "wrong size" : err.message);
+		free(js);
+		js = cvd_status(c, &n, &err);
+		CHECK(js == NULL && err.code == CVD_E_PROTOCOL && strstr(err.message, "over the bound of 8388608"),
+		      "a STATUS_OK past the bound: %d %s", err.code, err.message);
+		free(js);
+		cvd_close(c);
 	}
 	stop_peer(p, path);
 

@@ -78,6 +78,7 @@ class ScriptedDaemon:
         self.bytes_received = 0
         self.rank_taken_times = 0  # answer this many HELLOs with RANK_TAKEN
         self.refuse = False  # answer PERMISSION before reading anything, as for bad credentials
+        self.status_pad = 0  # bytes of padding in STATUS_OK's document (past max_frame if large)
         self._segs: dict[int, mmap.mmap] = {}
         # Which connection made each segment: a session's end frees its
         # own only (a client's refused first HELLO ends a session that may
@@ -253,8 +254,9 @@ class ScriptedDaemon:
             self._seg_conn.pop(msg.segment, None)
             return P.encode(P.FreeOk(msg.id))
         if isinstance(msg, P.Status):
-            return P.encode(P.StatusOk(msg.id, '{"job": "%s", "calls": %d}' % (self.job,
-                                                                                len(self.calls))))
+            pad = ', "pad": "%s"' % ("x" * self.status_pad) if self.status_pad else ""
+            return P.encode(P.StatusOk(msg.id, '{"job": "%s", "calls": %d%s}' % (
+                self.job, len(self.calls), pad)))
         if isinstance(msg, P.Call):
             self.calls.append(msg)
             if msg.name == "silent":

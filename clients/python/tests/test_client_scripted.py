@@ -34,6 +34,21 @@ def client(fake: ScriptedDaemon) -> Iterator[collectived.Client]:
         yield c
 
 
+def test_status_past_max_frame(fake: ScriptedDaemon, client: collectived.Client) -> None:
+    # The status of the largest worlds is megabytes: a STATUS_OK past
+    # max_frame (4096 here) is taken whole, up to MAX_STATUS_FRAME, and the
+    # connection goes on; one past that bound breaks it.
+    fake.status_pad = 3 << 20
+    st = client.status()
+    assert st["job"] == "demo" and len(st["pad"]) == 3 << 20
+    x = np.ones(4, dtype=np.float32)
+    client.allreduce(x)
+    assert x[0] == 2
+    fake.status_pad = P.MAX_STATUS_FRAME
+    with pytest.raises(collectived.ProtocolError, match="over the bound of 8388608"):
+        client.status()
+
+
 def test_hello_fields(client: collectived.Client) -> None:
     assert (client.rank, client.size, client.local_rank, client.local_size) == (0, 2, 0, 2)
     assert (client.node_rank, client.node_count, client.generation) == (0, 1, 7)

@@ -216,5 +216,6 @@ def test_examples_and_torch_helpers_compile() -> None:
 
     here = os.path.dirname(__file__)
     for f in ("../examples/train_numpy.py", "../examples/train_torch.py",
-              "../src/collectived/torch.py"):
+              "../examples/train_ddp.py", "../src/collectived/torch.py",
+              "../src/collectived/_torch_pg.py", "../src/collectived/_torch_ddp.py"):
         py_compile.compile(os.path.join(here, f), doraise=True)

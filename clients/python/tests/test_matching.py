@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import collectived
-from worlds import JOB, World
+from worlds import JOB, World, on_every
 
 
 def _clients(w: World) -> list[collectived.Client]:
@@ -25,24 +25,7 @@ def _clients(w: World) -> list[collectived.Client]:
     return out
 
 
-def _on_every(cs: list[Any], fn: Callable[[int, Any], Any], timeout: float = 90.0) -> list[Any]:
-    """fn(i, c) for every client at once, in threads: the results, or the
-    exception each raised."""
-    out: list[Any] = [None] * len(cs)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = fn(i, cs[i])
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out[i] = e
-
-    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(cs))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout)
-        assert not t.is_alive(), f"a trainer still waits after {timeout} s"
-    return out
+_on_every = on_every
 
 
 def _sum_step(cs: list[collectived.Client], step: int) -> None:

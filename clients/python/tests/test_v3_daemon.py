@@ -7,7 +7,6 @@ goes on after it."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -18,7 +17,7 @@ from collectived import _protocol as P
 from collectived._client import _Ext
 
 import trainer_v3 as T3
-from worlds import JOB, World
+from worlds import JOB, World, on_every
 
 
 @pytest.mark.parametrize("nodes,local", [(1, 1), (2, 1), (1, 3), (2, 2), (3, 2)],
@@ -54,23 +53,7 @@ def _clients(w: World) -> list[collectived.Client]:
     return out
 
 
-def _on_every(cs: list[collectived.Client], fn: Callable[[int, Any], Any],
-              timeout: float = 90.0) -> list[Any]:
-    out: list[Any] = [None] * len(cs)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = fn(i, cs[i])
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out[i] = e
-
-    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(cs))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout)
-        assert not t.is_alive(), f"a trainer still waits after {timeout} s"
-    return out
+_on_every = on_every
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -210,3 +211,23 @@ def _trainer(where: tuple[str, int], fn: Callable[..., Any], args: tuple,
     sock, local_rank = where
     with connect_trainer(sock, local_rank, **client_kw) as c:
         return fn(c, *args)
+
+
+def on_every(cs: Sequence[Any], fn: Callable[[int, Any], Any], timeout: float = 90.0) -> list[Any]:
+    """fn(i, c) for every client at once, in threads: the results, or the
+    exception each raised."""
+    out: list[Any] = [None] * len(cs)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fn(i, cs[i])
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out[i] = e
+
+    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(cs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+        assert not t.is_alive(), f"a trainer still waits after {timeout} s"
+    return out

@@ -25,6 +25,7 @@ from .errors import (
     CollectivedError,
     CollectiveTimeoutError,
     ConnectionLostError,
+    CorruptError,
     DTypeError,
     FullError,
     HandshakeError,
@@ -57,6 +58,6 @@ __all__ = [
     "AccessDeniedError", "SharedMemoryError", "QuotaError", "BadSegmentError", "BusyError",
     "BadFDError", "BadRequestError", "TooLargeError", "TooManyError", "MismatchError",
     "CollectiveTimeoutError", "PeerLostError", "TrainerLostError", "AbortedError",
-    "ShutdownError", "UnsupportedError", "InternalError", "ConnectionLostError",
+    "ShutdownError", "UnsupportedError", "InternalError", "CorruptError", "ConnectionLostError",
     "WaitTimeoutError", "UsageError", "DTypeError", "NeedsVersionError",
 ]

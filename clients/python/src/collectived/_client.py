@@ -5,8 +5,10 @@ from __future__ import annotations
 import _thread
 import array
 import collections
+import concurrent.futures
 import itertools
 import json
+import logging
 import math
 import mmap
 import operator
@@ -182,7 +184,9 @@ def default_wait_timeout(timeout_ms: int, first_call_timeout_ms: Optional[int] =
 
 class Handle:
     """A request in flight. ``wait()`` returns its value (for collectives,
-    the buffer passed in, now holding the result) or raises its error."""
+    the buffer passed in, now holding the result) or raises its error;
+    ``add_done_callback()`` and ``as_future()`` learn of its end without
+    a thread waiting."""
 
     def __init__(self, client: "Client", what: str, value: Any = None) -> None:
         self._client = client
@@ -200,10 +204,65 @@ class Handle:
         #: ring generation and collective number of a completed collective.
         self.generation: Optional[int] = None
         self.seq: Optional[int] = None
+        # Functions to call once done (add_done_callback); None when there
+        # are none, the common case, which then costs nothing more.
+        self._callbacks: Optional[list[Callable[["Handle"], Any]]] = None
 
     def done(self) -> bool:
         """True once the reply (or an error) has arrived."""
         return self._done
+
+    def add_done_callback(self, fn: Callable[["Handle"], Any]) -> None:
+        """Call ``fn(handle)`` once the request is done (with its value or
+        its error; ``fn`` reads them with :meth:`wait`, which then returns
+        at once, or :meth:`exception`). Called at once, in this thread, if
+        it is done already; else in the thread that completes it: the
+        client's reader thread, or a caller taking an answer from the lane.
+        ``fn`` must therefore be short and must not wait for another
+        request of the same client (hand such work to a thread of your
+        own). What it raises is logged (logger ``collectived``) and
+        dropped, as ``concurrent.futures`` does. Callbacks run in the order
+        they were added. No thread is made per request: this is how to
+        learn that a call ended without a waiter thread."""
+        with _CALLBACK_LOCK:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn, self)
+
+    def as_future(self) -> "concurrent.futures.Future[Any]":
+        """A :class:`concurrent.futures.Future` that completes with this
+        request: its ``result()`` is what :meth:`wait` returns, its
+        ``exception()`` the request's error (the same exception object,
+        of the same :class:`CollectivedError` subclass). It cannot be
+        cancelled (the request is in flight). Made with
+        :meth:`add_done_callback`: no thread waits for it."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.set_running_or_notify_cancel()
+
+        def settle(h: "Handle") -> None:
+            if h._error is not None:
+                fut.set_exception(h._error)
+            else:
+                fut.set_result(h._value)
+        self.add_done_callback(settle)
+        return fut
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """Wait as :meth:`wait` does, then return the request's error (None
+        if it succeeded) instead of raising it. A wait that runs out still
+        raises :class:`WaitTimeoutError`."""
+        try:
+            self.wait(timeout)
+        except WaitTimeoutError:
+            if not self._done:
+                raise
+        except BaseException:
+            if self._error is None:
+                raise
+        return self._error
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Wait for the reply, at most ``timeout`` seconds (default: the
@@ -236,8 +295,27 @@ class Handle:
             self._error = error
         elif value is not None:
             self._value = value
-        self._done = True
+        with _CALLBACK_LOCK:
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, None
         self._signal.release()
+        if callbacks is not None:
+            for fn in callbacks:
+                _run_callback(fn, self)
+
+
+# Orders add_done_callback against a handle's completion: one lock for all
+# handles (a lock a handle would cost every call to make; this one is held
+# for a few instructions).
+_CALLBACK_LOCK = threading.Lock()
+_log = logging.getLogger("collectived")
+
+
+def _run_callback(fn: Callable[[Handle], Any], h: Handle) -> None:
+    try:
+        fn(h)
+    except Exception:
+        _log.exception("collectived: a done callback of %s raised", h.what)
 
 
 class _Slots:
@@ -1696,7 +1774,9 @@ class Client:
 
     def _read_loop(self) -> None:
         max_frame, version = self.info.max_frame, self.info.version
-        rbuf = bytearray(max(2 * (P.HEADER_SIZE + max_frame), 1 << 16))
+        rbase = max(2 * (P.HEADER_SIZE + max_frame), 1 << 16)
+        status_bound = max(max_frame, P.MAX_STATUS_FRAME)
+        rbuf = bytearray(rbase)
         mv = memoryview(rbuf)
         start = end = 0
         fds: collections.deque[int] = collections.deque()
@@ -1727,14 +1807,21 @@ class Client:
                     raise ConnectionLostError(f"daemon at {self.path} closed the connection")
                 end += n
                 while end - start >= P.HEADER_SIZE:
+                    # STATUS_OK alone may pass max_frame, up to MAX_STATUS_FRAME.
+                    bound = status_bound if mv[start + 4] == P.STATUS_OK else max_frame
                     length, ftype, fflags, fid = P.parse_header(
-                        mv[start:start + P.HEADER_SIZE], max_frame)
+                        mv[start:start + P.HEADER_SIZE], bound)
                     if P.TYPE_SINCE.get(ftype, 1) > version:
                         raise ProtocolError(
                             f"{P.TYPE_NAMES[ftype]} (type 0x{ftype:02x}, id {fid}) is a protocol "
                             f"version {P.TYPE_SINCE[ftype]} frame; this connection speaks version "
                             f"{version}")
                     if end - start < P.HEADER_SIZE + length:
+                        if P.HEADER_SIZE + length > len(rbuf):  # a large STATUS_OK: make room
+                            grown = bytearray(P.HEADER_SIZE + length)
+                            grown[0:end - start] = mv[start:end]
+                            rbuf, mv = grown, memoryview(grown)
+                            start, end = 0, end - start
                         break
                     payload = mv[start + P.HEADER_SIZE:start + P.HEADER_SIZE + length]
                     msg = P.decode_payload(ftype, fflags, fid, payload)
@@ -1754,6 +1841,9 @@ class Client:
                     start += P.HEADER_SIZE + length
                 if start == end:
                     start = end = 0
+                    if len(rbuf) > rbase:  # the large STATUS_OK has gone: shrink back
+                        rbuf = bytearray(rbase)
+                        mv = memoryview(rbuf)
         except P.FrameError as e:
             err = ProtocolError(f"from daemon at {self.path}: {e}")
         except CollectivedError as e:

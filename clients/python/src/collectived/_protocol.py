@@ -37,6 +37,9 @@ TIMEOUT_MARGIN = 5.0
 MAGIC = b"CLVD"
 HEADER_SIZE = 16
 PRE_HELLO_MAX_FRAME = 4096
+# A STATUS_OK payload may be this long whatever max_frame is (the status of
+# the largest worlds is megabytes); no other frame may pass max_frame.
+MAX_STATUS_FRAME = 8 << 20
 MAX_NAME_LEN = 255
 MAX_ERROR_MESSAGE = 4096
 

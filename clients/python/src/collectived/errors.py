@@ -5,6 +5,11 @@ Every error the daemon sends (an ``ERROR`` frame) becomes a
 code's name and the daemon's message verbatim. Errors found by the client
 itself (a broken connection, a wait that ran out, a malformed frame) use the
 same base class with ``code`` set to ``None`` (or ``BAD_FRAME`` for frames).
+
+Every one is a :class:`RuntimeError`, as torch.distributed's own failures
+are: code written for PyTorch's backends (``except RuntimeError``) catches
+them, and code written for collectived can still tell them apart by class
+(a :class:`TrainerLostError` stays one through ``collectived.torch``).
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ CODE_NAMES = {
     7: "PERMISSION", 8: "QUOTA", 9: "BAD_SEGMENT", 10: "BUSY", 11: "BAD_FD",
     12: "BAD_REQUEST", 13: "TOO_LARGE", 14: "TOO_MANY", 15: "MISMATCH", 16: "TIMEOUT",
     17: "PEER_LOST", 18: "TRAINER_LOST", 19: "ABORTED", 20: "SHUTDOWN", 21: "UNSUPPORTED",
-    22: "INTERNAL",
+    22: "INTERNAL", 23: "CORRUPT",
 }
 
 
-class CollectivedError(Exception):
-    """Base of every collectived error.
+class CollectivedError(RuntimeError):
+    """Base of every collectived error (a :class:`RuntimeError`, as
+    torch.distributed's failures are).
 
     Attributes:
         code: the protocol error code (``None`` for errors found client-side).
@@ -150,6 +156,11 @@ class InternalError(CollectivedError):
     memory; the message says), or a daemon bug."""
 
 
+class CorruptError(CollectivedError):
+    """``CORRUPT``: a frame between two nodes arrived corrupted (a checksum did
+    not match); the message names the link."""
+
+
 class UsageError(CollectivedError, ValueError):
     """A call the client refuses before sending anything: an argument out
     of range or inconsistent (a root outside the world, per-rank counts
@@ -192,6 +203,7 @@ _BY_CODE: dict[int, type[CollectivedError]] = {
     11: BadFDError, 12: BadRequestError, 13: TooLargeError, 14: TooManyError,
     15: MismatchError, 16: CollectiveTimeoutError, 17: PeerLostError, 18: TrainerLostError,
     19: AbortedError, 20: ShutdownError, 21: UnsupportedError, 22: InternalError,
+    23: CorruptError,
 }
 
 

@@ -1,7 +1,15 @@
-"""PyTorch helpers. Importing this module imports torch.
+"""PyTorch: the ``"collectived"`` torch.distributed backend, DDP comm hooks,
+and tensors in the daemon's shared memory. Importing this module imports
+torch and registers the backend.
 
-``collectived.Client.allreduce`` already accepts contiguous CPU tensors; these
-helpers add zero-copy tensors living in the daemon's shared memory.
+>>> import collectived.torch as ct, torch.distributed as dist
+>>> ct.init_process_group()           # instead of dist.init_process_group(...)
+>>> dist.get_rank(), dist.get_world_size()   # the daemons' world rank and size
+>>> model = torch.nn.parallel.DistributedDataParallel(model)
+
+``collectived.Client.allreduce`` and friends already accept contiguous CPU
+tensors; :func:`empty` and :func:`zeros` make zero-copy tensors living in the
+daemon's shared memory.
 """
 
 from __future__ import annotations
@@ -11,7 +19,35 @@ from typing import Any, Sequence
 import torch  # type: ignore[import-not-found,unused-ignore]
 
 from ._client import Client
+from ._torch_pg import (
+    BACKEND,
+    ProcessGroupCollectived,
+    Work,
+    WorldStore,
+    connect,
+    default_group,
+    destroy_process_group,
+    init_process_group,
+    register,
+)
+from ._torch_ddp import (
+    allreduce_hook,
+    bf16_compress_hook,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    fp16_compress_hook,
+)
 from .errors import DTypeError
+
+__all__ = [
+    "BACKEND", "ProcessGroupCollectived", "Work", "WorldStore", "connect", "default_group",
+    "destroy_process_group", "init_process_group", "register", "allreduce_hook",
+    "bf16_compress_hook", "fp16_compress_hook", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "as_tensor", "empty", "zeros",
+]
+
+register()
 
 _NUMPY_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
                 torch.int32: "int32", torch.int64: "int64", torch.int8: "int8",
