@@ -723,8 +723,13 @@ def finish(res, a) -> int:
             with open(os.path.join(plots, "results.json"), "w") as f:
                 json.dump(res, f, indent=1)
         report.plots(res, plots)
+        try:
+            with open(a.doc) as f:
+                old = f.read()
+        except FileNotFoundError:
+            old = ""
         with open(a.doc, "w") as f:
-            f.write(report.markdown(res, os.path.relpath(plots, docs)))
+            f.write(report.keep_spliced(old, report.markdown(res, os.path.relpath(plots, docs))))
         log(f"wrote {a.doc} and the plots in {plots}" + ("" if a.report_only else ", results.json"))
     return 1 if res.get("errors") else 0
 

@@ -3,6 +3,7 @@ docs/BENCHMARKS.md and its plots, all from one run's results dict."""
 
 import os
 import random
+import re
 import statistics
 
 import srcconfig
@@ -976,6 +977,20 @@ GAINS = [
     "| 351.5 µs (paired 0.63); 609.2 µs (paired 0.60); one call at a time unchanged (1.01, 1.04) |",
     "",
 ]
+
+
+SPLICED = re.compile(r"<!-- ([a-z0-9-]+): begin \(.*?\) -->\n.*?<!-- \1: end -->\n?", re.S)
+
+
+def keep_spliced(old: str, new: str) -> str:
+    """new, with the sections other programs splice into the report
+    between their markers (`<!-- NAME: begin (PROGRAM) -->` to
+    `<!-- NAME: end -->`, such as bench/ddp_step.py's) carried over from
+    old, at the end: this report rewrites the file, they are not its."""
+    blocks = [m.group(0) for m in SPLICED.finditer(old) if m.group(0) not in new]
+    if not blocks:
+        return new
+    return new.rstrip("\n") + "\n\n" + "\n".join(b if b.endswith("\n") else b + "\n" for b in blocks)
 
 
 def markdown(res, plot_rel) -> str:

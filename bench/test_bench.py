@@ -1273,3 +1273,15 @@ class CollectivedOpRealTest(unittest.TestCase):
             self.assertEqual([(r["bytes"], r["total_bytes"]) for r in rows],
                              [runners.coll_bytes(op, s, 2) for s in sizes], op)
             self.assertTrue(all(r["verified"] and r["busbw_GBps"] > 0 for r in rows))
+
+
+class SplicedSectionsTest(unittest.TestCase):
+    def test_sections_of_other_programs_survive_a_rewrite(self):
+        ddp = ("<!-- ddp-step: begin (bench/ddp_step.py) -->\n## DDP training step\n\n| a |\n"
+               "<!-- ddp-step: end -->\n")
+        old = "# Benchmarks\n\nold figures\n\n" + ddp
+        got = report.keep_spliced(old, "# Benchmarks\n\nnew figures\n")
+        self.assertEqual(got, "# Benchmarks\n\nnew figures\n\n" + ddp)
+        self.assertEqual(report.keep_spliced(got, got), got)  # kept once
+        self.assertEqual(report.keep_spliced("", "x\n"), "x\n")
+        self.assertEqual(report.keep_spliced("<!-- a: begin (p) -->\nno end", "x\n"), "x\n")
