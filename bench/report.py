@@ -470,7 +470,7 @@ def collectives_text(res) -> str:
     if t:
         b = c["bf16"]
         parts += ["", f"bfloat16 vs float32 allreduce, {b['elements'] >> 20} Mi elements, world 2, call by call in turn: "
-                  f"median of the pairs' ratios {b['ratio']:.3f} (ratio of medians {b['ratio_of_medians']:.3f})", t]
+                  f"median of the runs' ratios {b['ratio']:.3f} (ratio of medians {b['ratio_of_medians']:.3f})", t]
     return "\n".join(parts) + "\n" + targets25_text(res)
 
 
@@ -1178,7 +1178,8 @@ def markdown(res, plot_rel) -> str:
           "python3-torch, python3-matplotlib, iperf3), builds `collectived`, `bench/mpi_allreduce.c` and "
           "`bench/tcp_bidir.c` into "
           "`bench/.build/`, and runs everything with Debian's `/usr/bin/python3`:", "", "```sh",
-          "bench/compare               # full run: 5 rounds, 15-20 minutes on 2 cores (by load); writes this file",
+          "bench/compare               # full run: 5 rounds, 15-20 minutes on 2 cores (by load), and 3-7 more for the "
+          "other collectives and the bfloat16 runs; writes this file",
           "bench/compare --from-head   # the same, measuring the committed HEAD rather than the work tree",
           "bench/compare --quick       # sizes 4 B, 64 KiB, 64 MiB, fewer calls, 1 round: about 1 minute",
           "bench/compare --sizes 4,1MiB,64MiB --worlds 2 --rounds 3 --no-doc   # print only",
