@@ -139,10 +139,16 @@ func TestPollReachesEverySleeper(t *testing.T) {
 		rs[i] = newCounted(a)
 		rs[i].Sleep()
 	}
+	// Each poll looks at every sleeper: readers asleep longer than
+	// longAfter (10 ms, which setting up 21 of them can take on a loaded
+	// machine) are otherwise looked at only every longEvery, the rule
+	// TestLongSleeperLookedAtLess checks.
+	set.longAt = 0
 	pollNow()
 	if sleeping() != n-maxPoll {
 		t.Fatalf("sleeping() = %d after one poll, want %d", sleeping(), n-maxPoll)
 	}
+	set.longAt = 0
 	pollNow()
 	for i, r := range rs {
 		if w := r.wakes.Load(); w != 1 {
