@@ -31,14 +31,11 @@ func (d *Daemon) inputs(calls []call) [][]byte {
 // are left as they were.
 func (d *Daemon) reduce(r *ring.Ring, desc collective.Desc, calls []call) error {
 	L := d.cfg.LocalSize
-	rootNode, rootLocal := int(desc.Root)/L, int(desc.Root)%L
-	rd := desc
-	rd.Root = uint32(rootNode)
 	work := d.scratch(len(calls[0].c.Buf))
-	err := r.ReduceLocal(rd, work, d.inputs(calls))
+	err := r.ReduceLocal(desc, work, d.inputs(calls)) // the root stays a world rank
 	clear(d.localBufs)
-	if err == nil && rootNode == d.cfg.Rank {
-		copy(calls[rootLocal].c.Buf, work)
+	if err == nil && int(desc.Root)/L == d.cfg.Rank {
+		copy(calls[int(desc.Root)%L].c.Buf, work)
 	}
 	return err
 }

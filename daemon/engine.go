@@ -404,16 +404,15 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 		err = r.AllReduceLocal(desc, d.localBufs)
 		clear(d.localBufs) // do not keep trainers' buffers reachable
 	case collective.OpBroadcast:
+		// The ring takes world ranks as roots (ring frames carry the
+		// trainers' own root); the local copies are this node's.
 		L := d.cfg.LocalSize
-		rootNode, rootLocal := int(desc.Root)/L, int(desc.Root)%L
-		rd := desc
-		rd.Root = uint32(rootNode)
 		src := 0
-		if rootNode == d.cfg.Rank {
-			src = rootLocal
+		if int(desc.Root)/L == d.cfg.Rank {
+			src = int(desc.Root) % L
 		}
 		buf := calls[src].c.Buf
-		if err = r.Broadcast(rd, buf); err == nil {
+		if err = r.Broadcast(desc, buf); err == nil {
 			for l := range calls {
 				if l != src {
 					copy(calls[l].c.Buf, buf)

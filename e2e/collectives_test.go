@@ -213,3 +213,30 @@ func TestBadVersion3Calls(t *testing.T) {
 	}
 	sumStep(t, cs, 2)
 }
+
+// TestRootsOnOneNodeDifferAcrossNodes: on 2 nodes x 2 trainers, node 0's
+// trainers name root 0 and node 1's name root 1, both world ranks of node
+// 0. The ring rank of either root is 0, so a ring comparing ring ranks
+// alone would find the calls equal: node 1's trainers would get world
+// rank 0's data while they asked for rank 1's, with no error. Every
+// trainer must get MISMATCH instead, for broadcast and for reduce.
+func TestRootsOnOneNodeDifferAcrossNodes(t *testing.T) {
+	w := startWorld(t, 2, 2, "")
+	cs := everyTrainer(t, w)
+	for _, op := range []collective.Op{collective.OpBroadcast, collective.OpReduce} {
+		errs := onEvery(t, cs, func(i int, c *cvd.Client) error {
+			d := collective.Desc{Op: op, DType: collective.Int32, Count: 4, Root: uint32(i / 2)}
+			if op == collective.OpReduce {
+				d.Reduce = collective.Sum
+			}
+			x := []byte{byte(i), 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}
+			return c.Do(d, x)
+		})
+		for i, err := range errs {
+			if !errors.Is(err, cvd.ErrMismatch) || !strings.Contains(err.Error(), "root=") {
+				t.Errorf("%s: trainer %d: %v, want MISMATCH naming the roots", op, i, err)
+			}
+		}
+		sumStep(t, cs, 3) // the world goes on
+	}
+}

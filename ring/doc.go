@@ -79,7 +79,9 @@
 //	+---------------+
 //
 // op, dtype, reduce, count and root are the call's collective.Desc in
-// its wire codes; the name travels only inside the fingerprint
+// its wire codes (the root a world rank, as the trainers named it: two
+// world ranks of one ring rank differ on the wire); the name travels only
+// inside the fingerprint
 // (collective.Desc.Fingerprint, over all fields and the name). Kinds:
 //
 //	1 data       forward only (to next), but both ways on a ring of two's
@@ -171,9 +173,9 @@
 // Broadcast: first the description check of a barrier (N-1 steps of an
 // empty frame, agree in ops.go), so that no rank, the root least of all,
 // returns before every rank's call was found equal; then, as step N-1,
-// the root sends its buffer in segments; rank root+k receives each
-// segment and relays it to next, except rank root-1, which ends the
-// chain.
+// the root's ring rank R (root / Config.Local) sends its buffer in
+// segments; rank R+k receives each segment and relays it to next, except
+// rank R-1, which ends the chain.
 //
 // AllGather: N-1 steps; in step s rank r sends block r-s and receives
 // block r-s-1, segment by segment; each frame carries the block length, so

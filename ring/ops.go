@@ -14,11 +14,10 @@ func (r *Ring) checkCall(d *collective.Desc, op collective.Op, n int) error {
 	if d.Op != op {
 		return fmt.Errorf("ring rank %d: %s called with a %s description: %w", r.rank, op, d.Op, collective.ErrInvalid)
 	}
-	world := r.size // roots of broadcast and reduce are ring ranks
-	if op == collective.OpAllGather || op == collective.OpReduceScatter {
-		world = r.ranks() // per-rank counts are world ranks'
-	}
-	if err := d.Validate(world); err != nil {
+	// Roots and per-rank counts are world ranks' (Config.Local to a ring
+	// rank): frames carry them as the callers gave them, so that calls
+	// naming two world ranks of one ring rank do not look alike.
+	if err := d.Validate(r.ranks()); err != nil {
 		return fmt.Errorf("ring rank %d: %s: %w", r.rank, op, err)
 	}
 	if n >= 0 && uint64(n) != d.Bytes() {
@@ -185,8 +184,8 @@ func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bo
 	return r.reduceOp(&d, buf, newFolder(&d, nil, others, true, r.ranks(), &r.f32), lent, stop)
 }
 
-// ReduceLocal is the reduction of a reduce (d.Op is collective.OpReduce):
-// ins are this rank's local inputs, folded in order as AllReduceLocal
+// ReduceLocal is the reduction of a reduce (d.Op is collective.OpReduce,
+// d.Root a world rank): ins are this rank's local inputs, folded in order as AllReduceLocal
 // folds them but left unchanged; work, of the same length, receives the
 // reduction on every rank. The caller copies it to the root's buffer;
 // the other ranks' copies cost the ring no more time than a gather to
@@ -201,8 +200,12 @@ func (r *Ring) ReduceLocal(d collective.Desc, work []byte, ins [][]byte) error {
 	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32), false, nil)
 }
 
-// ranks is the number of world ranks the ring serves: avg's divisor.
+// ranks is the number of world ranks the ring serves: avg's divisor, and
+// the bound of roots and per-rank counts.
 func (r *Ring) ranks() int { return r.size * max(r.cfg.Local, 1) }
+
+// RingRankOf is the ring rank that serves world rank w.
+func (r *Ring) RingRankOf(w int) int { return w / max(r.cfg.Local, 1) }
 
 func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, lent bool, stop func() error) error {
 	lent = lent && r.size > 1 && r.isSmall(len(buf), d.DType.Size())
@@ -372,8 +375,9 @@ func (p partition) segment(c, j int) (off, n int) {
 func mod(a, n int) int { return ((a % n) + n) % n }
 
 // Broadcast copies the root's buf into every other rank's buf. d.Root is
-// the node rank of the source. The data flows root, root+1, ... in
-// segments, each relayed as soon as it arrives.
+// the world rank of the source: ring rank d.Root / Config.Local sends
+// its buf. The data flows from it round the ring in segments, each
+// relayed as soon as it arrives.
 func (r *Ring) Broadcast(d collective.Desc, buf []byte) error {
 	if err := r.checkCall(&d, collective.OpBroadcast, len(buf)); err != nil {
 		return err
@@ -387,7 +391,7 @@ func (r *Ring) Broadcast(d collective.Desc, buf []byte) error {
 			err = r.agree()
 		}
 		if err == nil {
-			err = r.broadcast(buf, int(d.Root))
+			err = r.broadcast(buf, r.RingRankOf(int(d.Root)))
 		}
 	}
 	return r.end(err)
