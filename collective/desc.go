@@ -267,19 +267,38 @@ func (d *Desc) CheckRank(rank int) error {
 	return nil
 }
 
+// Block is world rank w's block of an allgather's result or of a
+// reduce_scatter's input, in elements: its offset and its length (Counts'
+// entries, else Count each for allgather and Count/world for
+// reduce_scatter). Offsets of the "v" forms take O(w).
+func (d *Desc) Block(w, world int) (off, n uint64) {
+	switch {
+	case d.Counts != nil:
+		for _, c := range d.Counts[:w] {
+			off += c
+		}
+		return off, d.Counts[w]
+	case d.Op == OpReduceScatter:
+		n = d.Count / uint64(max(world, 1))
+	default:
+		n = d.Count
+	}
+	return uint64(w) * n, n
+}
+
 // Result is the number of elements of the caller's result: the input's
 // count, except for allgather (every rank's block) and reduce_scatter (the
 // caller's block). rank is the caller's world rank, worldSize the world's.
 func (d *Desc) Result(rank, worldSize int) uint64 {
-	switch {
-	case d.Op == OpAllGather && d.Counts != nil:
-		return d.Total()
-	case d.Op == OpAllGather:
+	switch d.Op {
+	case OpAllGather:
+		if d.Counts != nil {
+			return d.Total()
+		}
 		return d.Count * uint64(worldSize)
-	case d.Op == OpReduceScatter && d.Counts != nil:
-		return d.Counts[rank]
-	case d.Op == OpReduceScatter:
-		return d.Count / uint64(max(worldSize, 1))
+	case OpReduceScatter:
+		_, n := d.Block(rank, worldSize)
+		return n
 	}
 	return d.Count
 }

@@ -245,3 +245,22 @@ func TestResult(t *testing.T) {
 		}
 	}
 }
+
+func TestBlock(t *testing.T) {
+	cases := []struct {
+		d      Desc
+		w      int
+		off, n uint64
+	}{
+		{Desc{Op: OpAllGather, Count: 3}, 2, 6, 3},
+		{Desc{Op: OpAllGather, Count: 2, Counts: []uint64{1, 2, 0, 7}}, 3, 3, 7},
+		{Desc{Op: OpAllGather, Count: 2, Counts: []uint64{1, 2, 0, 7}}, 0, 0, 1},
+		{Desc{Op: OpReduceScatter, Count: 8}, 3, 6, 2},
+		{Desc{Op: OpReduceScatter, Count: 10, Counts: []uint64{1, 2, 0, 7}}, 2, 3, 0},
+	}
+	for _, c := range cases {
+		if off, n := c.d.Block(c.w, 4); off != c.off || n != c.n {
+			t.Errorf("%v.Block(%d, 4) = %d, %d; want %d, %d", c.d, c.w, off, n, c.off, c.n)
+		}
+	}
+}

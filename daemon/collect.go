@@ -46,7 +46,8 @@ func (d *Daemon) reduce(r *ring.Ring, desc collective.Desc, calls []call) error 
 func (d *Daemon) allGather(r *ring.Ring, desc collective.Desc, calls []call) error {
 	out := calls[0].c.Out
 	es := desc.DType.Size()
-	off := worldOffset(&desc, d.worldRank(0), d.cfg.LocalSize*len(d.cfg.Peers)) * es
+	first, _ := desc.Block(d.worldRank(0), d.cfg.LocalSize*len(d.cfg.Peers))
+	off := int(first) * es
 	for _, c := range calls {
 		off += copy(out[off:], c.c.Buf)
 	}
@@ -72,24 +73,8 @@ func (d *Daemon) reduceScatter(r *ring.Ring, desc collective.Desc, calls []call)
 	es := desc.DType.Size()
 	world := d.cfg.LocalSize * len(d.cfg.Peers)
 	for l, c := range calls {
-		off := worldOffset(&desc, d.worldRank(l), world) * es
-		copy(c.c.Out, work[off:off+len(c.c.Out)])
+		off, _ := desc.Block(d.worldRank(l), world)
+		copy(c.c.Out, work[int(off)*es:])
 	}
 	return nil
-}
-
-// worldOffset is the element offset of world rank w's block in an
-// allgather's result or a reduce_scatter's input.
-func worldOffset(desc *collective.Desc, w, world int) int {
-	switch {
-	case desc.Counts != nil:
-		var o uint64
-		for _, c := range desc.Counts[:w] {
-			o += c
-		}
-		return int(o)
-	case desc.Op == collective.OpReduceScatter:
-		return w * int(desc.Count) / world
-	}
-	return w * int(desc.Count)
 }

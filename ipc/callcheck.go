@@ -100,19 +100,8 @@ func checkOverlap(c *Call, inBytes, outBytes uint64, lim CallLimits) error {
 		return nil
 	}
 	d := &c.Desc
-	es := uint64(d.DType.Size())
-	var before uint64 // elements of the ranks before the caller
-	for w := 0; w < lim.WorldRank; w++ {
-		switch {
-		case d.Counts != nil:
-			before += d.Counts[w]
-		case d.Op == collective.OpAllGather:
-			before += d.Count
-		default:
-			before += d.Count / uint64(lim.WorldSize)
-		}
-	}
-	own := before * es
+	before, _ := d.Block(lim.WorldRank, lim.WorldSize) // elements of the ranks before the caller
+	own := before * uint64(d.DType.Size())
 	if d.Op == collective.OpAllGather && a0 == b0+own || d.Op == collective.OpReduceScatter && b0 == a0+own {
 		return nil
 	}

@@ -38,14 +38,9 @@ type folder struct {
 type halfScratch struct{ acc, v [block]float32 }
 
 func newFolder(d *collective.Desc, first []byte, others [][]byte, back bool, ranks int, f32 *halfScratch) folder {
+	m := d.Matched() // a scale of 1 is none
 	f := folder{k: kernelFor(d.DType, d.Reduce), dt: d.DType, op: d.Reduce, half: d.DType.Half(),
-		first: first, others: others, back: back, pre: d.PreScale, post: d.PostScale, f32: f32}
-	if f.pre == 1 {
-		f.pre = 0
-	}
-	if f.post == 1 {
-		f.post = 0
-	}
+		first: first, others: others, back: back, pre: m.PreScale, post: m.PostScale, f32: f32}
 	if d.Reduce == collective.Avg && ranks > 1 {
 		f.div = float64(ranks)
 	}

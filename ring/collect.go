@@ -11,53 +11,43 @@ import (
 // those of world ranks, Config.Local to a ring rank in order, so a ring
 // rank's block is its world ranks' blocks side by side.
 
-// blocks gives ring rank i's block of a world-rank layout: its byte
-// offset and length.
+// blocks is a world-rank layout cut at ring ranks: ring rank i's block
+// is bytes [offs[i], offs[i+1]). It is computed once per op (from the
+// counts, O(world)) into the ring's own slice, so that the op and its
+// readers (inplace.go) find any block in O(1) without allocating.
 type blocks struct {
-	d     *collective.Desc
-	es    int
-	local int
+	offs []int
+	es   int
 }
 
 func (r *Ring) blocksOf(d *collective.Desc) blocks {
-	return blocks{d: d, es: d.DType.Size(), local: max(r.cfg.Local, 1)}
+	local, world := max(r.cfg.Local, 1), r.ranks()
+	if cap(r.blockOffs) < r.size+1 {
+		r.blockOffs = make([]int, r.size+1)
+	}
+	b := blocks{offs: r.blockOffs[:r.size+1], es: d.DType.Size()}
+	for i := 0; i <= r.size; i++ {
+		var off uint64
+		if i < r.size {
+			off, _ = d.Block(i*local, world)
+		} else {
+			last, n := d.Block(world-1, world)
+			off = last + n
+		}
+		b.offs[i] = int(off) * b.es
+	}
+	return b
 }
 
-// worldCount is world rank w's count: its entry of Counts, else the
-// equal share (allgather: Count each; reduce_scatter: Count/W each).
-func (b blocks) worldCount(w, world int) uint64 {
-	switch {
-	case b.d.Counts != nil:
-		return b.d.Counts[w]
-	case b.d.Op == collective.OpReduceScatter:
-		return b.d.Count / uint64(world)
-	}
-	return b.d.Count
-}
-
-// span is ring rank i's block in bytes, of a ring of n.
-func (b blocks) span(i, n int) (off, length int) {
-	world := n * b.local
-	if b.d.Counts == nil {
-		c := int(b.worldCount(0, world)) * b.local * b.es
-		return i * c, c
-	}
-	var o, l uint64
-	for w := 0; w < i*b.local; w++ {
-		o += b.d.Counts[w]
-	}
-	for w := i * b.local; w < (i+1)*b.local; w++ {
-		l += b.d.Counts[w]
-	}
-	return int(o) * b.es, int(l) * b.es
-}
+// span is ring rank i's block in bytes.
+func (b blocks) span(i int) (off, length int) { return b.offs[i], b.offs[i+1] - b.offs[i] }
 
 // segments is how many frames every block travels in: the same for all
 // blocks of an op, so that each step's sends and receives pair up.
 func (r *Ring) segments(b blocks) int {
 	longest := 0
 	for i := 0; i < r.size; i++ {
-		_, l := b.span(i, r.size)
+		_, l := b.span(i)
 		longest = max(longest, l)
 	}
 	seg := r.cfg.SegmentBytes / b.es * b.es
@@ -87,9 +77,8 @@ func (r *Ring) AllGatherInto(d collective.Desc, out []byte) error {
 	if err := r.checkCall(&d, collective.OpAllGather, -1); err != nil {
 		return err
 	}
-	b := r.blocksOf(&d)
-	if total, want := len(out), r.totalBytes(b); total != want {
-		return fmt.Errorf("ring rank %d: %s: result buffer is %d bytes, %s needs %d: %w", r.rank, d.Op, total, d.String(), want, collective.ErrInvalid)
+	if want := d.Result(0, r.ranks()) * uint64(d.DType.Size()); uint64(len(out)) != want {
+		return fmt.Errorf("ring rank %d: %s: result buffer is %d bytes, %s needs %d: %w", r.rank, d.Op, len(out), d.String(), want, collective.ErrInvalid)
 	}
 	if err := r.begin(&d); err != nil {
 		return err
@@ -97,16 +86,12 @@ func (r *Ring) AllGatherInto(d collective.Desc, out []byte) error {
 	var err error
 	if r.size > 1 {
 		if err = r.healthy(); err == nil {
-			// The ring's own copy of the description: d does not escape.
+			// The layout goes in the ring's own slice: after begin, when
+			// no other op can be using it.
 			err = r.allGatherInto(r.blocksOf(&r.desc), out)
 		}
 	}
 	return r.end(err)
-}
-
-func (r *Ring) totalBytes(b blocks) int {
-	o, l := b.span(r.size-1, r.size)
-	return o + l
 }
 
 func (r *Ring) allGatherInto(b blocks, out []byte) error {
@@ -116,8 +101,8 @@ func (r *Ring) allGatherInto(b blocks, out []byte) error {
 	r.pl = placement{buf: out, total: uint64((n - 1) * nseg), gather: b, gathering: true, nseg: nseg}
 	for s := 0; s < n-1; s++ {
 		r.setStep(s)
-		so, sl := b.span(mod(r.rank-s, n), n)
-		ro, rl := b.span(mod(r.rank-s-1, n), n)
+		so, sl := b.span(mod(r.rank-s, n))
+		ro, rl := b.span(mod(r.rank-s-1, n))
 		for j := 0; j < nseg; j++ {
 			bf, qo, ql, err := r.swapSegment(out, b.es, so, sl, ro, rl, j, nseg)
 			if err != nil {
@@ -173,7 +158,6 @@ func (r *Ring) ReduceScatterLocal(d collective.Desc, work []byte, ins [][]byte) 
 		return err
 	}
 	f := newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32)
-	b := r.blocksOf(&d)
 	if err := r.begin(&d); err != nil {
 		return err
 	}
@@ -181,7 +165,7 @@ func (r *Ring) ReduceScatterLocal(d collective.Desc, work []byte, ins [][]byte) 
 	if r.size == 1 {
 		f.localFinal(work, 0)
 	} else if err = r.healthy(); err == nil {
-		err = r.reduceScatter(b, work, &f)
+		err = r.reduceScatter(r.blocksOf(&r.desc), work, &f)
 	}
 	return r.end(err)
 }
@@ -191,8 +175,8 @@ func (r *Ring) reduceScatter(b blocks, work []byte, f *folder) error {
 	nseg := r.segments(b)
 	for s := 0; s < n-1; s++ {
 		r.setStep(s)
-		so, sl := b.span(mod(r.rank-s-1, n), n)
-		ro, rl := b.span(mod(r.rank-s-2, n), n)
+		so, sl := b.span(mod(r.rank-s-1, n))
+		ro, rl := b.span(mod(r.rank-s-2, n))
 		for j := 0; j < nseg; j++ {
 			if s == 0 {
 				po, pl := piece(so, sl, b.es, j, nseg)
@@ -213,7 +197,10 @@ func (r *Ring) reduceScatter(b blocks, work []byte, f *folder) error {
 // reduce_scatter result (AllGatherInto's out, ReduceScatterLocal's work):
 // byte offset and length.
 func (r *Ring) BlockSpan(d *collective.Desc, i int) (off, length int) {
-	return r.blocksOf(d).span(i, r.size)
+	local, es := max(r.cfg.Local, 1), uint64(d.DType.Size())
+	o, _ := d.Block(i*local, r.ranks())
+	end, n := d.Block((i+1)*local-1, r.ranks())
+	return int(o * es), int((end + n - o) * es)
 }
 
 // checkInputs checks the local inputs of a reduction into work: at least

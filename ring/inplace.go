@@ -68,7 +68,7 @@ func (r *Ring) gatherPlace(m uint64) []byte {
 	}
 	nseg := uint64(pl.nseg)
 	step, j := int(m/nseg), int(m%nseg)
-	ro, rl := pl.gather.span(mod(r.rank-step-1, r.size), r.size)
+	ro, rl := pl.gather.span(mod(r.rank-step-1, r.size))
 	po, pn := piece(ro, rl, pl.gather.es, j, pl.nseg)
 	if pn == 0 {
 		return nil // nothing to place; the empty frame takes a buffer

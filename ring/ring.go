@@ -36,6 +36,8 @@ type Ring struct {
 	// f32 is the 16-bit floats' float32 working space (arith.go), kept
 	// here so that the op goroutine's reductions allocate nothing.
 	f32 halfScratch
+	// blockOffs is the block layout of the op under way (collect.go).
+	blockOffs []int
 
 	cfg        Config
 	log        *slog.Logger
