@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/collectived/collectived/collective"
@@ -359,4 +360,29 @@ func TestReduceScatterAndReduceDoNotAllocate(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestCollectArgumentErrors: bad buffers are refused without touching
+// the ring, naming what is wrong; the ring goes on.
+func TestCollectArgumentErrors(t *testing.T) {
+	rings := newWorld(t, worldOpts{n: 2, tweak: func(c *Config) { c.Local = 2 }})
+	r := rings[0]
+	g := collective.Desc{Op: collective.OpAllGather, DType: collective.Int32, Count: 2}
+	rs := collective.Desc{Op: collective.OpReduceScatter, DType: collective.Int32, Reduce: collective.Sum, Count: 8}
+	rd := collective.Desc{Op: collective.OpReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 8, Root: 4}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{r.AllGatherInto(g, make([]byte, 30)), "result buffer is 30 bytes"},
+		{r.ReduceScatterLocal(rs, make([]byte, 32), nil), "of no buffers"},
+		{r.ReduceScatterLocal(rs, make([]byte, 32), [][]byte{make([]byte, 32), make([]byte, 28)}), "local buffer 1 is 28 bytes, want 32"},
+		{r.ReduceLocal(rd, make([]byte, 32), [][]byte{make([]byte, 32)}), "root 4 outside world of 4"},
+	} {
+		if !errors.Is(c.err, collective.ErrInvalid) || !strings.Contains(c.err.Error(), c.want) {
+			t.Errorf("%v, want an invalid-argument error saying %q", c.err, c.want)
+		}
+	}
+	outs := [][]byte{make([]byte, 32), make([]byte, 32)}
+	noErrors(t, "allgather after the refusals", onAll(t, rings, func(i int, r *Ring) error { return r.AllGatherInto(g, outs[i]) }))
 }
