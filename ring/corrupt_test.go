@@ -174,52 +174,15 @@ func (f *flipRelay) pump(dst, src net.Conn, back bool) {
 // flipRelay with the rule, not yet armed.
 func relayWorld(t *testing.T, n, streams int, rule flipRule, tweak func(*Config)) ([]*Ring, *flipRelay) {
 	t.Helper()
-	ls := make([]net.Listener, n)
-	for i := range ls {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	var f *flipRelay
+	links := tcpLinksVia(t, n, streams, func(i int, listener string) string {
+		if i != 0 {
+			return listener
 		}
-		ls[i] = l
-		defer l.Close()
-	}
-	f := startFlipRelay(t, ls[1].Addr().String(), rule)
-	links := make([]Links, n)
-	for i := 0; i < n; i++ {
-		j := (i + 1) % n
-		addr := ls[j].Addr().String()
-		if i == 0 {
-			addr = f.addr() // as a node whose peer list sends it to the relay
-		}
-		links[i].NextAddr = addr
-		links[j].PrevAddr = fmt.Sprintf("127.0.0.1 rank %d", i)
-		for s := 0; s < streams; s++ {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, err := ls[j].Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			links[i].Next = append(links[i].Next, c)
-			links[j].Prev = append(links[j].Prev, a)
-		}
-	}
-	rings := make([]*Ring, n)
-	for i := range rings {
-		cfg := testConfig(i, n)
-		cfg.Generation = uint32(10 + i)
-		if tweak != nil {
-			tweak(&cfg)
-		}
-		r, err := New(cfg, links[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		rings[i] = r
-		t.Cleanup(func() { r.Close() })
-	}
+		f = startFlipRelay(t, listener, rule) // a node whose peer list sends it to the relay
+		return f.addr()
+	})
+	rings := newRings(t, links, nil, proposing(tweak))
 	return rings, f
 }
 

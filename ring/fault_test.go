@@ -31,25 +31,14 @@ func faultWorldOver(t *testing.T, n int, pipe bool, skip map[int]bool, tweak fun
 	} else {
 		links = tcpLinks(t, n, 1)
 	}
-	rings := make([]*Ring, n)
-	for i := range rings {
-		if skip[i] {
-			continue
-		}
-		cfg := testConfig(i, n)
+	rings := newRings(t, links, skip, func(cfg *Config) {
 		cfg.OpTimeout = 10 * time.Second
 		cfg.HeartbeatInterval = 50 * time.Millisecond
 		cfg.HeartbeatTimeout = 3 * time.Second
 		if tweak != nil {
-			tweak(&cfg)
+			tweak(cfg)
 		}
-		r, err := New(cfg, links[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		rings[i] = r
-		t.Cleanup(func() { r.Close() })
-	}
+	})
 	return rings, links
 }
 

@@ -12,7 +12,12 @@ import (
 
 // tcpLinks connects n ranks in a ring over real TCP on 127.0.0.1: rank i
 // dials rank i+1's listener once per stream.
-func tcpLinks(t testing.TB, n, streams int) []Links {
+func tcpLinks(t testing.TB, n, streams int) []Links { return tcpLinksVia(t, n, streams, nil) }
+
+// tcpLinksVia is tcpLinks where via, if not nil, may send rank i's
+// streams to another address than rank i+1's listener (a relay that
+// forwards to it); PrevAddr still names the dialing rank.
+func tcpLinksVia(t testing.TB, n, streams int, via func(i int, listener string) string) []Links {
 	t.Helper()
 	links := make([]Links, n)
 	if n == 1 {
@@ -29,10 +34,14 @@ func tcpLinks(t testing.TB, n, streams int) []Links {
 	}
 	for i := 0; i < n; i++ {
 		j := (i + 1) % n
-		links[i].NextAddr = ls[j].Addr().String()
+		addr := ls[j].Addr().String()
+		if via != nil {
+			addr = via(i, addr)
+		}
+		links[i].NextAddr = addr
 		links[j].PrevAddr = fmt.Sprintf("127.0.0.1 rank %d", i)
 		for s := 0; s < streams; s++ {
-			c, err := net.Dial("tcp", ls[j].Addr().String())
+			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,6 +54,42 @@ func tcpLinks(t testing.TB, n, streams int) []Links {
 		}
 	}
 	return links
+}
+
+// newRings makes (does not start) a ring per rank over links, from
+// testConfig with tweak applied, closed at the end of the test; ranks in
+// skip get none.
+func newRings(t testing.TB, links []Links, skip map[int]bool, tweak func(*Config)) []*Ring {
+	t.Helper()
+	n := len(links)
+	rings := make([]*Ring, n)
+	for i := range rings {
+		if skip[i] {
+			continue
+		}
+		cfg := testConfig(i, n)
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		r, err := New(cfg, links[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rings[i] = r
+		t.Cleanup(func() { r.Close() })
+	}
+	return rings
+}
+
+// proposing is tweak after each rank proposes generation 10+rank, so that
+// Start's agreement on the largest is seen.
+func proposing(tweak func(*Config)) func(*Config) {
+	return func(c *Config) {
+		c.Generation = uint32(10 + c.Rank)
+		if tweak != nil {
+			tweak(c)
+		}
+	}
 }
 
 // pipeLinks connects n ranks with in-process net.Pipe streams.
@@ -98,20 +143,7 @@ func newWorld(t testing.TB, o worldOpts) []*Ring {
 	} else {
 		links = tcpLinks(t, o.n, o.streams)
 	}
-	rings := make([]*Ring, o.n)
-	for i := range rings {
-		cfg := testConfig(i, o.n)
-		cfg.Generation = uint32(10 + i)
-		if o.tweak != nil {
-			o.tweak(&cfg)
-		}
-		r, err := New(cfg, links[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		rings[i] = r
-		t.Cleanup(func() { r.Close() })
-	}
+	rings := newRings(t, links, nil, proposing(o.tweak))
 	errs := onAll(t, rings, func(i int, r *Ring) error {
 		g, err := r.Start()
 		if err == nil && g != uint32(10+o.n-1) && (o.tweak == nil) {

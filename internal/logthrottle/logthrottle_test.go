@@ -1,31 +1,21 @@
 package logthrottle
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/collectived/collectived/internal/syncbuf"
 )
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+// lockedBuf is the log the throttle writes, read while it may write.
+type lockedBuf struct{ syncbuf.Buffer }
 
 func (l *lockedBuf) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := strings.TrimRight(l.b.String(), "\n")
+	s := strings.TrimRight(l.String(), "\n")
 	if s == "" {
 		return nil
 	}
