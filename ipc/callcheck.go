@@ -24,45 +24,48 @@ func CheckExtFlag(payload []byte, version int) error {
 // an older connection, an invalid description, a count that is not the
 // caller's own, buffers and result spans that do not fit the op. It
 // needs no segment: spans are checked against segments when acquired.
-func CheckCall(c *Call, lim CallLimits) error {
+// It returns the caller's result size in bytes (Desc.Result).
+func CheckCall(c *Call, lim CallLimits) (resultBytes uint64, err error) {
 	d := &c.Desc
 	if err := checkVersion(d, lim.Version); err != nil {
-		return err
+		return 0, err
 	}
 	if err := d.Validate(lim.WorldSize); err != nil {
-		return Errorf(CodeBadRequest, "CALL %s: %v", d.String(), err)
+		return 0, Errorf(CodeBadRequest, "CALL %s: %v", d.String(), err)
 	}
 	if err := d.CheckRank(lim.WorldRank); err != nil {
-		return Errorf(CodeBadRequest, "CALL %s: %v", d.String(), err)
+		return 0, Errorf(CodeBadRequest, "CALL %s: %v", d.String(), err)
 	}
 	if c.SHM && d.Op == collective.OpBarrier {
-		return Errorf(CodeBadRequest, "CALL %s: a barrier has no buffer; the SHM flag must be clear", d.String())
+		return 0, Errorf(CodeBadRequest, "CALL %s: a barrier has no buffer; the SHM flag must be clear", d.String())
 	}
 	if !c.SHM && len(c.Data) > lim.InlineLimit {
-		return Errorf(CodeTooLarge, "CALL %s: %d bytes inline, the limit is %d; use shared memory", d.String(), len(c.Data), lim.InlineLimit)
+		return 0, Errorf(CodeTooLarge, "CALL %s: %d bytes inline, the limit is %d; use shared memory", d.String(), len(c.Data), lim.InlineLimit)
 	}
 	outward := d.Op == collective.OpAllGather || d.Op == collective.OpReduceScatter
 	es := uint64(d.DType.Size())
 	result := d.Result(lim.WorldRank, lim.WorldSize) * es
 	if !c.SHM {
 		if outward && result > uint64(lim.InlineLimit) {
-			return Errorf(CodeTooLarge, "CALL %s: the result is %d bytes, over the inline limit %d; use shared memory", d.String(), result, lim.InlineLimit)
+			return 0, Errorf(CodeTooLarge, "CALL %s: the result is %d bytes, over the inline limit %d; use shared memory", d.String(), result, lim.InlineLimit)
 		}
-		return nil
+		return result, nil
 	}
 	switch {
 	case c.Offset%es != 0:
-		return Errorf(CodeBadRequest, "CALL %s: offset %d in segment %d is not a multiple of the %s size %d", d.String(), c.Offset, c.Segment, d.DType, es)
+		return 0, Errorf(CodeBadRequest, "CALL %s: offset %d in segment %d is not a multiple of the %s size %d", d.String(), c.Offset, c.Segment, d.DType, es)
 	case outward && !c.Out:
-		return Errorf(CodeBadRequest, "CALL %s: a shared-memory %s needs a result span (the extension's OUT)", d.String(), d.Op)
+		return 0, Errorf(CodeBadRequest, "CALL %s: a shared-memory %s needs a result span (the extension's OUT)", d.String(), d.Op)
 	case !outward && c.Out:
-		return Errorf(CodeBadRequest, "CALL %s: %s works in place and takes no result span (OUT)", d.String(), d.Op)
+		return 0, Errorf(CodeBadRequest, "CALL %s: %s works in place and takes no result span (OUT)", d.String(), d.Op)
 	case c.Out && c.OutOffset%es != 0:
-		return Errorf(CodeBadRequest, "CALL %s: out_offset %d in segment %d is not a multiple of the %s size %d", d.String(), c.OutOffset, c.OutSegment, d.DType, es)
+		return 0, Errorf(CodeBadRequest, "CALL %s: out_offset %d in segment %d is not a multiple of the %s size %d", d.String(), c.OutOffset, c.OutSegment, d.DType, es)
 	case c.Out:
-		return checkOverlap(c, d.Bytes(), result, lim)
+		if err := checkOverlap(c, d.Bytes(), result, lim); err != nil {
+			return 0, err
+		}
 	}
-	return nil
+	return result, nil
 }
 
 // checkVersion refuses op, dtype and reduce codes of a later version than

@@ -51,7 +51,7 @@ func decodeRequest(t *testing.T, h Header, p []byte, names *Names) {
 			_ = m.Desc.Validate(8) // must not panic on anything decoded
 			_ = m.Desc.String()
 			for rank := 0; rank < 8; rank += 7 {
-				_ = CheckCall(&m, CallLimits{Version: 3, WorldSize: 8, WorldRank: rank, InlineLimit: 1 << 16})
+				_, _ = CheckCall(&m, CallLimits{Version: 3, WorldSize: 8, WorldRank: rank, InlineLimit: 1 << 16})
 			}
 		}
 	default:

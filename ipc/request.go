@@ -236,11 +236,11 @@ func (s *Session) handleCall(f Frame) error {
 	}
 	d := c.Desc
 	lim := CallLimits{Version: int(s.hello.Version), WorldSize: int(s.helloOK.WorldSize), WorldRank: int(s.helloOK.WorldRank), InlineLimit: s.srv.cfg.InlineLimit}
-	if err := CheckCall(c, lim); err != nil {
+	resultBytes, err := CheckCall(c, lim)
+	if err != nil {
 		return err
 	}
 	outward := d.Op == collective.OpAllGather || d.Op == collective.OpReduceScatter
-	resultBytes := d.Result(lim.WorldRank, lim.WorldSize) * uint64(d.DType.Size())
 
 	s.mu.Lock()
 	if _, dup := s.inflight[f.ID]; dup {

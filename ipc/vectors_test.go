@@ -327,7 +327,7 @@ func checkRefused(t *testing.T, v vector, call *Call, decodeErr error) {
 		if v.Context.ConnectionVersion != 0 {
 			version = v.Context.ConnectionVersion
 		}
-		err = CheckCall(call, CallLimits{Version: version, WorldSize: v.Context.WorldSize, WorldRank: v.Context.WorldRank, InlineLimit: 1 << 16})
+		_, err = CheckCall(call, CallLimits{Version: version, WorldSize: v.Context.WorldSize, WorldRank: v.Context.WorldRank, InlineLimit: 1 << 16})
 	}
 	var e *Error
 	if !errors.As(err, &e) || e.Code.String() != v.Refused || e.Fatal {
