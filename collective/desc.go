@@ -53,6 +53,10 @@ type Desc struct {
 	Root uint32
 	// Name is an optional label; it takes part in matching.
 	Name string
+	// Named (protocol version 4): the call matches the calls of the same
+	// Name on every trainer in whatever order they come, not by its
+	// place in the trainer's sequence of calls (docs/MATCHING.md).
+	Named bool
 	// Shape, if Shape.N > 0, is the input's shape; it takes part in
 	// matching (the first dimension of a "v" allgather excepted).
 	Shape Shape
@@ -82,6 +86,9 @@ func (d *Desc) Since() int {
 	v := max(d.Op.Since(), d.DType.Since(), d.Reduce.Since())
 	if d.Extended() {
 		v = 3
+	}
+	if d.Named {
+		v = 4
 	}
 	return v
 }
@@ -132,7 +139,7 @@ func (d Desc) Equal(o Desc) bool {
 		}
 	}
 	return a.Op == b.Op && a.DType == b.DType && a.Reduce == b.Reduce && a.Count == b.Count &&
-		a.Root == b.Root && a.Name == b.Name && a.Shape == b.Shape &&
+		a.Root == b.Root && a.Name == b.Name && a.Named == b.Named && a.Shape == b.Shape &&
 		math.Float64bits(a.PreScale) == math.Float64bits(b.PreScale) &&
 		math.Float64bits(a.PostScale) == math.Float64bits(b.PostScale)
 }
@@ -148,6 +155,9 @@ func (d Desc) Validate(worldSize int) error {
 	}
 	if len(d.Name) > MaxNameLen {
 		return fmt.Errorf("%w: name is %d bytes, limit %d", ErrInvalid, len(d.Name), MaxNameLen)
+	}
+	if d.Named && d.Name == "" {
+		return fmt.Errorf("%w: a named call needs a name", ErrInvalid)
 	}
 	if d.Op == OpBarrier {
 		if d.Count != 0 || d.Root != 0 || d.Reduce != ReduceNone || d.Extended() {
@@ -345,6 +355,9 @@ func (d Desc) String() string {
 			s += ", "
 		}
 		s += fmt.Sprintf("name=%q", d.Name)
+		if d.Named {
+			s += ", named"
+		}
 	}
 	return s + ")"
 }
@@ -369,6 +382,9 @@ func (d Desc) Fingerprint() uint64 {
 	}
 	for i := 0; i < len(d.Name); i++ {
 		h = (h ^ uint64(d.Name[i])) * prime64
+	}
+	if d.Named {
+		h = (h ^ 'N') * prime64
 	}
 	if !d.Extended() {
 		return h // as before the extension existed

@@ -10,11 +10,18 @@ type CallLimits struct {
 	Version, WorldSize, WorldRank, InlineLimit int
 }
 
-// CheckExtFlag refuses the extension flag before protocol version 3,
-// where it is an undefined flag (fatal), before the payload is parsed.
+// CheckExtFlag refuses the call flags a connection's protocol version
+// does not define (the extension before version 3, NAMED before 4),
+// where they are undefined flags (fatal), before the payload is parsed.
 func CheckExtFlag(payload []byte, version int) error {
-	if version < 3 && len(payload) > 3 && payload[3]&CallFlagExt != 0 {
+	if len(payload) <= 3 {
+		return nil
+	}
+	if version < 3 && payload[3]&CallFlagExt != 0 {
 		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits in protocol version %d (the extension needs 3)", payload[3], version)
+	}
+	if version < 4 && payload[3]&CallFlagNamed != 0 {
+		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits in protocol version %d (NAMED needs 4)", payload[3], version)
 	}
 	return nil
 }

@@ -86,7 +86,7 @@ func TestCallExtensionErrors(t *testing.T) {
 		code Code
 		want string
 	}{
-		{"undefined flag", base(4, nil, nil), CodeBadFrame, "undefined bits"},
+		{"undefined flag", base(8, nil, nil), CodeBadFrame, "undefined bits"},
 		{"short extension", base(CallFlagExt, []byte{0, 0}, nil), CodeBadFrame, "runs past the payload: 2 bytes, at least 4"},
 		{"xflags", base(CallFlagExt, []byte{0, 8, 0, 0}, nil), CodeBadFrame, "extension flags 0x08"},
 		{"reserved", base(CallFlagExt, []byte{0, 0, 1, 0}, nil), CodeBadFrame, "extension reserved"},

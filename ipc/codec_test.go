@@ -246,8 +246,8 @@ func TestDecodeErrors(t *testing.T) {
 		want  string
 	}{
 		{hello(func(p []byte) []byte { p[0] = 'X'; return p }), CodeBadFrame, true, "magic"},
-		{hello(func(p []byte) []byte { p[4] = 4; return p }), CodeVersion, true, "version 4, daemon speaks 1 to 3"},
-		{hello(func(p []byte) []byte { p[4] = 0; return p }), CodeVersion, true, "version 0, daemon speaks 1 to 3"},
+		{hello(func(p []byte) []byte { p[4] = 5; return p }), CodeVersion, true, "version 5, daemon speaks 1 to 4"},
+		{hello(func(p []byte) []byte { p[4] = 0; return p }), CodeVersion, true, "version 0, daemon speaks 1 to 4"},
 		{hello(func(p []byte) []byte { p[6] = 2; return p }), CodeBadFrame, true, "flags 0x0002"},
 		{hello(func(p []byte) []byte { p[16] = 200; return p }), CodeBadFrame, true, "job length 200"},
 		{hello(func(p []byte) []byte { return append(p, 0) }), CodeBadFrame, true, "after the label"},
@@ -299,8 +299,8 @@ func TestDecodeErrors(t *testing.T) {
 		mut  func(*HelloOK)
 		want string
 	}{
-		{func(m *HelloOK) { m.Version = 4 }, "daemon answers in protocol version 4, client speaks 1 to 3"},
-		{func(m *HelloOK) { m.Version = 0 }, "daemon answers in protocol version 0, client speaks 1 to 3"},
+		{func(m *HelloOK) { m.Version = 5 }, "daemon answers in protocol version 5, client speaks 1 to 4"},
+		{func(m *HelloOK) { m.Version = 0 }, "daemon answers in protocol version 0, client speaks 1 to 4"},
 		{func(m *HelloOK) { m.MaxFrame = 1024 }, "max_frame 1024"},
 		{func(m *HelloOK) { m.InlineLimit = 4000 }, "inline_limit 4000"},
 		{func(m *HelloOK) { m.MaxInFlight = 0 }, "max_in_flight is 0"},
@@ -345,8 +345,8 @@ func TestDecodeErrors(t *testing.T) {
 		_, err := DecodeHelloOK(c.p)
 		checkErr(t, err, CodeBadFrame, true, c.want)
 	}
-	_, err = DecodeHelloOK(append([]byte{4, 0}, make([]byte, 66)...))
-	checkErr(t, err, CodeVersion, true, "daemon answers in protocol version 4")
+	_, err = DecodeHelloOK(append([]byte{5, 0}, make([]byte, 66)...))
+	checkErr(t, err, CodeVersion, true, "daemon answers in protocol version 5")
 }
 
 func TestDecodeCallErrors(t *testing.T) {
@@ -364,7 +364,7 @@ func TestDecodeCallErrors(t *testing.T) {
 		want  string
 	}{
 		{make([]byte, 16), CodeBadFrame, true, "CALL: payload is 16 bytes"},
-		{payload(inline, func(p []byte) []byte { p[3] = 4; return p }), CodeBadFrame, true, "flags 0x04"},
+		{payload(inline, func(p []byte) []byte { p[3] = 8; return p }), CodeBadFrame, true, "flags 0x08"},
 		{payload(inline, func(p []byte) []byte { p[16] = 100; return p }), CodeBadFrame, true, "name length 100"},
 		{payload(inline, func(p []byte) []byte { return p[:len(p)-1] }), CodeBadFrame, true, "inline data is 7 bytes, count 2 of int32 implies 8"},
 		{payload(inline, func(p []byte) []byte { return append(p, 1, 2, 3, 4) }), CodeBadFrame, true, "inline data is 12 bytes"},

@@ -12,7 +12,7 @@ const (
 	Magic = "CLVD"
 	// Version is the newest protocol version this package speaks; a
 	// daemon also serves clients of every version from MinVersion.
-	Version = 3
+	Version = 4
 	// MinVersion is the oldest protocol version a daemon still serves.
 	MinVersion = 1
 	// HeaderSize is the length of every frame header.

@@ -424,6 +424,9 @@ const (
 	CallFlagSHM uint8 = 1
 	// CallFlagExt (version 3): the extension follows the name.
 	CallFlagExt uint8 = 2
+	// CallFlagNamed (version 4): the call matches by its name, in any
+	// order (collective.Desc.Named).
+	CallFlagNamed uint8 = 4
 )
 
 // Extension flags (the extension's byte 1).
@@ -466,6 +469,9 @@ func (m *Call) Append(b []byte, id uint64) []byte {
 	ext := m.Ext || d.Extended() || m.Out
 	if ext {
 		flags |= CallFlagExt
+	}
+	if d.Named {
+		flags |= CallFlagNamed
 	}
 	b = append(b, byte(d.Op), byte(d.DType), byte(d.Reduce), flags)
 	b = le.AppendUint32(b, d.Root)
@@ -545,9 +551,10 @@ func DecodeCall(p []byte, m *Call, names *Names) error {
 	flags := p[3]
 	m.Desc.Root = le.Uint32(p[4:])
 	m.Desc.Count = le.Uint64(p[8:])
-	if flags&^(CallFlagSHM|CallFlagExt) != 0 {
+	if flags&^(CallFlagSHM|CallFlagExt|CallFlagNamed) != 0 {
 		return Fatalf(CodeBadFrame, "CALL: flags 0x%02x has undefined bits", flags)
 	}
+	m.Desc.Named = flags&CallFlagNamed != 0
 	m.SHM = flags&CallFlagSHM != 0
 	m.Ext = flags&CallFlagExt != 0
 	name, rest, ok := cutString8(p[16:])

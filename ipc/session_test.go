@@ -66,8 +66,8 @@ func TestHello(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		c := dial(t, srv.Path())
-		f := c.roundTrip(Hello{Version: 4, LocalRank: -1, Job: "job"}.Encode(1), -1)
-		c.expectError(f, CodeVersion, true, "client speaks protocol version 4, daemon speaks 1 to 3")
+		f := c.roundTrip(Hello{Version: 5, LocalRank: -1, Job: "job"}.Encode(1), -1)
+		c.expectError(f, CodeVersion, true, "client speaks protocol version 5, daemon speaks 1 to 4")
 	})
 	t.Run("version 2 answered in 2", func(t *testing.T) {
 		c := dial(t, srv.Path())
@@ -87,7 +87,7 @@ func TestHello(t *testing.T) {
 	t.Run("version 0", func(t *testing.T) {
 		c := dial(t, srv.Path())
 		f := c.roundTrip(Hello{Version: 0, LocalRank: -1, Job: "job"}.Encode(1), -1)
-		c.expectError(f, CodeVersion, true, "client speaks protocol version 0, daemon speaks 1 to 3")
+		c.expectError(f, CodeVersion, true, "client speaks protocol version 0, daemon speaks 1 to 4")
 	})
 	t.Run("job", func(t *testing.T) {
 		c := dial(t, srv.Path())
