@@ -61,6 +61,7 @@ func TestZeroAllocs(t *testing.T) {
 			for i := range bufs {
 				bufs[i] = make([]byte, size)
 			}
+			chunks := unevenChunks(size/4, n)
 			outs := make([][][]byte, n)
 			locals := make([][][]byte, n)
 			for i := range locals {
@@ -69,6 +70,9 @@ func TestZeroAllocs(t *testing.T) {
 			ops := map[string]func(i int, r *Ring) error{
 				"allreduce-local": func(i int, r *Ring) error {
 					return r.AllReduceLocal(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, locals[i])
+				},
+				"allreduce-chunks": func(i int, r *Ring) error {
+					return r.AllReduceChunks(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, locals[i], chunks)
 				},
 				"allreduce": func(i int, r *Ring) error {
 					return r.AllReduce(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, bufs[i])
@@ -100,6 +104,19 @@ func TestZeroAllocs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// unevenChunks cuts count elements into n chunks for AllReduceChunks:
+// half in chunk 0 (a fused buffer's small members go there), the rest
+// even, the last chunk taking the remainder.
+func unevenChunks(count, n int) []int {
+	chunks := make([]int, n)
+	rest := count - count/2
+	for c := 1; c < n; c++ {
+		chunks[c] = rest / (n - 1)
+	}
+	chunks[0] = count/2 + rest%(n-1)
+	return chunks
 }
 
 // BenchmarkAllReduce: float32 sum over loopback TCP, all ranks in this
