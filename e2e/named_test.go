@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -312,5 +313,85 @@ func TestNamedStallReport(t *testing.T) {
 	}
 	if log := w.log(0) + w.log(1); !strings.Contains(log, "late.grad") || !strings.Contains(log, "stalled") {
 		t.Errorf("the logs do not report the stalled name:\n%s", log)
+	}
+}
+
+// TestNamedFusedBitIdentical: named allreduces fused by the daemon give
+// the bytes the same calls give one by one, on 3 nodes (where a float
+// sum's bits depend on the order the ring folds in) for every float
+// dtype, with values of mixed magnitudes so that another order shows.
+func TestNamedFusedBitIdentical(t *testing.T) {
+	w := startWorld(t, 3, 1, "")
+	cs := everyTrainer(t, w)
+	sizes := []int{1, 2, 5, 1000, 16<<10 + 3, 40_001, 150_001}
+	dtypes := []collective.DType{collective.Float32, collective.BFloat16, collective.Float16, collective.Float64}
+	type named struct {
+		d   collective.Desc
+		buf []byte
+	}
+	errs := onEvery(t, cs, func(r int, c *cvd.Client) error {
+		rng := rand.New(rand.NewSource(int64(7 + r)))
+		var calls []named
+		for _, dt := range dtypes {
+			for i, n := range sizes {
+				for _, red := range []collective.ReduceOp{collective.Sum, collective.Avg} {
+					d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: red, Count: uint64(n),
+						Name: fmt.Sprintf("%s.%s.%d", dt, red, i), Named: true}
+					b := make([]byte, n*dt.Size())
+					randomFloats(rng, dt, b)
+					calls = append(calls, named{d, b})
+				}
+			}
+		}
+		// Unfused: the same calls ordered, one by one, on copies.
+		want := make([][]byte, len(calls))
+		for i, nc := range calls {
+			want[i] = append([]byte(nil), nc.buf...)
+			d := nc.d
+			d.Named, d.Name = false, ""
+			if err := c.Do(d, want[i]); err != nil {
+				return fmt.Errorf("ordered %s: %w", nc.d.Name, err)
+			}
+		}
+		hs := make([]*cvd.Handle, len(calls))
+		for _, i := range rng.Perm(len(calls)) {
+			h, err := c.Start(calls[i].d, calls[i].buf)
+			if err != nil {
+				return err
+			}
+			hs[i] = h
+		}
+		for i, h := range hs {
+			if err := h.Wait(); err != nil {
+				return fmt.Errorf("named %s: %w", calls[i].d.Name, err)
+			}
+			if string(calls[i].buf) != string(want[i]) {
+				return fmt.Errorf("named %s: the fused result differs from the call made alone", calls[i].d.Name)
+			}
+		}
+		return nil
+	})
+	noErrs(t, "fused against one by one", errs)
+	if st := readNamedStatus(t, w.sockets[0]).Named; st.FusedOps == 0 {
+		t.Errorf("no ring operation was fused (status %+v): the test did not test fusion", st)
+	}
+}
+
+// randomFloats fills b with values of dt spread over many magnitudes,
+// of both signs.
+func randomFloats(rng *rand.Rand, dt collective.DType, b []byte) {
+	es := dt.Size()
+	for k := 0; k < len(b)/es; k++ {
+		v := (rng.Float64()*2 - 1) * math.Pow(2, float64(rng.Intn(24)-12))
+		switch dt {
+		case collective.Float64:
+			binary.LittleEndian.PutUint64(b[8*k:], math.Float64bits(v))
+		case collective.Float32:
+			binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(float32(v)))
+		case collective.BFloat16:
+			binary.LittleEndian.PutUint16(b[2*k:], uint16(cvd.ToBFloat16(float32(v))))
+		case collective.Float16:
+			binary.LittleEndian.PutUint16(b[2*k:], uint16(cvd.ToFloat16(float32(v))))
+		}
 	}
 }
