@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/collectived/collectived/ipc"
 	"math"
 	"math/rand"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -394,4 +396,49 @@ func randomFloats(rng *rand.Rand, dt collective.DType, b []byte) {
 			binary.LittleEndian.PutUint16(b[2*k:], uint16(cvd.ToFloat16(float32(v))))
 		}
 	}
+}
+
+// TestNamedRefusals: what the daemon refuses of named calls, each with
+// an error naming the fault, and the connection (or the call) goes on.
+func TestNamedRefusals(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	named := func(name string, count uint64) []byte {
+		c := ipc.Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum,
+			Count: count, Name: name, Named: true}, Data: make([]byte, 4*count)}
+		return c.Encode(uint64(10 + count))
+	}
+
+	// A name in flight twice on one trainer: the second call is refused
+	// (BAD_REQUEST, not fatal) and the first still meets the other
+	// trainer's call.
+	raw := dialRaw(t, w.sockets[0])
+	raw.hello()
+	raw.send(named("twice", 1), -1)
+	raw.send(named("twice", 2), -1)
+	raw.expectError(ipc.CodeBadRequest, `already has a call named "twice" in flight`, false)
+	other := rankTrainer(t, w, 1, 0)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1, Name: "twice", Named: true}
+	if err := other.Do(d, make([]byte, 4)); err != nil {
+		t.Fatalf("the other trainer's call of the name: %v", err)
+	}
+	if typ, _, _ := raw.read(); typ != ipc.TypeCallOK {
+		t.Fatalf("the first call of the name was answered with %s, want CALL_OK", typ)
+	}
+
+	// NAMED on a version-3 connection is an undefined flag: fatal.
+	raw.uc.Close()
+	old := dialRaw(t, w.sockets[0])
+	old.send(ipc.Hello{Version: 3, LocalRank: -1, PID: uint32(os.Getpid()), Job: "e2e", Label: "v3"}.Encode(1), -1)
+	if typ, _, _ := old.read(); typ != ipc.TypeHelloOK {
+		t.Fatalf("HELLO in 3 answered with %s", typ)
+	}
+	old.send(named("v3", 1), -1)
+	old.expectError(ipc.CodeBadFrame, "NAMED needs 4", true)
+
+	// A named call without a name.
+	nameless := dialRaw(t, w.sockets[1])
+	other.Close()
+	nameless.hello()
+	nameless.send(named("", 1), -1)
+	nameless.expectError(ipc.CodeBadRequest, "a named call needs a name", false)
 }
