@@ -1,5 +1,5 @@
 /*
- * collectived.c - C client of collectived, protocol version 3 (2 or 1 with an older daemon).
+ * collectived.c - C client of collectived, protocol version 4 (3, 2 or 1 with an older daemon).
  * See collectived.h for the API and docs/PROTOCOL.md for the wire format.
  */
 #define _GNU_SOURCE /* memfd_create, MSG_CMSG_CLOEXEC, F_ADD_SEALS */
@@ -249,7 +249,7 @@ int cvd_frame_header(const uint8_t *hdr, uint32_t max_len, cvd_frame *f, uint32_
 }
 
 /* HELLO_OK's payload length in protocol version v (versions 1 and 2 end
- * with timeout_ms, 3 adds first_call_timeout_ms); 0 for a version whose
+ * with timeout_ms, 3 and 4 add first_call_timeout_ms); 0 for a version whose
  * layout this client does not know. */
 static size_t hello_ok_len(unsigned v)
 {
@@ -356,12 +356,15 @@ int cvd_frame_payload_ext(cvd_frame *f, const uint8_t *p, size_t len, unsigned v
 		f->dtype = p[1];
 		f->reduce = p[2];
 		f->flags = p[3];
-		defined = CVD_CALL_SHM | (version >= 3 ? CVD_CALL_EXT : 0);
+		defined = CVD_CALL_SHM | (version >= 3 ? CVD_CALL_EXT : 0) | (version >= 4 ? CVD_CALL_NAMED : 0);
 		if (f->flags & ~defined) {
-			if (!(f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT)))
+			if (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT | CVD_CALL_NAMED))
+				return frame_err(err, "bad_flags", "CALL flags 0x%02x not defined", f->flags);
+			if ((f->flags & CVD_CALL_EXT) && version < 3)
 				return frame_err(err, "bad_flags", "CALL flag EXT (0x02) needs protocol version 3; "
 						 "this connection speaks %u", version);
-			return frame_err(err, "bad_flags", "CALL flags 0x%02x not defined", f->flags);
+			return frame_err(err, "bad_flags", "CALL flag NAMED (0x04) needs protocol version 4; "
+					 "this connection speaks %u", version);
 		}
 		f->root = get32(p + 4);
 		f->count = get64(p + 8);
@@ -514,7 +517,7 @@ static size_t payload_len(const cvd_frame *f, const cvd_call_ext *x)
 	case CVD_T_LANE: case CVD_T_WAKE: case CVD_T_WAKE_CLIENT: return 0;
 	case CVD_T_LANE_OK: return 8;
 	case CVD_T_CALL:
-		if (f->name_len > 255 || (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT)))
+		if (f->name_len > 255 || (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT | CVD_CALL_NAMED)))
 			return (size_t)-1;
 		if (f->flags & CVD_CALL_EXT) {
 			if ((xl = ext_len(x)) == (size_t)-1)
@@ -682,7 +685,7 @@ struct cvd_client {
 	cvd_info info;
 	int observer;
 	int64_t timeout_ms;
-	uint64_t first_call_timeout_ms; /* HELLO_OK's, version 3; 0 before (cvd_info keeps its layout) */
+	uint64_t first_call_timeout_ms; /* HELLO_OK's, version 3 on; 0 before (cvd_info keeps its layout) */
 	int64_t spin_ns; /* cvd_options.spin_us; 0: never poll */
 	int64_t inline_max; /* cvd_options.inline_max, capped by info.inline_limit; -1: none */
 	int small_scratch;  /* scratch segments made for calls that could go inline */
@@ -1562,8 +1565,9 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 		/* A daemon older than this client refuses its version: ask again
 		 * one version lower, on a new connection each time (VERSION is
 		 * fatal to the old one), and keep to the version answered while
-		 * retrying for a rank. What an older version lacks (the first-call
-		 * timeout in 2, the lane too in 1) the client does without. */
+		 * retrying for a rank. What an older version lacks (named calls in
+		 * 3, the first-call timeout too in 2, the lane too in 1) the client
+		 * does without. */
 		while (!c && err->code == CVD_E_VERSION && version > 1) {
 			version--;
 			c = connect_once(socket_path, opt, version, err);
