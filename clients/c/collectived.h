@@ -24,6 +24,15 @@
  * nothing. A count is always the number of elements in the caller's
  * input buffer.
  *
+ * Named calls (protocol version 4; cvd_call_opts.named): a call with a
+ * name and the named option is matched by its name, not by its place in
+ * the trainer's sequence of calls: the k-th named call of a name on every
+ * trainer meet, in whatever order each trainer makes its named calls
+ * (docs/MATCHING.md, "Named calls"). Every op may be named. A name may be
+ * in flight only once per client: a second named call of a name whose
+ * earlier call has not been answered fails at once with CVD_E_INVALID,
+ * naming it, sending nothing. Named calls never take the lane.
+ *
  * How a buffer travels:
  *   - it lies inside a segment from cvd_alloc()/cvd_register(): only
  *     (segment, offset) is sent; the daemon reduces in place (no copy);
@@ -254,9 +263,10 @@ typedef struct cvd_call {
 	const char *name; /* NULL or at most 255 bytes; part of matching */
 } cvd_call;
 
-/* What protocol version 3 adds to a call, all optional (the pointer to it
- * may be NULL; a zeroed struct, or cvd_call_opts_init, means none of it).
- * A call with any of it needs a daemon of version 3. */
+/* What protocol versions 3 and 4 add to a call, all optional (the pointer
+ * to it may be NULL; a zeroed struct, or cvd_call_opts_init, means none of
+ * it). A call with a shape or scale factors needs a daemon of version 3, a
+ * named call one of version 4. */
 #define CVD_MAX_NDIM 8
 typedef struct cvd_call_opts {
 	const char *name;      /* the call's name, for the functions without a cvd_call
@@ -272,9 +282,14 @@ typedef struct cvd_call_opts {
 				* for bit when calls are matched) only when one of the two
 				* is not 1 */
 	double postscale;
+	int named;             /* nonzero (version 4): the call is matched by its name, in
+				* any order (see Named calls above); it needs a name
+				* (CVD_E_INVALID otherwise) and never takes the lane.
+				* The struct grew by it: a program built against an
+				* older header is rebuilt before it loads this library */
 } cvd_call_opts;
 
-/* Fill *o with the defaults: no name, no shape, no scaling. */
+/* Fill *o with the defaults: no name, no shape, no scaling, not named. */
 void cvd_call_opts_init(cvd_call_opts *o);
 
 /* Start a call; NULL on error. Complete it with cvd_wait(). */
