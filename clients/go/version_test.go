@@ -64,7 +64,7 @@ func oldDaemon(t *testing.T, maxV uint16, refusal *ipc.Error, lie int, scripted 
 	}
 }
 
-// A daemon older than the client refuses HELLO in version 4 with VERSION:
+// A daemon older than the client refuses HELLO in the newest version with VERSION:
 // the client asks again one version lower, on a new connection each time,
 // and speaks the version answered. (The scripted daemon answers no LANE:
 // NoLane; a version-1 connection never asks for one.)
