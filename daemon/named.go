@@ -49,16 +49,6 @@ func (m *matcher[C]) peekDebt(l int) *ipc.Error {
 	return nil
 }
 
-// inFlight reports whether rank l has a named call of name waiting.
-func (m *matcher[C]) inFlight(l int, name string) bool {
-	for _, q := range m.slots[l].queue {
-		if q.name == name {
-			return true
-		}
-	}
-	return false
-}
-
 // activeLen is the number of named calls at the head of rank l's queue.
 func (m *matcher[C]) activeLen(l int) int {
 	q := m.slots[l].queue
