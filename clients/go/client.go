@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/collectived/collectived/ipc"
@@ -94,6 +95,12 @@ type Client struct {
 	// request id of each (calls.go); under mu.
 	names  map[string]uint64
 	nameOf map[uint64]string
+
+	// Handles with callbacks whose calls have completed, for runReady
+	// (then.go); under mu, but hasReady.
+	readyHead, readyTail *Handle
+	hasReady             atomic.Bool
+	helping              bool // help is running; under mu
 }
 
 // Dial connects to the daemon and says HELLO.
@@ -310,7 +317,8 @@ const closeWait = 2 * time.Second
 // unmapped. It half-closes the connection and waits (at most 2 s) for the
 // daemon to close its end, which it does once it has released this
 // trainer's local rank: a trainer restarted right after Close finds its
-// rank free. It is idempotent.
+// rank free. The callbacks (Then) of the calls it fails run on its
+// goroutine, after the segments are unmapped. It is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -318,16 +326,21 @@ func (c *Client) Close() error {
 			c.err = errClosed
 		}
 		c.mu.Unlock()
-		if err := c.conn.UnixConn().CloseWrite(); err == nil {
+		// Hold the read token until the segments are unmapped: no reader
+		// then copies a result out of one (a call with callbacks is
+		// settled by the goroutine that reads its reply).
+		wrote := c.conn.UnixConn().CloseWrite() == nil
+		deadline := time.Now().Add(closeWait)
+		held := false
+		select {
+		case <-c.token:
+			held = true
+		case <-time.After(closeWait):
+		}
+		if held && wrote {
 			// Wait for the daemon's end: replies still coming are
 			// delivered meanwhile. A goroutine reading now sees it too.
-			deadline := time.Now().Add(closeWait)
-			select {
-			case <-c.token:
-				c.drain(deadline)
-				c.token <- struct{}{}
-			case <-time.After(closeWait):
-			}
+			c.drain(deadline)
 		}
 		c.fail(errClosed)
 		c.mu.Lock()
@@ -337,8 +350,12 @@ func (c *Client) Close() error {
 		for _, s := range segs {
 			s.unmap()
 		}
+		if held {
+			c.token <- struct{}{}
+		}
 		c.closeLane()
 	})
+	c.runReady()
 	return nil
 }
 

@@ -34,6 +34,33 @@
 // second call of a name whose earlier call has not been answered
 // (BAD_REQUEST naming it), before sending anything.
 //
+// # Completions without waiting
+//
+// [Client.Start] and the Async functions return a [*Handle]. Besides
+// [Handle.Wait], a call's end can come to code that starts many calls and
+// reacts to each as it completes, as a DDP comm hook does:
+// [Handle.Then](f) calls f(err) once, with what Wait would return, when
+// the result is in the caller's buffer, and [Handle.Future] is a channel
+// that receives err once:
+//
+//	for i, bucket := range buckets {
+//		h, err := collectived.AllReduceAsync(c, bucket, collectived.Sum)
+//		if err != nil { ... }
+//		h.Then(func(err error) { ready <- i }) // ready: buffered, len(buckets)
+//	}
+//	for range buckets { i := <-ready; ... }
+//
+// No goroutine is made per call. The client has no reader goroutine
+// either: the goroutine that reads a reply runs the call's callbacks, once
+// it has let go of the connection and the client's locks (so f may make
+// calls, also synchronous ones). That is a goroutine in Wait, Done or a
+// synchronous call of this client, or Close; while calls with callbacks
+// are in flight and no such goroutine reads, the client runs one
+// goroutine of its own to read for them, which ends when none is left.
+// Callbacks of different calls may run at the same time; keep them
+// short. A call with callbacks waits at most the client's timeout from
+// its first Then, and its callbacks then get ErrTimeout.
+//
 // The client speaks protocol version 4 (docs/PROTOCOL.md): a call of up
 // to ipc.PollMaxBytes made while no other is in flight goes to the daemon,
 // and its answer comes back, through the connection's lane of shared

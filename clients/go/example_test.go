@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	collectived "github.com/collectived/collectived/clients/go"
 )
@@ -68,4 +69,58 @@ func ExampleAllReduceAsync() {
 	}
 	fmt.Println(a[0], b[0], "in order:", ha.Seq()+1 == hb.Seq())
 	// Output: 7 9 in order: true
+}
+
+// Calls started together, each handled as it completes, with no goroutine
+// waiting for any of them: Then's function runs once the result is in the
+// bucket (it sends the bucket's index on a channel with room for all).
+func ExampleHandle_Then() {
+	c, err := collectived.Dial(collectived.Options{LocalRank: -1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	buckets := [][]float32{{1, 2}, {3}, {4, 5, 6}}
+	ready := make(chan int, len(buckets))
+	for i, bucket := range buckets {
+		h, err := collectived.AllReduceAsync(c, bucket, collectived.Sum)
+		if err != nil {
+			log.Fatal(err)
+		}
+		h.Then(func(err error) {
+			if err != nil {
+				log.Fatal(err)
+			}
+			ready <- i
+		})
+	}
+	sum := float32(0)
+	for range buckets {
+		for _, x := range buckets[<-ready] {
+			sum += x
+		}
+	}
+	fmt.Println(sum)
+	// Output: 21
+}
+
+// A future: a channel that receives the call's outcome once.
+func ExampleHandle_Future() {
+	c, err := collectived.Dial(collectived.Options{LocalRank: -1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	x := []int32{42}
+	h, err := collectived.AllReduceAsync(c, x, collectived.Max)
+	if err != nil {
+		log.Fatal(err)
+	}
+	select {
+	case err := <-h.Future():
+		fmt.Println(x[0], err)
+	case <-time.After(time.Minute):
+		log.Fatal("no answer")
+	}
+	// Output: 42 <nil>
 }

@@ -26,7 +26,7 @@ func (c *Client) readUntil(h *Handle, deadline time.Time) (timedOut bool) {
 	if h.bulk {
 		spin = 0
 	}
-	for !h.fired.Load() {
+	for !h.fired() {
 		f, err := c.readFrame(spin, deadline)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && time.Now().After(deadline) {

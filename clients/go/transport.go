@@ -11,12 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Handle is a request in flight. Wait returns its outcome.
+// Handle is a request in flight. Wait returns its outcome; Then and
+// Future tell of it without a goroutine waiting (then.go).
 type Handle struct {
 	c     *Client
 	id    uint64
-	done  chan struct{} // dispatch sends once per request (buffered)
-	fired atomic.Bool   // the reply (or the connection's end) has arrived
+	done  chan struct{} // sent once per request (buffered): by signal, or for a handle with callbacks by runReady
+	state atomic.Uint32 // stateFired, stateThen
 	err   error
 	timer *time.Timer // reused by pooled handles
 
@@ -35,7 +36,23 @@ type Handle struct {
 	laneOK   bool // a call that may take the lane (lane.go)
 	named    bool // a named call (Desc.Named) of the name below
 	name     string
+
+	// Callbacks (then.go), under c.mu.
+	thens     []func(error) // to run once the call completes
+	thensRan  bool          // runReady took thens
+	thenErr   error         // the outcome the callbacks get, set by signal
+	thenBy    time.Time     // when the client's helper gives up on the reply
+	readyNext *Handle       // the next handle in c.ready
 }
+
+// The bits of Handle.state.
+const (
+	stateFired uint32 = 1 << iota // the reply (or the connection's end) has arrived
+	stateThen                     // callbacks were registered before it fired
+)
+
+// fired reports whether the reply (or the connection's end) has arrived.
+func (h *Handle) fired() bool { return h.state.Load()&stateFired != 0 }
 
 // pollMaxBytes is the largest call whose reply the client polls for. A
 // larger one takes longer than the spin here, and polling through it only
@@ -55,7 +72,7 @@ func (h *Handle) Wait() error {
 	c := h.c
 	deadline := time.Now().Add(c.timeout)
 	for {
-		if h.fired.Load() {
+		if h.fired() {
 			<-h.done // already sent: does not block
 			return h.complete(h.err)
 		}
@@ -65,6 +82,7 @@ func (h *Handle) Wait() error {
 		case <-c.token:
 			timedOut := c.readUntil(h, deadline)
 			c.token <- struct{}{}
+			c.runReady()
 			if timedOut {
 				return h.timedOut()
 			}
@@ -81,6 +99,7 @@ func (h *Handle) Wait() error {
 			h.timer.Stop()
 			timedOut := c.readUntil(h, deadline)
 			c.token <- struct{}{}
+			c.runReady()
 			if timedOut {
 				return h.timedOut()
 			}
@@ -102,8 +121,21 @@ func (h *Handle) timedOut() error {
 		<-h.done
 		return h.complete(h.err)
 	}
-	return h.complete(fmt.Errorf("collectived: no reply from daemon at %s within %v (request %d): %w",
-		c.socket, c.timeout, h.id, ipc.ErrTimeout))
+	err := c.timeoutError(h)
+	if h.state.Load()&stateThen != 0 {
+		// Its callbacks learn of the timeout too.
+		h.err = err
+		h.signal()
+		c.runReady()
+		<-h.done
+		return h.complete(h.err)
+	}
+	return h.complete(err)
+}
+
+func (c *Client) timeoutError(h *Handle) error {
+	return fmt.Errorf("collectived: no reply from daemon at %s within %v (request %d): %w",
+		c.socket, c.timeout, h.id, ipc.ErrTimeout)
 }
 
 func (h *Handle) complete(err error) error {
@@ -140,25 +172,38 @@ func daemonAnswered(err error) bool {
 	return errors.As(err, &e) && !e.Fatal
 }
 
-// signal hands the handle its outcome (dispatch filled it in).
+// signal hands the handle its outcome (dispatch filled it in). Called
+// once per request, without c.mu. A handle with callbacks is settled here,
+// by the goroutine that holds the read token (or Close, before it unmaps
+// the segments), and goes on the client's ready list, whose callbacks that
+// goroutine runs (runReady) once it holds neither the token nor a lock.
 func (h *Handle) signal() {
-	h.fired.Store(true)
+	if h.state.Or(stateFired)&stateThen == 0 {
+		h.done <- struct{}{}
+		return
+	}
+	if h.scratch != nil {
+		h.err = h.releaseScratch(h.err)
+	}
+	h.thenErr = h.err
 	h.done <- struct{}{}
+	h.c.queueReady(h)
 }
 
 // Done reports whether the reply has arrived. When no goroutine is reading
 // the connection, it reads whatever replies have arrived, without waiting.
 func (h *Handle) Done() bool {
-	if h.finished || h.fired.Load() {
+	if h.finished || h.fired() {
 		return true
 	}
 	select {
 	case <-h.c.token:
 		h.c.readArrived()
 		h.c.token <- struct{}{}
+		h.c.runReady()
 	default:
 	}
-	return h.fired.Load()
+	return h.fired()
 }
 
 // Generation and Seq name the collective a completed call ran as.
