@@ -679,7 +679,9 @@ struct cvd_request {
 	uint64_t call_bytes; /* CALL: its buffer's size, which decides polling */
 	char *name;          /* a named CALL (version 4): its name, NUL-terminated; held until
 			      * the reply comes (one name in flight at once), never on the lane */
-	cvd_request *next;
+	cvd_done_fn cb;      /* cvd_request_on_done: the client owns the request from then on */
+	void *cb_arg;
+	cvd_request *next;   /* in c->pending while in flight, then in c->ready if it has a callback */
 };
 
 struct cvd_client {
@@ -711,6 +713,12 @@ struct cvd_client {
 	uint32_t lane_seen; /* frames taken from the d2c slot */
 	uint64_t lane_id;   /* the call on the lane, 0 if none */
 	int64_t sock_at;    /* while polling a lane: when to poll the socket next */
+	/* Completed requests whose callbacks have not run yet (run_ready). */
+	cvd_request *ready, *ready_tail;
+	uint64_t completed; /* requests completed so far: cvd_progress's measure of progress */
+	int in_cb;          /* run_ready is running callbacks: they do not nest */
+	int close_asked;    /* a callback called cvd_close: run_ready closes after the callbacks */
+	int closing;        /* cvd_close is running */
 };
 
 /* The lane's layout (docs/PROTOCOL.md, LANE). */
@@ -845,6 +853,25 @@ static int send_all(cvd_client *c, struct iovec *iov, int n, int fd, cvd_error *
 
 static void free_req(cvd_request *r);
 
+/* The request has completed (its results, if any, in place): one with a
+ * callback waits on c->ready for run_ready. Not yet in any list. */
+static void mark_done(cvd_request *r)
+{
+	cvd_client *c = r->c;
+	r->done = 1;
+	if (!c)
+		return;
+	c->completed++;
+	if (r->cb) {
+		r->next = NULL;
+		if (c->ready_tail)
+			c->ready_tail->next = r;
+		else
+			c->ready = r;
+		c->ready_tail = r;
+	}
+}
+
 static void req_fail(cvd_request *r, const cvd_error *e)
 {
 	copy_err(&r->err, e);
@@ -854,7 +881,31 @@ static void req_fail(cvd_request *r, const cvd_error *e)
 		r->scratch->busy = 0;
 		r->scratch = NULL;
 	}
-	r->done = 1;
+	mark_done(r);
+}
+
+/* Run the callbacks of the completed requests, in the order they completed,
+ * and free those requests. Called at the end of the public functions that
+ * may have read replies, as the last thing they do with c: a callback may
+ * have asked to close it. Callbacks never nest: one that makes calls of its
+ * own leaves the callbacks they complete to this loop. */
+static void run_ready(cvd_client *c)
+{
+	cvd_request *r;
+	if (c->in_cb || (!c->ready && !c->close_asked))
+		return;
+	c->in_cb = 1;
+	while ((r = c->ready) != NULL) {
+		c->ready = r->next;
+		if (!c->ready)
+			c->ready_tail = NULL;
+		r->next = NULL;
+		r->cb(r, r->err.code, &r->err, r->cb_arg);
+		free_req(r);
+	}
+	c->in_cb = 0;
+	if (c->close_asked && !c->closing)
+		cvd_close(c);
 }
 
 static void unlink_req(cvd_client *c, cvd_request *r)
@@ -1042,7 +1093,7 @@ static int dispatch(cvd_client *c, const cvd_frame *f)
 	default:
 		break;
 	}
-	r->done = 1;
+	mark_done(r);
 out:
 	if (r->orphan)
 		free_req(r);
@@ -1714,18 +1765,35 @@ void cvd_close(cvd_client *c)
 	cvd_error e;
 	cvd_request *r;
 	seg *s, *next;
-	if (!c)
+	if (!c || c->closing)
 		return;
+	if (c->in_cb) {
+		/* From a callback: run_ready closes once the callbacks ran. */
+		c->close_asked = 1;
+		return;
+	}
+	c->closing = 1;
 	set_err(&e, CVD_E_CLOSED, "client closed");
-	/* The caller still owns its requests: fail and detach them. Orphans go. */
+	if (!c->broken) {
+		/* Calls made by the callbacks below fail at once. */
+		c->broken = 1;
+		copy_err(&c->broken_err, &e);
+	}
+	/* The caller still owns its requests: fail and detach them. Orphans go;
+	 * those with a callback wait on c->ready, whose callbacks run now,
+	 * while the segments are still mapped. */
 	while ((r = c->pending) != NULL) {
 		c->pending = r->next;
 		r->next = NULL;
 		req_fail(r, &e);
+		if (r->cb)
+			continue;
 		r->c = NULL;
 		if (r->orphan)
 			free_req(r);
 	}
+	c->in_flight = 0;
+	run_ready(c);
 	drain_until_closed(c->fd, 2000);
 	close(c->fd);
 	while (c->nfds)
@@ -1856,10 +1924,21 @@ static seg *alloc_seg(cvd_client *c, size_t size, int scratch, cvd_error *err)
 void *cvd_alloc(cvd_client *c, size_t size, cvd_error *err)
 {
 	seg *s = alloc_seg(c, size, 0, err);
-	return s ? s->base : NULL;
+	void *m = s ? s->base : NULL;
+	run_ready(c);
+	return m;
 }
 
+static void *register_seg(cvd_client *c, size_t size, cvd_error *err);
+
 void *cvd_register(cvd_client *c, size_t size, cvd_error *err)
+{
+	void *m = register_seg(c, size, err);
+	run_ready(c);
+	return m;
+}
+
+static void *register_seg(cvd_client *c, size_t size, cvd_error *err)
 {
 	cvd_frame f;
 	cvd_request *r;
@@ -1934,8 +2013,11 @@ int cvd_free(cvd_client *c, void *ptr, cvd_error *err)
 {
 	seg *s;
 	for (s = c->segs; s; s = s->next)
-		if (!s->scratch && s->base == (uint8_t *)ptr)
-			return free_seg(c, s, err);
+		if (!s->scratch && s->base == (uint8_t *)ptr) {
+			int rc = free_seg(c, s, err);
+			run_ready(c);
+			return rc;
+		}
 	set_err(err, CVD_E_INVALID, "cvd_free: %p is not the start of a segment of this client", ptr);
 	return CVD_E_INVALID;
 }
@@ -2068,8 +2150,22 @@ static int check_named(cvd_client *c, const char *name, size_t name_len, const c
 }
 
 /* Start any call. fn names the caller's function in error messages. */
+static cvd_request *start_call_body(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
+				    const cvd_call_opts *opts, const char *fn, cvd_error *err);
+
+/* Start a call; then run the callbacks of the calls it completed while it
+ * waited (a scratch segment's ALLOC, a free slot under max_in_flight). */
 static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
 			       const cvd_call_opts *opts, const char *fn, cvd_error *err)
+{
+	cvd_request *r = start_call_body(c, call, out, counts, opts, fn, err);
+	if (c)
+		run_ready(c);
+	return r;
+}
+
+static cvd_request *start_call_body(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
+				    const cvd_call_opts *opts, const char *fn, cvd_error *err)
 {
 	uint8_t pre_stack[CVD_HEADER_SIZE + 17 + 255 + 4 + 8 * CVD_MAX_NDIM + 8 + 16 + 32 + 8 * 16];
 	uint8_t *pre = pre_stack, *heap = NULL;
@@ -2618,23 +2714,109 @@ float cvd_f16_to_f32(uint16_t h)
 
 int cvd_wait(cvd_request *req, int64_t timeout_ms, cvd_error *err)
 {
+	cvd_client *c;
 	int rc;
 	if (!req) {
 		set_err(err, CVD_E_INVALID, "cvd_wait: NULL request");
 		return CVD_E_INVALID;
 	}
+	if (req->cb) {
+		set_err(err, CVD_E_INVALID, "cvd_wait: request %llu has a callback (cvd_request_on_done), "
+			"which completes it", (unsigned long long)req->id);
+		return CVD_E_INVALID;
+	}
+	c = req->c;
 	rc = wait_req(req, timeout_ms, err);
-	if (rc == CVD_E_WAIT_TIMEOUT && !req->done)
-		return rc;
-	free_req(req);
+	if (rc != CVD_E_WAIT_TIMEOUT || req->done)
+		free_req(req);
+	if (c)
+		run_ready(c);
 	return rc;
 }
 
 int cvd_test(cvd_request *req)
 {
-	if (!req->done && req->c && !req->c->broken)
-		progress(req->c, now_ms(), 0, NULL);
-	return req->done;
+	cvd_client *c = req->c;
+	int done;
+	if (!req->done && c && !c->broken)
+		progress(c, now_ms(), 0, NULL);
+	done = req->done;
+	if (c)
+		run_ready(c); /* last: req may be freed now if it has a callback */
+	return done;
+}
+
+int cvd_request_on_done(cvd_request *req, cvd_done_fn cb, void *arg)
+{
+	cvd_client *c;
+	if (!req || !cb || req->cb || req->orphan)
+		return CVD_E_INVALID;
+	req->cb = cb;
+	req->cb_arg = arg;
+	if (!req->done)
+		return 0;
+	c = req->c;
+	if (!c) { /* its client is closed: nothing to queue on */
+		cb(req, req->err.code, &req->err, arg);
+		free_req(req);
+		return 0;
+	}
+	req->next = NULL;
+	if (c->ready_tail)
+		c->ready_tail->next = req;
+	else
+		c->ready = req;
+	c->ready_tail = req;
+	run_ready(c); /* inside a callback: after it */
+	return 0;
+}
+
+/* Whether a reply due is worth polling for (wait_req's rule, for any call
+ * in flight). */
+static int poll_worth(const cvd_client *c)
+{
+	const cvd_request *r;
+	if (c->spin_ns <= 0)
+		return 0;
+	for (r = c->pending; r; r = r->next)
+		if (r->reply_type == CVD_T_CALL_OK && r->call_bytes <= POLL_MAX_BYTES)
+			return 1;
+	return 0;
+}
+
+int cvd_progress(cvd_client *c, int64_t timeout_ms, cvd_error *err)
+{
+	uint64_t seen;
+	int64_t deadline, spin_until = 0;
+	int rc = 0;
+	if (!c) {
+		set_err(err, CVD_E_INVALID, "cvd_progress: NULL client");
+		return CVD_E_INVALID;
+	}
+	if (err)
+		err->code = 0;
+	seen = c->completed;
+	if (c->broken) {
+		copy_err(err, &c->broken_err);
+		rc = c->broken_err.code ? c->broken_err.code : CVD_E_CLOSED;
+	} else if (!c->ready && c->in_flight > 0) {
+		deadline = now_ms() + (timeout_ms < 0 ? c->timeout_ms : timeout_ms);
+		if (timeout_ms != 0 && poll_worth(c))
+			spin_until = now_ns() + c->spin_ns;
+		do
+			rc = progress(c, deadline, spin_until, err);
+		while (rc == 0 && c->completed == seen && c->in_flight > 0);
+		if (rc == CVD_E_WAIT_TIMEOUT && c->completed != seen)
+			rc = 0;
+		if (rc == CVD_E_WAIT_TIMEOUT)
+			set_err(err, rc, "no reply from the daemon within %lld ms (%lu requests in flight)",
+				(long long)(timeout_ms < 0 ? c->timeout_ms : timeout_ms),
+				(unsigned long)c->in_flight);
+		else if (rc == 0 && err)
+			err->code = 0;
+	}
+	run_ready(c);
+	return rc;
 }
 
 uint32_t cvd_request_generation(const cvd_request *req) { return req->generation; }
@@ -2642,6 +2824,8 @@ uint64_t cvd_request_seq(const cvd_request *req) { return req->seq; }
 
 void cvd_request_free(cvd_request *req)
 {
+	if (req && req->cb)
+		return; /* the client's now: its callback's return frees it */
 	if (req && req->c && !req->done) {
 		req->orphan = 1; /* the reply is still due: it frees the request */
 		req->user = 0;
@@ -2698,15 +2882,16 @@ char *cvd_status(cvd_client *c, size_t *len, cvd_error *err)
 {
 	cvd_frame f;
 	cvd_request *r;
-	char *json;
+	char *json = NULL;
 	memset(&f, 0, sizeof f);
 	f.type = CVD_T_STATUS;
-	if (control_request(c, &f, CVD_T_STATUS_OK, -1, &r, err) != 0)
-		return NULL;
-	json = r->json;
-	if (len)
-		*len = r->json_len;
-	r->json = NULL;
-	free_req(r);
+	if (control_request(c, &f, CVD_T_STATUS_OK, -1, &r, err) == 0) {
+		json = r->json;
+		if (len)
+			*len = r->json_len;
+		r->json = NULL;
+		free_req(r);
+	}
+	run_ready(c);
 	return json;
 }

@@ -49,6 +49,9 @@
  * each client from one thread at a time (collectives are matched by call
  * order anyway). Distinct clients are independent. After fork() the child
  * must connect anew: calls on the parent's client fail with CVD_E_INVALID.
+ * Completion callbacks (cvd_request_on_done) run in the thread that calls
+ * into the client, inside the call that reads the reply; the client has no
+ * thread of its own.
  *
  * Timeouts: no call waits forever. The default bound of a wait
  * (cvd_default_timeout_ms) is the larger of the daemon's two timeouts in
@@ -223,7 +226,11 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 /* Close the connection, unmap every segment (pointers from cvd_alloc and
  * cvd_register become invalid) and free the client. Requests still in
  * flight are failed with CVD_E_CLOSED; the caller still owns them and
- * releases them with cvd_wait() or cvd_request_free(). NULL is a no-op. */
+ * releases them with cvd_wait() or cvd_request_free(), but for those with a
+ * callback (cvd_request_on_done), whose callbacks run here first, while the
+ * segments are still mapped. Called from a callback, it closes the client
+ * once the callbacks have run, before the function that ran them returns.
+ * NULL is a no-op. */
 void cvd_close(cvd_client *c);
 
 const cvd_info *cvd_get_info(const cvd_client *c);
@@ -306,7 +313,8 @@ cvd_request *cvd_allreduce_async(cvd_client *c, void *buf, size_t count, cvd_dty
 				 cvd_op op, cvd_error *err);
 /* Wait at most timeout_ms (< 0: the client's default). Returns 0 or an
  * error code. Except on CVD_E_WAIT_TIMEOUT (the request is still in flight
- * and may be waited on again), the request is freed. */
+ * and may be waited on again), the request is freed. CVD_E_INVALID for a
+ * request with a callback. */
 int cvd_wait(cvd_request *req, int64_t timeout_ms, cvd_error *err);
 /* Nonzero once the request completed (reads what has arrived, never blocks). */
 int cvd_test(cvd_request *req);
@@ -314,8 +322,49 @@ int cvd_test(cvd_request *req);
 uint32_t cvd_request_generation(const cvd_request *req);
 uint64_t cvd_request_seq(const cvd_request *req);
 /* Forget a request without waiting (its buffer must stay valid until the
- * client closes, as the reply may still arrive). */
+ * client closes, as the reply may still arrive). A no-op for a request
+ * with a callback, which the client frees. */
 void cvd_request_free(cvd_request *req);
+
+/* Completion callbacks. No thread is made, here or anywhere in this client:
+ * a callback runs inside a call of the same thread that reads the reply.
+ *
+ * cvd_request_on_done(req, cb, arg) has cb(req, status, err, arg) called
+ * exactly once when the request completes: status is what cvd_wait would
+ * return (0, or the error code, also in err->code, with err->message), and
+ * the result is then in the caller's buffer. req stays valid while cb
+ * runs (cvd_request_generation and cvd_request_seq may be read) and is
+ * freed when it returns: from cvd_request_on_done on, the request is the
+ * client's, and must not be passed to cvd_wait, cvd_test or
+ * cvd_request_free. If req has completed already, cb runs before
+ * cvd_request_on_done returns.
+ *
+ * Otherwise cb runs inside whichever call of this client reads the reply
+ * (or fails it): cvd_progress, cvd_wait or cvd_test of another request, a
+ * synchronous call (cvd_allreduce, ..., cvd_alloc, cvd_free, cvd_status),
+ * an asynchronous start that waited (for a scratch segment or a free slot
+ * under max_in_flight), or cvd_close (status CVD_E_CLOSED). It runs at the
+ * end of that call, when the client is between calls: cb may start calls,
+ * wait for them, and attach callbacks to them. Callbacks never nest: those
+ * of the calls a callback completes run after it returns, in the order
+ * the requests completed. A broken connection completes every request in
+ * flight with its error (status < 0, or the daemon's fatal code).
+ *
+ * Returns 0, or CVD_E_INVALID (NULL req or cb, or req already has a
+ * callback or was freed with cvd_request_free). */
+typedef void (*cvd_done_fn)(cvd_request *req, int status, const cvd_error *err, void *arg);
+int cvd_request_on_done(cvd_request *req, cvd_done_fn cb, void *arg);
+/* Drive completions without waiting on a particular request: read the
+ * replies that have arrived, and if none completed a request, wait at most
+ * timeout_ms (0: not at all; < 0: the client's default) for one that does;
+ * then run the callbacks of the requests completed. Polls first, as
+ * cvd_wait does, when a call in flight is small enough.
+ * Returns 0 once at least one request completed, or when none is in
+ * flight; CVD_E_WAIT_TIMEOUT when the time ran out with none completing
+ * (the requests stay in flight); else the error that ended the connection
+ * (every request in flight has then completed with it). Called from a
+ * callback, it completes requests, but their callbacks run after it. */
+int cvd_progress(cvd_client *c, int64_t timeout_ms, cvd_error *err);
 
 int cvd_allreduce(cvd_client *c, void *buf, size_t count, cvd_dtype dtype, cvd_op op,
 		  cvd_error *err);

@@ -34,5 +34,9 @@ void run_v3_daemon_tests(const world *w);
 /* The tests of protocol version 4's named calls on world w (test_daemon4.c;
  * skipped, saying so, against a daemon without named matching). */
 void run_v4_daemon_tests(const world *w);
+/* The tests of completion callbacks on world w (test_futures.c), and the
+ * one that stops daemon 0 (last on a world of more than one trainer). */
+void run_future_daemon_tests(const world *w);
+void run_future_stop_test(const world *w);
 
 #endif
