@@ -8,8 +8,8 @@ import (
 
 // Callbacks (Then, Future). No goroutine is made per call: a reply is
 // read by whichever goroutine holds the connection's read token (read.go),
-// and a handle with callbacks that it completes goes on the client's ready
-// list instead of being signalled. That goroutine runs the list once it
+// and a handle with callbacks that it completes is settled there (signal)
+// and put on the client's ready list. That goroutine runs the list once it
 // has passed the token on and holds none of the client's locks
 // (runReady), so a callback may make calls of its own, and wait for them.
 // While calls with callbacks are in flight and no caller reads, one
@@ -19,19 +19,20 @@ import (
 // (nil when the call succeeded), when the call completes: its result is
 // then in the caller's buffers, which the caller owns again. If the call
 // has completed already, f runs at once, on the calling goroutine. Then
-// may be called several times; the functions run in the order given.
+// may be called several times; the functions given before the call
+// completed run in the order given.
 //
-// Otherwise f runs on the goroutine that completes the call: one in Wait
-// or Done of any handle of this client that read its reply, in the
-// synchronous call (Do, AllReduce, ...) of one, in Close (the connection's
-// end: f gets the error every call in flight gets), or, while no caller
-// reads the connection, the client's own goroutine, which it starts for
-// as long as calls with callbacks are in flight. It runs after that
-// goroutine has let go of the connection and the client's locks: f may
-// start calls and wait for them. f should be short: the replies of other
-// calls are not read while it runs on the goroutine that reads them, and
-// callbacks of different calls may run at the same time, on different
-// goroutines.
+// Otherwise f runs on the goroutine that reads the call's reply: one
+// inside a call of this client that waits for a reply (Wait or Done of
+// another handle, a synchronous call such as AllReduce or Alloc, a Start
+// that makes a scratch segment), Close (f then gets the error every call
+// in flight gets), or, while no caller reads the connection, the client's
+// own goroutine, which runs while calls with callbacks are in flight and
+// ends when none is left. f runs after that goroutine has let go of the
+// connection and the client's locks: f may start calls and wait for
+// them. f should be short: the replies of other calls are not read while
+// it runs on the goroutine that reads them, and callbacks of different
+// calls may run at the same time, on different goroutines.
 //
 // A call with callbacks waits for its reply at most the client's timeout
 // from the first Then, as Wait does from its start; f then gets an

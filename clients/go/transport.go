@@ -16,7 +16,7 @@ import (
 type Handle struct {
 	c     *Client
 	id    uint64
-	done  chan struct{} // sent once per request (buffered): by signal, or for a handle with callbacks by runReady
+	done  chan struct{} // signal sends once per request (buffered)
 	state atomic.Uint32 // stateFired, stateThen
 	err   error
 	timer *time.Timer // reused by pooled handles
