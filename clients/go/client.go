@@ -100,7 +100,8 @@ type Client struct {
 	// (then.go); under mu, but hasReady.
 	readyHead, readyTail *Handle
 	hasReady             atomic.Bool
-	helping              bool // help is running; under mu
+	helping              bool        // help is running; under mu
+	closeCallbacks       atomic.Bool // Close is running callbacks
 }
 
 // Dial connects to the daemon and says HELLO.
@@ -317,9 +318,14 @@ const closeWait = 2 * time.Second
 // unmapped. It half-closes the connection and waits (at most 2 s) for the
 // daemon to close its end, which it does once it has released this
 // trainer's local rank: a trainer restarted right after Close finds its
-// rank free. The callbacks (Then) of the calls it fails run on its
-// goroutine, after the segments are unmapped. It is idempotent.
+// rank free. The callbacks (Then) of the calls it fails, and of those
+// answered meanwhile, run on its goroutine before the segments are
+// unmapped; Close called from one of them returns at once. It is
+// idempotent.
 func (c *Client) Close() error {
+	if c.closeCallbacks.Load() {
+		return nil // from a callback Close runs: closeOnce would wait for itself
+	}
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		if c.err == nil {
@@ -343,6 +349,11 @@ func (c *Client) Close() error {
 			c.drain(deadline)
 		}
 		c.fail(errClosed)
+		// Every call has failed or completed: a callback's Wait returns at
+		// once and its calls fail, so none needs the token held here.
+		c.closeCallbacks.Store(true)
+		c.runReady()
+		c.closeCallbacks.Store(false)
 		c.mu.Lock()
 		segs := c.segs
 		c.segs, c.scratch = nil, nil

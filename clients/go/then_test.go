@@ -466,3 +466,78 @@ func ints(n, seed int) []byte {
 	}
 	return b
 }
+
+// A callback may close the client: one run by Close itself (whose own
+// Close returns at once), and one run by the client's helper goroutine.
+// Either way every callback runs once, and calls made in them fail.
+func TestThenCallbackCloses(t *testing.T) {
+	base := runtime.NumGoroutine()
+	sock, stop := twoTrainers(t)
+	a := dialTwo(t, sock, 0, 0)
+	b := dialTwo(t, sock, 1, 0) // attached, never calls: a's calls stay in flight
+	const n = 8
+	o := newOnceEach(n)
+	var after atomic.Int32
+	for i := 0; i < n; i++ {
+		h, err := collectived.AllReduceAsync(a, []float32{1}, collectived.Sum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := o.fn(i)
+		h.Then(func(err error) {
+			a.Close()
+			if _, err := collectived.AllReduceAsync(a, []float32{1}, collectived.Sum); err != nil {
+				after.Add(1)
+			}
+			f(err)
+		})
+	}
+	closed := make(chan struct{})
+	go func() { a.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return: a callback's Close waited for it")
+	}
+	o.wait(t)
+	for i, err := range o.errs {
+		if err == nil || !strings.Contains(err.Error(), "client closed") {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	if after.Load() != n {
+		t.Errorf("%d of %d calls made in callbacks after Close failed", after.Load(), n)
+	}
+
+	b.Close()
+	stop()
+
+	// In a world of one the calls complete; the first callback, on the
+	// client's helper goroutine, closes the client while the others are
+	// still to run.
+	c, err := collectived.Dial(collectived.Options{LocalRank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = newOnceEach(n)
+	hs := make([]*collectived.Handle, n)
+	for i := range hs {
+		if hs[i], err = collectived.AllReduceAsync(c, []float32{1}, collectived.Sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, h := range hs {
+		f := o.fn(i)
+		h.Then(func(err error) {
+			c.Close()
+			f(err)
+		})
+	}
+	o.wait(t)
+	for i, err := range o.errs {
+		if err != nil && !strings.Contains(err.Error(), "client closed") {
+			t.Errorf("world of one, call %d: %v", i, err)
+		}
+	}
+	goroutinesBackTo(t, base)
+}
