@@ -104,6 +104,9 @@ type benchRow struct {
 	Order   string `json:"order,omitempty"`
 	Concat  bool   `json:"concat,omitempty"`
 	Tensors string `json:"tensors,omitempty"`
+	// DaemonNamed: node 0's status' "named" object after the run (its
+	// negotiation rounds, fused ring ops, cache), pending calls left out.
+	DaemonNamed map[string]any `json:"daemon_named,omitempty"`
 }
 
 func runBench(c *cli.Context) error {
@@ -355,6 +358,7 @@ func (p *benchPrinter) summarize(r sizeResult, i int) benchRow {
 	row.BetweenBytes = p.between
 	row.TrainerCmd = p.c.String("trainer-cmd")
 	row.Calls, row.Named, row.Order, row.Concat, row.Tensors = r.Calls, r.Named, r.Order, r.Concat, r.Tensors
+	row.DaemonNamed = r.DaemonNamed
 	return row
 }
 

@@ -299,6 +299,7 @@ func runStepTrainer(c *cli.Context, cl *cvd.Client, w workload, s *step, prewarm
 	if rank != 0 {
 		return nil
 	}
+	res[0].DaemonNamed = daemonNamed(cl)
 	for i := range res {
 		res[i].TimesNS = times[i]
 		if err := enc.Encode(res[i]); err != nil {
@@ -366,4 +367,17 @@ func (o *stepOrder) next() []int {
 		o.rng.Shuffle(len(o.seq), func(i, j int) { o.seq[i], o.seq[j] = o.seq[j], o.seq[i] })
 	}
 	return o.seq
+}
+
+// daemonNamed is the "named" object of the daemon's status (a daemon
+// with named calls has one), without its pending calls; nil if there is
+// none or the status cannot be had.
+func daemonNamed(cl *cvd.Client) map[string]any {
+	st, err := cl.Status()
+	if err != nil {
+		return nil
+	}
+	n, _ := st["named"].(map[string]any)
+	delete(n, "pending")
+	return n
 }

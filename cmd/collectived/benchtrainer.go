@@ -29,6 +29,9 @@ type sizeResult struct {
 	Order   string `json:"order,omitempty"`
 	Concat  bool   `json:"concat,omitempty"`
 	Tensors string `json:"tensors,omitempty"`
+	// DaemonNamed is, on the step's row, the "named" object of its
+	// daemon's status after the run (its counters), when it has one.
+	DaemonNamed map[string]any `json:"daemon_named,omitempty"`
 }
 
 // benchTrainerCommand is one trainer of `collectived bench`: a hidden
