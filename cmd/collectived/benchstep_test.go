@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/collectived/collectived/config"
 )
 
 // A --tensors file: "name shape" lines, comments and blank lines
@@ -89,23 +91,27 @@ func TestStepOrder(t *testing.T) {
 // A step's many calls in flight raise the daemon's limit, unless the
 // user's config sets it; another limits section is refused.
 func TestStepConfig(t *testing.T) {
+	def := config.DefaultMaxInFlight
+	many := def + 100
+	raised := fmt.Sprintf("limits:\n  max_in_flight: %d\n", many+def)
 	for _, tc := range []struct {
 		extra string
 		calls int
 		want  string
 	}{
-		{"", 10, ""},
-		{"", 161, "limits:\n  max_in_flight: 225\n"},
-		{"ring:\n  streams: 2", 161, "ring:\n  streams: 2\nlimits:\n  max_in_flight: 225\n"},
-		{"limits:\n  max_in_flight: 500\n", 161, "limits:\n  max_in_flight: 500\n"},
+		{"", def, ""},
+		{"", many, raised},
+		{"ring:\n  streams: 2", many, "ring:\n  streams: 2\n" + raised},
+		{"limits:\n  max_in_flight: 50000\n", many, "limits:\n  max_in_flight: 50000\n"},
 	} {
 		got, err := stepConfig(tc.extra, tc.calls)
 		if err != nil || got != tc.want {
 			t.Errorf("stepConfig(%q, %d) = %q, %v; want %q", tc.extra, tc.calls, got, err, tc.want)
 		}
 	}
-	if _, err := stepConfig("limits:\n  inline_bytes: 1024\n", 161); err == nil || !strings.Contains(err.Error(), "add max_in_flight: 225 to it") {
-		t.Errorf("a limits section without max_in_flight: %v", err)
+	want := fmt.Sprintf("add max_in_flight: %d to it", many+def)
+	if _, err := stepConfig("limits:\n  inline_bytes: 1024\n", many); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a limits section without max_in_flight: %v, want %q", err, want)
 	}
 }
 
@@ -154,11 +160,10 @@ func TestBenchStepRefusals(t *testing.T) {
 	}
 }
 
-// bench --tensors --concat: a step of 71 calls in flight (more than the
-// daemon's default limit) and the concatenation, in turn, in worlds of 2
-// x 1 and 2 x 2, every result checked; the tensors' calls named too in
-// the file's order (which matches whether the daemon matches named calls
-// by name or, before protocol version 4's daemon, by order).
+// bench --tensors --concat: a step of 71 calls in flight and the
+// concatenation, in turn, in worlds of 2 x 1 and 2 x 2, every result
+// checked; ordered calls, named calls in the file's order and named
+// calls in each trainer's own random order.
 func TestBenchStep(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worlds of daemons")
@@ -171,13 +176,18 @@ func TestBenchStep(t *testing.T) {
 	for _, args := range [][]string{
 		{"--local", "1", "--concat"},
 		{"--local", "2", "--concat", "--named", "--order", "file"},
+		{"--local", "2", "--concat", "--named"},
 	} {
 		rows, out := benchJSON(t, append([]string{"--nodes", "2", "--tensors", file, "--iters", "2"}, args...)...)
 		if len(rows) != 2 {
 			t.Fatalf("bench --tensors %v: %d rows, want 2:\n%s", args, len(rows), out)
 		}
 		named := slices.Contains(args, "--named")
-		if r := rows[0]; r.Calls != 71 || r.Named != named || r.Order != "file" || r.Concat || r.Bytes != want || !r.Verified || r.Iters != 2 || r.Tensors != "tensors.txt" {
+		order := "file"
+		if named && !slices.Contains(args, "file") {
+			order = "random"
+		}
+		if r := rows[0]; r.Calls != 71 || r.Named != named || r.Order != order || r.Concat || r.Bytes != want || !r.Verified || r.Iters != 2 || r.Tensors != "tensors.txt" {
 			t.Errorf("bench --tensors %v: the step's row %+v, want 71 calls of %d bytes, named %v", args, r, want, named)
 		}
 		if r := rows[1]; r.Calls != 1 || !r.Concat || r.Bytes != want || !r.Verified || r.Iters != 2 {
