@@ -288,6 +288,9 @@ def markdown(res: dict) -> str:
             c = d.get("cache") or {}
             L.append(f"| {w} | {d.get('rounds', '?')} | {d.get('executed', '?')} | {d.get('fused_ops', '?')} | "
                      f"{c.get('hits', '?')} | {c.get('misses', '?')} |")
+        if all(d.get("fused_ops") == 0 for _, d in dn):
+            L += ["", "No run fused anything: every named call ran as a ring operation of its own (the daemon "
+                  "counted 0 fused ring ops)."]
     if res.get("errors"):
         L += ["", "Failed runs (left out above):", ""] + [f"- {e.splitlines()[0][:500]}" for e in res["errors"]]
     L += ["", "Commands (every round runs the same):", "", "```"]

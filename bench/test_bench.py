@@ -1473,6 +1473,10 @@ class NamedStepReportTest(unittest.TestCase):
                       "(1.10, 1.30; of medians 1.20) | <= 1.15 | **FAIL** |", md)
         self.assertIn("| <= 0.35 | **not measured** |", md)
         self.assertIn("| 4 | 9 | 322 | 4 | 300 | 22 |", md)
+        self.assertNotIn("No run fused anything", md)
+        res = _step_res()
+        res["runs"][-1]["rows"][0]["daemon_named"]["fused_ops"] = 0
+        self.assertIn("No run fused anything", named_step.markdown(res))
         self.assertIn("- round 2, world 4, gloo: exit 1", md)
         self.assertIn("tcp://127.0.0.1:PORT", md)
         self.assertEqual(md.count("tcp://127.0.0.1:PORT"), 1)  # one line for the runs that differ by port only
