@@ -529,13 +529,16 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*
 	// Named calls a round had taken and not answered fail with the
 	// collective's error, and the failure counts as begun: calls were made.
 	nm := &d.nm
-	inNamed := nm.answered < len(nm.taken)
 	scratch = scratch[:0]
-	for _, c := range nm.taken[nm.answered:] {
-		scratch = append(scratch, failed[*ipc.Request]{c: c.c, err: e})
+	inNamed := false
+	for _, c := range nm.taken {
+		if c.c != nil {
+			scratch = append(scratch, failed[*ipc.Request]{c: c.c, err: e})
+			inNamed = true
+		}
 	}
 	clear(nm.taken)
-	nm.taken, nm.answered = nm.taken[:0], 0
+	nm.taken = nm.taken[:0]
 	nm.readySince = time.Time{}
 	scratch = d.match.fail(heads, failure{
 		at:      failedAt,

@@ -22,10 +22,12 @@ type namedEngine struct {
 	descs    []collective.Desc // their descriptions, offered this round
 	byHash   map[uint64]string // ready names by hash
 	// taken are the calls of the names a round runs, taken from the
-	// queues; those from answered on are still to be answered (a failure
-	// fails them with the collective's error).
-	taken    []call
-	answered int
+	// queues, L per name in the round's order; a call answered is
+	// cleared, and a failure fails those left with the collective's
+	// error.
+	taken  []call
+	groups []group  // the round's ring operations (fusion.go)
+	fused  [][]byte // fusion buffers, one per local rank
 	// readySince is when names became ready here without a round since:
 	// they wait up to FusionCycle for company.
 	readySince time.Time
@@ -136,7 +138,7 @@ func (d *Daemon) runNamed(r *ring.Ring, seq uint64) (uint64, error) {
 	// Take the calls of the names to run, and record them in the cache
 	// in the order every node records them.
 	d.mu.Lock()
-	nm.taken, nm.answered = nm.taken[:0], 0
+	nm.taken = nm.taken[:0]
 	for _, h := range nm.res.run {
 		name, ok := nm.byHash[h]
 		if !ok {
@@ -155,27 +157,43 @@ func (d *Daemon) runNamed(r *ring.Ring, seq uint64) (uint64, error) {
 	return d.runTaken(r, seq)
 }
 
-// runTaken runs the calls a round took, grouped by fusion.go, as ring
-// operations seq+1, seq+2, ...
+// runTaken runs the calls a round took, in the ring operations
+// planGroups cuts them into, as ring operations seq+1, seq+2, ...
 func (d *Daemon) runTaken(r *ring.Ring, seq uint64) (uint64, error) {
 	nm := &d.nm
 	L := len(d.slots)
 	gen := r.Generation()
-	for nm.answered < len(nm.taken) {
-		calls := nm.taken[nm.answered : nm.answered+L]
+	nm.groups = d.planGroups(nm.groups[:0])
+	for _, g := range nm.groups {
 		seq++
-		d.mu.Lock()
-		d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: calls[0].c.Desc, since: time.Now()}
-		d.mu.Unlock()
-		if err := d.runOp(r, seq, calls); err != nil {
+		var err error
+		if g.fuse {
+			err = d.runFused(r, seq, g)
+		} else {
+			calls := nm.taken[g.members[0]*L : g.members[0]*L+L]
+			d.mu.Lock()
+			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: calls[0].c.Desc, since: time.Now()}
+			d.mu.Unlock()
+			err = d.runOp(r, seq, calls)
+		}
+		if err != nil {
 			return seq, err
 		}
-		for _, c := range calls {
-			c.c.Reply(gen, seq)
+		for _, m := range g.members {
+			calls := nm.taken[m*L : m*L+L]
+			for _, c := range calls {
+				c.c.Reply(gen, seq)
+			}
+			clear(calls)
 		}
-		clear(calls)
-		nm.answered += L
+		if g.fuse {
+			d.mu.Lock()
+			nm.fusedOps++
+			d.mu.Unlock()
+		}
 	}
+	clear(nm.groups)
+	nm.taken = nm.taken[:0]
 	d.mu.Lock()
 	d.inflight = inflight{}
 	d.afterLarge = true

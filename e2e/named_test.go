@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/collectived/collectived/ipc"
 	"math"
 	"math/rand"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -313,4 +316,129 @@ func TestNamedStallReport(t *testing.T) {
 	if log := w.log(0) + w.log(1); !strings.Contains(log, "late.grad") || !strings.Contains(log, "stalled") {
 		t.Errorf("the logs do not report the stalled name:\n%s", log)
 	}
+}
+
+// TestNamedFusedBitIdentical: named allreduces fused by the daemon give
+// the bytes the same calls give one by one, on 3 nodes (where a float
+// sum's bits depend on the order the ring folds in) for every float
+// dtype, with values of mixed magnitudes so that another order shows.
+func TestNamedFusedBitIdentical(t *testing.T) {
+	w := startWorld(t, 3, 1, "")
+	cs := everyTrainer(t, w)
+	sizes := []int{1, 2, 5, 1000, 16<<10 + 3, 40_001, 150_001}
+	dtypes := []collective.DType{collective.Float32, collective.BFloat16, collective.Float16, collective.Float64}
+	type named struct {
+		d   collective.Desc
+		buf []byte
+	}
+	errs := onEvery(t, cs, func(r int, c *cvd.Client) error {
+		rng := rand.New(rand.NewSource(int64(7 + r)))
+		var calls []named
+		for _, dt := range dtypes {
+			for i, n := range sizes {
+				for _, red := range []collective.ReduceOp{collective.Sum, collective.Avg} {
+					d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: red, Count: uint64(n),
+						Name: fmt.Sprintf("%s.%s.%d", dt, red, i), Named: true}
+					b := make([]byte, n*dt.Size())
+					randomFloats(rng, dt, b)
+					calls = append(calls, named{d, b})
+				}
+			}
+		}
+		// Unfused: the same calls ordered, one by one, on copies.
+		want := make([][]byte, len(calls))
+		for i, nc := range calls {
+			want[i] = append([]byte(nil), nc.buf...)
+			d := nc.d
+			d.Named, d.Name = false, ""
+			if err := c.Do(d, want[i]); err != nil {
+				return fmt.Errorf("ordered %s: %w", nc.d.Name, err)
+			}
+		}
+		hs := make([]*cvd.Handle, len(calls))
+		for _, i := range rng.Perm(len(calls)) {
+			h, err := c.Start(calls[i].d, calls[i].buf)
+			if err != nil {
+				return err
+			}
+			hs[i] = h
+		}
+		for i, h := range hs {
+			if err := h.Wait(); err != nil {
+				return fmt.Errorf("named %s: %w", calls[i].d.Name, err)
+			}
+			if string(calls[i].buf) != string(want[i]) {
+				return fmt.Errorf("named %s: the fused result differs from the call made alone", calls[i].d.Name)
+			}
+		}
+		return nil
+	})
+	noErrs(t, "fused against one by one", errs)
+	if st := readNamedStatus(t, w.sockets[0]).Named; st.FusedOps == 0 {
+		t.Errorf("no ring operation was fused (status %+v): the test did not test fusion", st)
+	}
+}
+
+// randomFloats fills b with values of dt spread over many magnitudes,
+// of both signs.
+func randomFloats(rng *rand.Rand, dt collective.DType, b []byte) {
+	es := dt.Size()
+	for k := 0; k < len(b)/es; k++ {
+		v := (rng.Float64()*2 - 1) * math.Pow(2, float64(rng.Intn(24)-12))
+		switch dt {
+		case collective.Float64:
+			binary.LittleEndian.PutUint64(b[8*k:], math.Float64bits(v))
+		case collective.Float32:
+			binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(float32(v)))
+		case collective.BFloat16:
+			binary.LittleEndian.PutUint16(b[2*k:], uint16(cvd.ToBFloat16(float32(v))))
+		case collective.Float16:
+			binary.LittleEndian.PutUint16(b[2*k:], uint16(cvd.ToFloat16(float32(v))))
+		}
+	}
+}
+
+// TestNamedRefusals: what the daemon refuses of named calls, each with
+// an error naming the fault, and the connection (or the call) goes on.
+func TestNamedRefusals(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	named := func(name string, count uint64) []byte {
+		c := ipc.Call{Desc: collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum,
+			Count: count, Name: name, Named: true}, Data: make([]byte, 4*count)}
+		return c.Encode(uint64(10 + count))
+	}
+
+	// A name in flight twice on one trainer: the second call is refused
+	// (BAD_REQUEST, not fatal) and the first still meets the other
+	// trainer's call.
+	raw := dialRaw(t, w.sockets[0])
+	raw.hello()
+	raw.send(named("twice", 1), -1)
+	raw.send(named("twice", 2), -1)
+	raw.expectError(ipc.CodeBadRequest, `already has a call named "twice" in flight`, false)
+	other := rankTrainer(t, w, 1, 0)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1, Name: "twice", Named: true}
+	if err := other.Do(d, make([]byte, 4)); err != nil {
+		t.Fatalf("the other trainer's call of the name: %v", err)
+	}
+	if typ, _, _ := raw.read(); typ != ipc.TypeCallOK {
+		t.Fatalf("the first call of the name was answered with %s, want CALL_OK", typ)
+	}
+
+	// NAMED on a version-3 connection is an undefined flag: fatal.
+	raw.uc.Close()
+	old := dialRaw(t, w.sockets[0])
+	old.send(ipc.Hello{Version: 3, LocalRank: -1, PID: uint32(os.Getpid()), Job: "e2e", Label: "v3"}.Encode(1), -1)
+	if typ, _, _ := old.read(); typ != ipc.TypeHelloOK {
+		t.Fatalf("HELLO in 3 answered with %s", typ)
+	}
+	old.send(named("v3", 1), -1)
+	old.expectError(ipc.CodeBadFrame, "NAMED needs 4", true)
+
+	// A named call without a name.
+	nameless := dialRaw(t, w.sockets[1])
+	other.Close()
+	nameless.hello()
+	nameless.send(named("", 1), -1)
+	nameless.expectError(ipc.CodeBadRequest, "a named call needs a name", false)
 }
