@@ -8,8 +8,8 @@ through collectived as named allreduces and through Gloo, taking turns.
     /usr/bin/python3 bench/named_step.py --ordered --no-doc   # ordered calls instead (the harness alone)
     /usr/bin/python3 bench/named_step.py --report-only bench/.results/named_step.json
 
-In every round and world (2 nodes x 1 trainer, 2 x 2) two runs, their
-order alternating:
+In every round and world (2 nodes x 1 trainer, 2 x 2) three runs, their
+order rotated:
 
 - collectived (`collectived bench --tensors FILE --named --concat`):
   each trainer starts an allreduce of every tensor as a named call (the
@@ -17,6 +17,8 @@ order alternating:
   all in flight at once, and waits for all; step by step in turn, one
   ordered allreduce of all the tensors' bytes concatenated, through the
   same daemons.
+- the same with fusion off (`--extra-config` fusion.threshold_bytes: 0;
+  --no-unfused skips it): what fusion buys;
 - Gloo (`bench/gloo_allreduce.py --tensors FILE`): dist.all_reduce on
   every tensor one by one in the file's order.
 
@@ -59,6 +61,10 @@ TITLE = "## Named calls and fusion (ResNet-50 step)"
 TARGETS = {"fusion": 1.15, "gloo": 0.35}
 WORLDS = {2: (2, 1), 4: (2, 2)}  # world: (nodes, local)
 SYSTEMS = ("collectived", "gloo")
+# The same collectived run with fusion off (fusion.threshold_bytes: 0),
+# adjacent in every round: what fusion buys.
+UNFUSED = "collectived-unfused"
+UNFUSED_CONFIG = "fusion:\n  threshold_bytes: 0\n"
 
 
 def parse_worlds(s: str) -> list[int]:
@@ -78,10 +84,13 @@ def check_counts(a: argparse.Namespace) -> None:
             raise SystemExit(f"named_step: {name} {v}: want at least {lo}")
 
 
-def order(rnd: int, wi: int) -> list[str]:
-    """Which system runs first in round rnd's wi-th world: alternating
-    from round to round and world to world."""
-    return list(SYSTEMS) if (rnd + wi) % 2 == 0 else list(reversed(SYSTEMS))
+def order(rnd: int, wi: int, unfused: bool = False) -> list[str]:
+    """The runs of round rnd's wi-th world, in the order run: rotated from
+    round to round and world to world, so that none always goes first.
+    unfused: collectived with fusion off too."""
+    systems = [SYSTEMS[0], UNFUSED, SYSTEMS[1]] if unfused else list(SYSTEMS)
+    k = (rnd + wi) % len(systems)
+    return systems[k:] + systems[:k]
 
 
 # ------------------------------------------------------------ measuring
@@ -109,7 +118,7 @@ def measure(a: argparse.Namespace) -> dict:
         "settings": {"tensors": os.path.relpath(os.path.abspath(a.tensors), REPO), "n_tensors": n,
                      "bytes": 4 * sum(tensorfile.numel(s) for _, s in ts), "rounds": a.rounds, "worlds": worlds,
                      "iters": a.iters, "warmup": a.warmup, "prewarm": a.prewarm, "named": not a.ordered,
-                     "order": "file" if a.ordered else "random", "seed": a.seed,
+                     "order": "file" if a.ordered else "random", "seed": a.seed, "unfused": a.unfused,
                      "commit": _out(["git", "rev-parse", "--short", "HEAD"]),
                      "dirty": bool(_out(["git", "status", "--porcelain", "--", ".", ":!bench", ":!docs"])),
                      "torch": _out(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"])},
@@ -118,14 +127,15 @@ def measure(a: argparse.Namespace) -> dict:
     for rnd in range(a.rounds):
         for wi, w in enumerate(worlds):
             nodes, local = WORLDS[w]
-            for system in order(rnd, wi):
+            for system in order(rnd, wi, a.unfused):
                 l0 = runners.loadavg()
                 s0 = time.monotonic()
                 try:
-                    if system == "collectived":
+                    if system in ("collectived", UNFUSED):
                         rows = runners.collectived_step(binary, nodes, local, a.tensors, n, a.iters, a.warmup,
                                                         a.timeout, named=not a.ordered, concat=True,
-                                                        prewarm=a.prewarm, seed=None if a.ordered else a.seed)
+                                                        prewarm=a.prewarm, seed=None if a.ordered else a.seed,
+                                                        extra_config=UNFUSED_CONFIG if system == UNFUSED else None)
                     else:
                         rows = [runners.gloo_step("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), w,
                                                   a.tensors, n, a.iters, a.warmup, a.timeout, a.prewarm)]
@@ -199,6 +209,20 @@ def summarize(res: dict) -> dict:
         if vs_gloo:
             row["vs_gloo"] = {"pairs": vs_gloo, "ratio": statistics.median(vs_gloo),
                               "ratio_of_medians": statistics.median(step) / statistics.median(gloo)}
+        # Fusion off: its step, its own run's ratio to the concatenation,
+        # and the fused step over it (adjacent runs).
+        unf = [by_round[r][UNFUSED] for r in sorted(by_round) if UNFUSED in by_round[r]]
+        if unf:
+            u_step = [u["rows"][0]["median_us"] / 1e3 for u in unf]
+            pairs = [by_round[r]["collectived"]["rows"][0]["median_us"] / by_round[r][UNFUSED]["rows"][0]["median_us"]
+                     for r in sorted(by_round) if UNFUSED in by_round[r] and "collectived" in by_round[r]]
+            row["unfused"] = {"step_ms": _spread(u_step),
+                              "concat_ms": _spread([u["rows"][1]["median_us"] / 1e3 for u in unf]),
+                              "fusion_pairs": [u["rows"][0]["median_us"] / u["rows"][1]["median_us"] for u in unf],
+                              "fused_over_unfused": pairs}
+            row["unfused"]["fusion_ratio"] = statistics.median(row["unfused"]["fusion_pairs"])
+            if pairs:
+                row["unfused"]["fused_over_unfused_ratio"] = statistics.median(pairs)
         out[w] = row
     return out
 
@@ -224,6 +248,10 @@ def text(res: dict) -> str:
                 f"(want <= {TARGETS['fusion']}) {verdict(res, f['ratio'], 'fusion')}")
         if g:
             line += f", vs Gloo {g['ratio']:.2f}x (want <= {TARGETS['gloo']}) {verdict(res, g['ratio'], 'gloo')}"
+        if u := row.get("unfused"):
+            line += (f"; fusion off: step {u['step_ms']['median']:.1f} ms, {u['fusion_ratio']:.2f}x its "
+                     "concatenation" + (f", fused step / unfused {u['fused_over_unfused_ratio']:.2f}x"
+                                        if "fused_over_unfused_ratio" in u else ""))
         lines.append(line)
     for e in res.get("errors") or []:
         lines.append("failed: " + e.splitlines()[0][:300])
@@ -252,7 +280,8 @@ def markdown(res: dict) -> str:
          "through the same daemons (the fusion target's reference). Gloo (`bench/gloo_allreduce.py --tensors`, "
          f"torch {st['torch']}): `dist.all_reduce` on each tensor one by one in the file's order. "
          f"{st['rounds']} rounds, worlds {', '.join(f'{w} ({WORLDS[w][0]} nodes x {WORLDS[w][1]})' for w in st['worlds'])}, "
-         "the two systems' runs adjacent, which goes first alternating; a run makes "
+         f"the runs of a round and world adjacent ({'collectived, collectived with fusion off, Gloo' if st.get('unfused') else 'collectived, Gloo'}), "
+         "their order rotated; a run makes "
          f"{st['warmup']} untimed and {st['iters']} timed steps (results checked), its figure the median step; "
          "below, the median over rounds (the range). A ratio is each round's own pair's (named and "
          "concatenated from the same run, collectived and Gloo from adjacent runs), the verdict on their "
@@ -269,6 +298,20 @@ def markdown(res: dict) -> str:
                  + (f"**{g['ratio']:.2f}x** ({', '.join(f'{x:.2f}' for x in g['pairs'])}; of medians "
                     f"{g['ratio_of_medians']:.2f}) | <= {TARGETS['gloo']} | **{verdict(res, g['ratio'], 'gloo')}** |"
                     if g else "| <= 0.35 | **not measured** |"))
+    if any("unfused" in row for row in s.values()):
+        L += ["", "The same named step with fusion off (`--extra-config 'fusion: {threshold_bytes: 0}'`: every "
+              "name a ring operation of its own), a run of its own adjacent to the others in every round, "
+              "against its own run's concatenated allreduce; and the default (fused) step over it:", "",
+              "| world | step, fusion off | its concatenated | step ÷ concatenated (rounds) | "
+              "fused step ÷ fusion off (rounds) |", "|---|---:|---:|---|---|"]
+        for w, row in s.items():
+            u = row.get("unfused")
+            if not u:
+                continue
+            fo = (f"**{u['fused_over_unfused_ratio']:.2f}x** ({', '.join(f'{x:.2f}' for x in u['fused_over_unfused'])})"
+                  if "fused_over_unfused_ratio" in u else "not measured")
+            L.append(f"| {w} | {_ms(u['step_ms'])} | {_ms(u['concat_ms'])} | **{u['fusion_ratio']:.2f}x** "
+                     f"({', '.join(f'{x:.2f}' for x in u['fusion_pairs'])}) | {fo} |")
     L += ["", "Every run, in the order run (ms; load average before and after):", "",
           "| round | world | system | step | concatenated | load |", "|---:|---:|---|---:|---:|---|"]
     for run in res["runs"]:
@@ -279,8 +322,9 @@ def markdown(res: dict) -> str:
         L[-1] += f" {run['load_before']:.1f}-{run['load_after']:.1f} |"
     dn = [(run["world"], run["rows"][0]["daemon_named"]) for run in res["runs"]
           if run["system"] == "collectived" and run["rows"][0].get("daemon_named")]
+    # (fusion off's runs fuse nothing by design: not listed)
     if dn:
-        L += ["", "The daemon of node 0 after each collectived run (`collectived status`'s \"named\"; the run's "
+        L += ["", "The daemon of node 0 after each collectived run with fusion on (`collectived status`'s \"named\"; the run's "
               "prewarm, checked, untimed and timed steps together):", "",
               "| world | rounds | executed | fused ring ops | cache hits | cache misses |",
               "|---:|---:|---:|---:|---:|---:|"]
@@ -337,6 +381,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps a run, after the checked one")
     ap.add_argument("--prewarm", type=int, default=1000, help="untimed one-element allreduces a run starts with")
     ap.add_argument("--seed", type=int, default=1, help="the named steps' permutations' seed")
+    ap.add_argument("--no-unfused", dest="unfused", action="store_false",
+                    help="skip the run with fusion off (fusion.threshold_bytes: 0) in every round and world")
     ap.add_argument("--ordered", action="store_true",
                     help="ordered calls in the file's order instead of named ones (checks the harness on a "
                          "daemon without named calls; no verdicts)")

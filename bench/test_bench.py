@@ -1366,6 +1366,9 @@ class StepRunnersTest(unittest.TestCase):
             self.assertEqual([(r["calls"], r["world"]) for r in rows], [(3, 4), (1, 4)])
             self.assertIn("bench --nodes 2 --local 2 --tensors t.txt --iters 5 --warmup 1 --prewarm 7 --json --named "
                           "--seed 4 --concat", runners.COMMANDS[n])
+            runners.collectived_step(self.fake(d, self.STEP + "\n" + self.CONCAT), 2, 1, "t.txt", 3, 5, 1, 30,
+                                     extra_config=named_step.UNFUSED_CONFIG)
+            self.assertIn("--concat --extra-config 'fusion:", runners.COMMANDS[-1])
 
     def test_collectived_step_rows_must_be_what_was_asked(self):
         ordered = self.STEP.replace('"named": true, ', "")
@@ -1428,6 +1431,9 @@ def _step_res(named=True, gloo=True):
         if gloo:
             runs.append({"round": rnd, "world": 2, "system": "gloo", "load_before": 2.0, "load_after": 2.5,
                          "rows": [{"median_us": g * 1e3, "calls": 161}]})
+        runs.append({"round": rnd, "world": 2, "system": named_step.UNFUSED, "load_before": 1.0, "load_after": 2.0,
+                     "rows": [{"median_us": step * 2e3, "calls": 161, "named": named},
+                              {"median_us": concat * 1e3, "calls": 1, "concat": True}]})
     runs.append({"round": 1, "world": 4, "system": "collectived", "load_before": 1.0, "load_after": 2.0,
                  "rows": [{"median_us": 200e3, "calls": 161, "named": named,
                            "daemon_named": {"rounds": 9, "executed": 322, "fused_ops": 4,
@@ -1455,6 +1461,12 @@ class NamedStepReportTest(unittest.TestCase):
         self.assertAlmostEqual(w2["vs_gloo"]["ratio_of_medians"], 120 / 350)
         self.assertNotIn("vs_gloo", s[4])  # no Gloo run in world 4
         self.assertAlmostEqual(s[4]["fusion"]["ratio"], 1.25)
+        # Fusion off: its own run's ratio, and the fused step over it.
+        u = w2["unfused"]
+        self.assertEqual(u["step_ms"]["rounds"], [220.0, 260.0])
+        self.assertEqual(u["fusion_pairs"], [2.2, 2.6])
+        self.assertEqual(u["fused_over_unfused"], [0.5, 0.5])
+        self.assertNotIn("unfused", s[4])
 
     def test_verdicts(self):
         res = _step_res()
@@ -1472,6 +1484,8 @@ class NamedStepReportTest(unittest.TestCase):
         self.assertIn("| 2 | 120.0 ms (110.0-130.0) | 100.0 ms (100.0-100.0) | 350.0 ms (300.0-400.0) | **1.20x** "
                       "(1.10, 1.30; of medians 1.20) | <= 1.15 | **FAIL** |", md)
         self.assertIn("| <= 0.35 | **not measured** |", md)
+        self.assertIn("| 2 | 240.0 ms (220.0-260.0) | 100.0 ms (100.0-100.0) | **2.40x** (2.20, 2.60) | "
+                      "**0.50x** (0.50, 0.50) |", md)
         self.assertIn("| 4 | 9 | 322 | 4 | 300 | 22 |", md)
         self.assertNotIn("No run fused anything", md)
         res = _step_res()
@@ -1494,6 +1508,7 @@ class NamedStepReportTest(unittest.TestCase):
         self.assertIn("world 2: step 120.0 ms, concatenated 100.0 ms, Gloo 350.0 ms; fusion 1.20x (want <= 1.15) "
                       "FAIL", t)
         self.assertIn("world 4: step 200.0 ms, concatenated 160.0 ms, Gloo failed; fusion 1.25x", t)
+        self.assertIn("fusion off: step 240.0 ms, 2.40x its concatenation, fused step / unfused 0.50x", t)
         self.assertEqual(named_step.parse_worlds("2, 4"), [2, 4])
         with self.assertRaises(SystemExit) as cm:
             named_step.parse_worlds("3")
@@ -1501,6 +1516,9 @@ class NamedStepReportTest(unittest.TestCase):
         self.assertEqual([named_step.order(r, w) for r in (0, 1) for w in (0, 1)],
                          [["collectived", "gloo"], ["gloo", "collectived"], ["gloo", "collectived"],
                           ["collectived", "gloo"]])
+        u = named_step.UNFUSED
+        self.assertEqual([named_step.order(r, 0, True) for r in range(3)],
+                         [["collectived", u, "gloo"], [u, "gloo", "collectived"], ["gloo", "collectived", u]])
         p = subprocess.run([sys.executable, os.path.join(HERE, "named_step.py"), "--iters", "0", "--no-doc"],
                            capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
