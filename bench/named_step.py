@@ -64,7 +64,7 @@ SYSTEMS = ("collectived", "gloo")
 # The same collectived run with fusion off (fusion.threshold_bytes: 0),
 # adjacent in every round: what fusion buys.
 UNFUSED = "collectived-unfused"
-UNFUSED_CONFIG = "fusion:\n  threshold_bytes: 0\n"
+UNFUSED_CONFIG = "fusion: {threshold_bytes: 0}"
 
 
 def parse_worlds(s: str) -> list[int]:
@@ -298,8 +298,13 @@ def markdown(res: dict) -> str:
                  + (f"**{g['ratio']:.2f}x** ({', '.join(f'{x:.2f}' for x in g['pairs'])}; of medians "
                     f"{g['ratio_of_medians']:.2f}) | <= {TARGETS['gloo']} | **{verdict(res, g['ratio'], 'gloo')}** |"
                     if g else "| <= 0.35 | **not measured** |"))
+    floor = [(w, row["concat_ms"]["median"] / row["gloo_ms"]["median"]) for w, row in s.items() if "gloo_ms" in row]
+    if floor:
+        L += ["", "Were fusion perfect (the named step as fast as the concatenated allreduce), the step ÷ Gloo "
+              "would be the concatenated ÷ Gloo's step: " + ", ".join(f"{x:.2f}x in world {w}" for w, x in floor)
+              + f" (medians; want <= {TARGETS['gloo']})."]
     if any("unfused" in row for row in s.values()):
-        L += ["", "The same named step with fusion off (`--extra-config 'fusion: {threshold_bytes: 0}'`: every "
+        L += ["", f"The same named step with fusion off (`--extra-config '{UNFUSED_CONFIG}'`: every "
               "name a ring operation of its own), a run of its own adjacent to the others in every round, "
               "against its own run's concatenated allreduce; and the default (fused) step over it:", "",
               "| world | step, fusion off | its concatenated | step ÷ concatenated (rounds) | "
@@ -320,19 +325,19 @@ def markdown(res: dict) -> str:
                  f"{r[1]['median_us'] / 1e3:.1f} |" if len(r) > 1 else
                  f"| {run['round']} | {run['world']} | {run['system']} | {r[0]['median_us'] / 1e3:.1f} | |")
         L[-1] += f" {run['load_before']:.1f}-{run['load_after']:.1f} |"
-    dn = [(run["world"], run["rows"][0]["daemon_named"]) for run in res["runs"]
+    dn = [(run["round"], run["world"], run["rows"][0]["daemon_named"]) for run in res["runs"]
           if run["system"] == "collectived" and run["rows"][0].get("daemon_named")]
     # (fusion off's runs fuse nothing by design: not listed)
     if dn:
         L += ["", "The daemon of node 0 after each collectived run with fusion on (`collectived status`'s \"named\"; the run's "
               "prewarm, checked, untimed and timed steps together):", "",
-              "| world | rounds | executed | fused ring ops | cache hits | cache misses |",
-              "|---:|---:|---:|---:|---:|---:|"]
-        for w, d in dn:
+              "| round | world | negotiation rounds | executed | fused ring ops | cache hits | cache misses |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+        for rnd, w, d in dn:
             c = d.get("cache") or {}
-            L.append(f"| {w} | {d.get('rounds', '?')} | {d.get('executed', '?')} | {d.get('fused_ops', '?')} | "
+            L.append(f"| {rnd} | {w} | {d.get('rounds', '?')} | {d.get('executed', '?')} | {d.get('fused_ops', '?')} | "
                      f"{c.get('hits', '?')} | {c.get('misses', '?')} |")
-        if all(d.get("fused_ops") == 0 for _, d in dn):
+        if all(d.get("fused_ops") == 0 for _, _, d in dn):
             L += ["", "No run fused anything: every named call ran as a ring operation of its own (the daemon "
                   "counted 0 fused ring ops)."]
     if res.get("errors"):

@@ -1368,7 +1368,7 @@ class StepRunnersTest(unittest.TestCase):
                           "--seed 4 --concat", runners.COMMANDS[n])
             runners.collectived_step(self.fake(d, self.STEP + "\n" + self.CONCAT), 2, 1, "t.txt", 3, 5, 1, 30,
                                      extra_config=named_step.UNFUSED_CONFIG)
-            self.assertIn("--concat --extra-config 'fusion:", runners.COMMANDS[-1])
+            self.assertIn("--concat --extra-config 'fusion: {threshold_bytes: 0}'", runners.COMMANDS[-1])
 
     def test_collectived_step_rows_must_be_what_was_asked(self):
         ordered = self.STEP.replace('"named": true, ', "")
@@ -1486,7 +1486,8 @@ class NamedStepReportTest(unittest.TestCase):
         self.assertIn("| <= 0.35 | **not measured** |", md)
         self.assertIn("| 2 | 240.0 ms (220.0-260.0) | 100.0 ms (100.0-100.0) | **2.40x** (2.20, 2.60) | "
                       "**0.50x** (0.50, 0.50) |", md)
-        self.assertIn("| 4 | 9 | 322 | 4 | 300 | 22 |", md)
+        self.assertIn("| 1 | 4 | 9 | 322 | 4 | 300 | 22 |", md)
+        self.assertIn("the concatenated ÷ Gloo's step: 0.29x in world 2 (medians; want <= 0.35)", md)
         self.assertNotIn("No run fused anything", md)
         res = _step_res()
         res["runs"][-1]["rows"][0]["daemon_named"]["fused_ops"] = 0

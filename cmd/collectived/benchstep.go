@@ -25,8 +25,8 @@ import (
 // flight at once, then waits for all of them. With --named they are named
 // calls (Desc.Named, the tensor's name), each trainer making them in an
 // order of its own, a fresh permutation every step; without, ordered
-// calls in the file's order on every trainer (named too, for matching's
-// sake: an ordered call's name takes part in matching). --concat adds one
+// calls in the file's order on every trainer (each with the tensor's
+// name, which ordered calls are matched on too). --concat adds one
 // allreduce of all the tensors' bytes concatenated, step by step in turn
 // with the tensors' calls in the same world: what fusion is measured
 // against. The tensors lie back to back in one segment of shared memory,
@@ -74,7 +74,7 @@ func (s *step) order() string {
 	return "file"
 }
 
-// calls is how a row of the tensors' calls says what they were.
+// what says what the tensors' calls are, for the table.
 func (s *step) what() string {
 	kind := "ordered"
 	if s.named {
