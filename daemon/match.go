@@ -280,10 +280,13 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 	}
 	for l := range m.slots {
 		sl := &m.slots[l]
-		if !sl.afresh {
+		if !sl.afresh && !called[l] {
 			// Named calls ahead of the rank's next ordered call are of
 			// the failed stretch: they fail, and so do its later named
-			// calls while it owes (named.go).
+			// calls while it owes (named.go). A rank whose ordered call
+			// of the collective is among heads ran its stretch's named
+			// calls before it (a fence): those active now came after
+			// that call, and are of the next stretch.
 			dst = m.failNamed(l, f.at, f.err, f.owed, dst)
 		}
 		switch {
