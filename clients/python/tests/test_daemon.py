@@ -297,7 +297,7 @@ def test_default_wait_outlasts_the_first_call_timeout(world_1x1: World) -> None:
     # waiting on a generation's first call gets the daemon's TIMEOUT
     # (naming who has not called), not its own WaitTimeoutError.
     with collectived.Client(world_1x1.sockets[0], job=JOB, local_rank=0, rank_retry=5.0) as c:
-        assert c.info.version == collectived.PROTOCOL_VERSION == 3
+        assert c.info.version == collectived.PROTOCOL_VERSION == 4
         assert (c.info.timeout_ms, c.info.first_call_timeout_ms) == (20000, 60000)
         assert c.timeout == 60.0 + 2 * collectived.TIMEOUT_MARGIN > 60.0
 
