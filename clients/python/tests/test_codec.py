@@ -216,12 +216,13 @@ def test_request_level_checks() -> None:
 
 
 def test_examples_and_torch_helpers_compile() -> None:
-    # train_torch.py and collectived/torch.py run only where torch is
-    # installed; at least they must compile everywhere.
+    # train_torch.py, collectived/torch.py and the Horovod API run only
+    # where torch is installed; at least they must compile everywhere.
     import py_compile
 
     here = os.path.dirname(__file__)
     for f in ("../examples/train_numpy.py", "../examples/train_torch.py",
               "../examples/train_ddp.py", "../src/collectived/torch.py",
-              "../src/collectived/_torch_pg.py", "../src/collectived/_torch_ddp.py"):
+              "../src/collectived/_torch_pg.py", "../src/collectived/_torch_ddp.py",
+              "../examples/horovod_mnist.py", "../src/collectived/horovod/torch.py"):
         py_compile.compile(os.path.join(here, f), doraise=True)
