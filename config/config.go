@@ -28,6 +28,7 @@ type Config struct {
 	Socket   Socket
 	Timeouts Timeouts
 	Ring     Ring
+	Fusion   Fusion
 	Limits   Limits
 	Log      Log
 
@@ -78,6 +79,13 @@ type Ring struct {
 	// a CPU wake-up per hop, which costs tens of microseconds on virtual
 	// machines. 0 never polls.
 	Spin time.Duration
+}
+
+// Fusion tunes how named calls ready together share ring operations
+// (docs/MATCHING.md, "Named calls").
+type Fusion struct {
+	ThresholdBytes int64         // ready named allreduces packed into one ring operation, at most
+	Cycle          time.Duration // how long a ready name waits for company before it is offered
 }
 
 // Limits bound what one client may make the daemon hold.
@@ -153,8 +161,14 @@ const (
 	DefaultInlineBytes   = 64 * KiB
 	DefaultShmQuotaBytes = 4 * GiB
 	DefaultMaxSegments   = 1024
-	DefaultMaxInFlight   = 64
-	DefaultMaxClients    = 256
+	// A training step's named calls are all in flight at once: ResNet-50
+	// has 161 gradients, larger models several hundred.
+	DefaultMaxInFlight = 1024
+	// Horovod's defaults: 64 MiB fusion buffers, cycles of a millisecond
+	// or a few.
+	DefaultFusionThreshold = 64 * MiB
+	DefaultFusionCycle     = time.Millisecond
+	DefaultMaxClients      = 256
 
 	DefaultLogLevel  = "info"
 	DefaultLogFormat = "text"
@@ -176,6 +190,8 @@ const (
 	MaxSpin        = 10 * time.Millisecond
 	MaxInlineBytes = 1 * MiB
 	MaxInFlightCap = 65536
+	MaxFusionBytes = 1 * GiB
+	MaxFusionCycle = time.Second
 	MaxSegmentsCap = 65536
 	MaxClientsCap  = 65536
 	MaxTimeout     = 24 * time.Hour
@@ -213,6 +229,7 @@ func Default() Config {
 			SmallBytes:   DefaultSmallBytes,
 			Spin:         DefaultSpin,
 		},
+		Fusion: Fusion{ThresholdBytes: DefaultFusionThreshold, Cycle: DefaultFusionCycle},
 		Limits: Limits{
 			InlineBytes:   DefaultInlineBytes,
 			ShmQuotaBytes: DefaultShmQuotaBytes,

@@ -59,6 +59,12 @@ func rootFields(c *Config) []field {
 				{"spin", durationField(&c.Ring.Spin)},
 			})
 		}},
+		{"fusion", func(p *parser, key string, v *yaml.Node) {
+			p.mapping(v, key, []field{
+				{"threshold_bytes", sizeField(&c.Fusion.ThresholdBytes)},
+				{"cycle", durationField(&c.Fusion.Cycle)},
+			})
+		}},
 		{"limits", func(p *parser, key string, v *yaml.Node) {
 			p.mapping(v, key, []field{
 				{"inline_bytes", sizeField(&c.Limits.InlineBytes)},

@@ -49,8 +49,10 @@ func TestDefaults(t *testing.T) {
 		{"inline", d.Limits.InlineBytes, int64(64 << 10)},
 		{"shm quota", d.Limits.ShmQuotaBytes, int64(4 << 30)},
 		{"max_segments", d.Limits.MaxSegments, 1024},
-		{"max_in_flight", d.Limits.MaxInFlight, 64},
+		{"max_in_flight", d.Limits.MaxInFlight, 1024},
 		{"max_clients", d.Limits.MaxClients, 256},
+		{"fusion threshold", d.Fusion.ThresholdBytes, int64(64 << 20)},
+		{"fusion cycle", d.Fusion.Cycle, time.Millisecond},
 		{"log level", d.Log.Level, "info"},
 		{"log format", d.Log.Format, "text"},
 	}
@@ -98,6 +100,9 @@ ring:
   segment_bytes: 256KiB
   small_bytes: "8 KiB"
   spin: 0s
+fusion:
+  threshold_bytes: 16MiB
+  cycle: 3ms
 limits:
   inline_bytes: 1MiB
   shm_quota_bytes: 10GB
@@ -117,6 +122,7 @@ log:
 		Timeouts: Timeouts{Connect: 2 * time.Minute, Collective: time.Hour, FirstCall: 90 * time.Minute,
 			StallWarning: 500 * time.Millisecond, Hello: 3 * time.Second, Heartbeat: 250 * time.Millisecond, HeartbeatTimeout: 2 * time.Second},
 		Ring:   Ring{Streams: 4, SegmentBytes: 256 << 10, SmallBytes: 8 << 10},
+		Fusion: Fusion{ThresholdBytes: 16 << 20, Cycle: 3 * time.Millisecond},
 		Limits: Limits{InlineBytes: 1 << 20, ShmQuotaBytes: 10e9, MaxSegments: 300, MaxInFlight: 8, MaxClients: 16},
 		Log:    Log{Level: "debug", Format: "json"},
 	}

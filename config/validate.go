@@ -36,6 +36,7 @@ func (c *Config) validate() ErrorList {
 	v.timeouts()
 	v.ring()
 	v.limits()
+	v.fusion()
 	v.log()
 	return v.errs
 }
@@ -282,6 +283,16 @@ func (v *checker) ring() {
 	}
 	if r.Spin < 0 || r.Spin > MaxSpin {
 		v.failf("ring.spin", "%v is out of range: 0 (never poll) to %v", r.Spin, MaxSpin)
+	}
+}
+
+func (v *checker) fusion() {
+	f := &v.c.Fusion
+	if f.ThresholdBytes < 0 || f.ThresholdBytes > MaxFusionBytes {
+		v.failf("fusion.threshold_bytes", "%s is out of range: 0 (no fusion) to %s", FormatSize(f.ThresholdBytes), FormatSize(MaxFusionBytes))
+	}
+	if f.Cycle < 0 || f.Cycle > MaxFusionCycle {
+		v.failf("fusion.cycle", "%v is out of range: 0 to %v", f.Cycle, MaxFusionCycle)
 	}
 }
 

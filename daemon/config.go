@@ -40,6 +40,12 @@ type Config struct {
 	HeartbeatTimeout  time.Duration
 	ShutdownTimeout   time.Duration // how long Close waits for the engine
 
+	// FusionThreshold bounds the bytes of ready named allreduces packed
+	// into one ring operation; FusionCycle, how long a name ready on this
+	// node waits for company before the node offers it (negotiate.go).
+	FusionThreshold int
+	FusionCycle     time.Duration
+
 	InlineBytes int
 	ShmQuota    int64
 	MaxSegments int
@@ -71,10 +77,12 @@ func DefaultConfig() Config {
 		HeartbeatInterval: time.Second,
 		HeartbeatTimeout:  10 * time.Second,
 		ShutdownTimeout:   10 * time.Second,
+		FusionThreshold:   64 << 20,
+		FusionCycle:       time.Millisecond,
 		InlineBytes:       64 << 10,
 		ShmQuota:          4 << 30,
 		MaxSegments:       1024,
-		MaxInFlight:       64,
+		MaxInFlight:       1024,
 		MaxClients:        256,
 	}
 }
@@ -94,6 +102,10 @@ func (c *Config) Verify() error {
 		return errors.New("daemon config: socket path is empty")
 	case len(c.Peers) > 1 && len(c.Token) == 0:
 		return errors.New("daemon config: a world of several nodes needs a job token")
+	case c.FusionThreshold < 0:
+		return fmt.Errorf("daemon config: fusion threshold %d bytes is negative", c.FusionThreshold)
+	case c.FusionCycle < 0:
+		return fmt.Errorf("daemon config: fusion cycle %v is negative", c.FusionCycle)
 	}
 	for name, d := range map[string]time.Duration{
 		"connect timeout": c.ConnectTimeout, "collective timeout": c.CollectiveTimeout,

@@ -52,6 +52,9 @@ type Daemon struct {
 	lost     error                  // a trainer left mid-collective: fail collective k with this
 	missed   string                 // the last failure this node judged to fail no collective (fail)
 	inflight inflight               // the collective being waited for or run
+	nm       namedEngine            // named calls: rounds, cache, fusion (namedrun.go)
+	stallOf  time.Time              // the oldest call waiting, whose next stall warning is due at nextWarn
+	nextWarn time.Duration
 	closed   bool
 
 	// The hot lane (hotlane.go).

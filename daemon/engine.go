@@ -63,8 +63,12 @@ func (d *Daemon) engine() {
 		}
 		pause = retryFormMin
 		for seq := uint64(0); ; seq++ {
-			heads, seq, err = d.waitLocal(r, seq, heads, timer)
-			if err == nil {
+			var named bool
+			heads, seq, named, err = d.waitLocal(r, seq, heads, timer)
+			switch {
+			case err == nil && named:
+				seq, err = d.runNamed(r, seq)
+			case err == nil:
 				err = d.execute(r, seq, heads)
 			}
 			if err != nil {
@@ -144,6 +148,8 @@ func (d *Daemon) form() (*ring.Ring, error) {
 		return nil, err
 	}
 	d.ring, d.gen, d.proposal = r, gen, gen+1
+	d.nm.cache.reset() // every node empties its cache as a generation forms
+	clear(d.nm.res.waiting)
 	d.lender = nil // a link lent by the last ring went with it
 	closed := d.closed
 	behind, missed := d.match.finished, d.missed
@@ -238,9 +244,8 @@ func (d *Daemon) expire(scratch []failed[*ipc.Request], cause error) []failed[*i
 // failed while idle, and on shutdown. Collectives that a session ran
 // meanwhile on its own goroutine (hotlane.go) advance seq, which it
 // returns; one of them that failed is returned as its own failure.
-func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.Timer) ([]call, uint64, error) {
+func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.Timer) ([]call, uint64, bool, error) {
 	timeout := d.bound(seq)
-	nextWarn := d.cfg.StallWarning
 	started := false
 	for {
 		// A neighbour already inside collective seq means the world has
@@ -259,38 +264,62 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			case <-d.notify:
 			case <-timer.C:
 			case <-d.ctx.Done():
-				return heads, seq, ErrShutdown
+				return heads, seq, false, ErrShutdown
 			}
 			continue
 		}
 		seq += d.inlineDone
 		if d.inlineDone > 0 {
 			d.inlineDone = 0
-			started, nextWarn = false, d.cfg.StallWarning
+			started = false
 		}
 		if f := d.inlineFail; f != nil {
 			d.inlineFail = nil
 			d.mu.Unlock()
-			return append(heads, f.c), seq, f.err
+			return append(heads, f.c), seq, false, f.err
 		}
 		peerIn = peerIn && peer.Seq == seq
 		if d.lost != nil {
 			err := d.lost
 			d.lost = nil
 			d.mu.Unlock()
-			return heads, seq, err
+			return heads, seq, false, err
 		}
 		ready, oldest, any := d.match.heads()
 		if ready {
+			// Every rank is at an ordered call: no named call is before
+			// one, so none can run first.
 			heads = d.match.popHeads(heads)
 			d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: heads[0].c.Desc, since: oldest}
 			d.mu.Unlock()
-			return heads, seq, nil
+			return heads, seq, false, nil
+		}
+		var roundIn time.Duration // > 0: named calls are ready, a round is due then
+		if d.match.named > 0 {
+			if err := d.namedFaultLocked(r, seq); err != nil {
+				d.mu.Unlock()
+				return heads, seq, false, err
+			}
+			due, in := d.roundDueLocked(time.Now())
+			if due {
+				d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: negotiateDesc, since: oldest}
+				d.mu.Unlock()
+				return heads, seq, true, nil
+			}
+			roundIn = in
 		}
 		begun := any || peerIn
 		if !any && peerIn {
 			oldest = peer.Since
 		}
+		// The next stall warning is due StallWarning after the oldest
+		// call, then every StallWarning; it is kept across the ring
+		// operations that named calls run meanwhile, which leave the
+		// oldest call waiting.
+		if !oldest.Equal(d.stallOf) {
+			d.stallOf, d.nextWarn = oldest, d.cfg.StallWarning
+		}
+		nextWarn := d.nextWarn
 		if begun && !started {
 			started = true
 			d.inflight = inflight{active: true, seq: seq, phase: phaseLocal, since: oldest}
@@ -301,6 +330,12 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			waited = time.Since(oldest)
 			if waited >= nextWarn || waited >= timeout {
 				missing = d.missingLocked()
+				if d.match.named > 0 {
+					if missing != "" {
+						missing += "; "
+					}
+					missing += "named calls: " + d.namedStallLocked()
+				}
 			}
 		}
 		if !any && r.Err() == nil {
@@ -316,7 +351,7 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 		// has called, and the callers elsewhere hear that within their
 		// bound (docs/MATCHING.md, timeouts).
 		if begun && waited >= timeout {
-			return heads, seq, failKind(ring.ErrTimeout, "collective %d of generation %d timed out after %v on node %d: not called by %s",
+			return heads, seq, false, failKind(ring.ErrTimeout, "collective %d of generation %d timed out after %v on node %d: not called by %s",
 				seq, r.Generation(), timeout, d.cfg.Rank, missing)
 		}
 		if begun && waited >= nextWarn {
@@ -329,6 +364,9 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			for nextWarn <= waited {
 				nextWarn += d.cfg.StallWarning
 			}
+			d.mu.Lock()
+			d.nextWarn = nextWarn
+			d.mu.Unlock()
 		}
 		if err := r.Err(); err != nil {
 			d.mu.Lock()
@@ -338,7 +376,7 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 			if pending {
 				continue // a collective run inline ends first; its failure is this one
 			}
-			return heads, seq, err
+			return heads, seq, false, err
 		}
 
 		// Sleep until a call arrives, the ring fails, or the next warning
@@ -353,14 +391,18 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 				wait = min(wait, max(d.cfg.StallWarning/4, 10*time.Millisecond))
 			}
 		}
-		resetTimer(timer, max(wait, time.Millisecond))
+		wait = max(wait, time.Millisecond)
+		if roundIn > 0 {
+			wait = min(wait, roundIn)
+		}
+		resetTimer(timer, wait)
 		select {
 		case <-d.notify:
 		case <-timer.C:
 		case <-r.Done():
 		case <-d.ctx.Done():
 			d.clearIdle()
-			return heads, seq, ErrShutdown
+			return heads, seq, false, ErrShutdown
 		}
 	}
 }
@@ -385,6 +427,26 @@ func resetTimer(t *time.Timer, d time.Duration) {
 // execute runs collective seq on the given calls, one per local rank in
 // local-rank order, and replies to them.
 func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
+	if err := d.runOp(r, seq, calls); err != nil {
+		return err
+	}
+	desc := calls[0].c.Desc
+	gen := r.Generation()
+	for _, c := range calls {
+		c.c.Reply(gen, seq)
+	}
+	d.mu.Lock()
+	d.match.completed()
+	d.inflight = inflight{}
+	// Before the engine goes idle again, so before any hot lane call.
+	d.afterLarge = !(desc.Op == collective.OpAllReduce && r.Small(desc))
+	d.mu.Unlock()
+	return nil
+}
+
+// runOp runs ring operation seq on the given calls, one per local rank in
+// local-rank order, after checking they agree.
+func (d *Daemon) runOp(r *ring.Ring, seq uint64, calls []call) error {
 	desc := calls[0].c.Desc
 	for l := 1; l < len(calls); l++ {
 		if other := calls[l].c.Desc; !other.Equal(desc) {
@@ -430,20 +492,7 @@ func (d *Daemon) execute(r *ring.Ring, seq uint64, calls []call) error {
 	default:
 		err = failKind(errInternal, "collective %d: op %s reached the engine", seq, desc.Op)
 	}
-	if err != nil {
-		return err
-	}
-	gen := r.Generation()
-	for _, c := range calls {
-		c.c.Reply(gen, seq)
-	}
-	d.mu.Lock()
-	d.match.completed()
-	d.inflight = inflight{}
-	// Before the engine goes idle again, so before any hot lane call.
-	d.afterLarge = !(desc.Op == collective.OpAllReduce && r.Small(desc))
-	d.mu.Unlock()
-	return nil
+	return err
 }
 
 // fail ends a generation: the calls of collective seq get cause, those
@@ -477,16 +526,30 @@ func (d *Daemon) fail(r *ring.Ring, seq uint64, heads []call, scratch []failed[*
 		e = ipc.Errorf(e.Code, "%s [node %d called %s]", e.Message, d.cfg.Rank, mine)
 	}
 	before := d.match.finished
+	// Named calls a round had taken and not answered fail with the
+	// collective's error, and the failure counts as begun: calls were made.
+	nm := &d.nm
+	scratch = scratch[:0]
+	inNamed := false
+	for _, c := range nm.taken {
+		if c.c != nil {
+			scratch = append(scratch, failed[*ipc.Request]{c: c.c, err: e})
+			inNamed = true
+		}
+	}
+	clear(nm.taken)
+	nm.taken = nm.taken[:0]
+	nm.readySince = time.Time{}
 	scratch = d.match.fail(heads, failure{
 		at:      failedAt,
-		begun:   startedElsewhere(cause),
+		begun:   startedElsewhere(cause) || inNamed,
 		restart: errors.Is(cause, ring.ErrCallerLost) || errors.Is(cause, ring.ErrPeerClosed) || errors.Is(cause, ring.ErrPeerHung),
 		err:     func(int) *ipc.Error { return e },
 		owed: func(l int) *ipc.Error {
 			return ipc.Errorf(e.Code, "this call is world rank %d's call of collective %d of generation %d, which failed before it arrived: %s",
 				d.worldRank(l), seq, gen, e.Message)
 		},
-	}, scratch[:0])
+	}, scratch)
 	if d.match.finished == before {
 		// Judged a failure between collectives here; if another node
 		// judged it the failure of one, the next generation says so

@@ -39,7 +39,7 @@ type inlineFailure struct {
 // after 256 KiB took 0.68 of the time through the engine instead
 // (docs/TUNING.md, section 28).
 func (d *Daemon) canInlineLocked(l int, desc collective.Desc) bool {
-	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 && !d.afterLarge &&
+	return d.cfg.LocalSize == 1 && d.cfg.Spin > 0 && !d.afterLarge && !desc.Named &&
 		d.idle && d.ring != nil && d.ring.Small(desc) && d.idleRing == d.ring && d.lost == nil &&
 		d.match.queueLen(l) == 0 && d.ring.Err() == nil
 }

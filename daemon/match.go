@@ -29,12 +29,19 @@ type matcher[C any] struct {
 	// now are a new incarnation of the job's, not behind the world's
 	// count whatever it is.
 	vacated bool
+	// named counts the named calls queued; active, per name, the ranks
+	// that have it at the head of their queue (named.go).
+	named  int
+	active map[string]int
 }
 
-// queued is one call waiting for its collective, and when it came.
+// queued is one call waiting for its collective, and when it came. A
+// named call (name not empty) matches the calls of its name in any order
+// (named.go); the others match by their place among the ordered calls.
 type queued[C any] struct {
-	c  C
-	at time.Time
+	c    C
+	at   time.Time
+	name string
 }
 
 // matchSlot is one local rank.
@@ -166,8 +173,9 @@ func (m *matcher[C]) enqueue(l int, c C, at time.Time) {
 // queueLen is the number of calls local rank l has waiting.
 func (m *matcher[C]) queueLen(l int) int { return len(m.slots[l].queue) }
 
-// heads reports whether every rank has a call waiting (ready), whether
-// any has, and the oldest arrival among the first calls.
+// heads reports whether every rank has an ordered call first in its
+// queue (ready), whether any rank has a call waiting, and the oldest
+// arrival among the first calls, named or not.
 func (m *matcher[C]) heads() (ready bool, oldest time.Time, any bool) {
 	ready = true
 	for l := range m.slots {
@@ -175,6 +183,11 @@ func (m *matcher[C]) heads() (ready bool, oldest time.Time, any bool) {
 		if len(q) == 0 {
 			ready = false
 			continue
+		}
+		if q[0].name != "" {
+			// Named calls before an ordered one are a fence: they run
+			// first (named.go).
+			ready = false
 		}
 		if !any || q[0].at.Before(oldest) {
 			oldest = q[0].at
@@ -192,6 +205,9 @@ func (m *matcher[C]) popHeads(dst []queued[C]) []queued[C] {
 		sl := &m.slots[l]
 		dst = append(dst, sl.queue[0])
 		sl.queue = popFront(sl.queue)
+	}
+	if m.named > 0 {
+		m.recount() // named calls behind the ordered ones are active now
 	}
 	return dst
 }
@@ -264,6 +280,12 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 	}
 	for l := range m.slots {
 		sl := &m.slots[l]
+		if !sl.afresh {
+			// Named calls ahead of the rank's next ordered call are of
+			// the failed stretch: they fail, and so do its later named
+			// calls while it owes (named.go).
+			dst = m.failNamed(l, f.at, f.err, f.owed, dst)
+		}
 		switch {
 		case sl.afresh:
 			// Its trainer left, causing the failure: what it queued
@@ -305,6 +327,7 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 		// go on calling, and must stay in step with the world's count.
 		m.vacated = true
 	}
+	m.recount()
 	return dst
 }
 
@@ -341,6 +364,12 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 		m.finished = max(m.finished, agreed)
 		return dst
 	}
+	for l := range m.slots {
+		if m.finished < agreed {
+			k := m.finished
+			dst = m.failNamed(l, time.Time{}, nil, func(l int) *ipc.Error { return owed(l, k) }, dst)
+		}
+	}
 	for k := m.finished; k < agreed; k++ {
 		for l := range m.slots {
 			sl := &m.slots[l]
@@ -355,6 +384,7 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 		}
 	}
 	m.finished = max(m.finished, agreed)
+	m.recount()
 	return dst
 }
 
@@ -392,5 +422,6 @@ func (m *matcher[C]) drain(dst []queued[C]) []queued[C] {
 		clear(sl.queue)
 		sl.queue = sl.queue[:0]
 	}
+	m.recount()
 	return dst
 }

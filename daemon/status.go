@@ -26,6 +26,7 @@ type Status struct {
 	Peers      []string        `json:"peers"`
 	Process    ProcessStatus   `json:"process"`
 	Refused    RefusedStatus   `json:"refused"`
+	Named      NamedStatus     `json:"named"`
 	ReportedAt time.Time       `json:"reported_at"`
 	// Truncated says what was left out to keep the document within
 	// ipc.MaxStatusFrame; empty at every legal configuration.
@@ -81,6 +82,32 @@ type TrainerStatus struct {
 	Lane bool `json:"lane,omitempty"`
 }
 
+// NamedStatus is the state of named calls (docs/MATCHING.md, "Named
+// calls"): the names waiting and for whom, and counters since the daemon
+// started.
+type NamedStatus struct {
+	Pending []NamedWaiting `json:"pending,omitempty"` // at most maxStatusNames
+	// Rounds: negotiation rounds run; Executed: names run (one per name
+	// and occurrence); FusedOps: ring operations that carried several.
+	Rounds   uint64      `json:"rounds"`
+	Executed uint64      `json:"executed"`
+	FusedOps uint64      `json:"fused_ops"`
+	Cache    CacheStatus `json:"cache"`
+}
+
+// CacheStatus is the response cache of named calls (namecache.go): hits
+// count names a round carried as a bit, misses those that travelled in
+// full.
+type CacheStatus struct {
+	Entries       int    `json:"entries"`
+	Hits          uint64 `json:"hits"`
+	Misses        uint64 `json:"misses"`
+	Invalidations uint64 `json:"invalidations"`
+}
+
+// maxStatusNames bounds the names waiting that status lists.
+const maxStatusNames = 64
+
 // InFlightStatus is the collective being waited for or run, and on whom.
 type InFlightStatus struct {
 	Seq       uint64  `json:"seq"`
@@ -133,6 +160,15 @@ func (d *Daemon) Status() Status {
 			ts.LastCall = s.last.String()
 		}
 		st.Trainers = append(st.Trainers, ts)
+	}
+	c := &d.nm.cache
+	st.Named = NamedStatus{Rounds: d.nm.rounds, Executed: d.nm.executed, FusedOps: d.nm.fusedOps,
+		Cache: CacheStatus{Entries: len(c.entries), Hits: c.hits, Misses: c.misses, Invalidations: c.invalidations}}
+	if d.match.named > 0 || len(d.nm.res.waiting) > 0 {
+		st.Named.Pending = d.waitingLocked(nil)
+		if len(st.Named.Pending) > maxStatusNames {
+			st.Named.Pending = st.Named.Pending[:maxStatusNames]
+		}
 	}
 	if f := d.inflight; f.active {
 		in := &InFlightStatus{Seq: f.seq, Phase: f.phase, WaitedSec: time.Since(f.since).Seconds()}

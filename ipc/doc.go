@@ -42,7 +42,7 @@
 // Handler as a Request. The Handler, the daemon core, answers with
 // Request.Reply or Request.Fail from any goroutine; answers are queued to
 // the session's writer and never block the core. Operations the daemon
-// does not implement (allgather, in versions 1 to 3) are the Handler's
+// does not implement (allgather, in versions 1 and 2) are the Handler's
 // to refuse.
 //
 // # Lane

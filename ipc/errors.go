@@ -54,8 +54,8 @@ func (c Code) String() string {
 	return fmt.Sprintf("CODE(%d)", uint16(c))
 }
 
-// Known reports whether c is a code of the protocol (versions 1 to 3 have
-// the same codes; CORRUPT was added to all three).
+// Known reports whether c is a code of the protocol (versions 1 to 4 have
+// the same codes; CORRUPT was added to all of them).
 func (c Code) Known() bool { return c != 0 && int(c) < len(codeNames) }
 
 // Error makes a Code usable as a sentinel error. It is the code's name,

@@ -235,6 +235,12 @@ func (s *Session) handleCall(f Frame) error {
 		return err
 	}
 	d := c.Desc
+	if d.Named && s.fromLane {
+		// One lane call is answered before the next is sent: a named
+		// call, which waits for the other trainers in any order, would
+		// hold up the trainer's ordered calls behind it.
+		return Errorf(CodeBadRequest, "CALL %s: a named call came on the lane, which carries ordered calls only; send it on the socket", d.String())
+	}
 	lim := CallLimits{Version: int(s.hello.Version), WorldSize: int(s.helloOK.WorldSize), WorldRank: int(s.helloOK.WorldRank), InlineLimit: s.srv.cfg.InlineLimit}
 	resultBytes, err := CheckCall(c, lim)
 	if err != nil {

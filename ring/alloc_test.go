@@ -61,6 +61,7 @@ func TestZeroAllocs(t *testing.T) {
 			for i := range bufs {
 				bufs[i] = make([]byte, size)
 			}
+			chunks := unevenChunks(size/4, n)
 			outs := make([][][]byte, n)
 			locals := make([][][]byte, n)
 			for i := range locals {
@@ -69,6 +70,9 @@ func TestZeroAllocs(t *testing.T) {
 			ops := map[string]func(i int, r *Ring) error{
 				"allreduce-local": func(i int, r *Ring) error {
 					return r.AllReduceLocal(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, locals[i])
+				},
+				"allreduce-chunks": func(i int, r *Ring) error {
+					return r.AllReduceChunks(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, locals[i], chunks)
 				},
 				"allreduce": func(i int, r *Ring) error {
 					return r.AllReduce(collective.Desc{Op: collective.OpAllReduce, DType: collective.Float32, Reduce: collective.Sum, Count: uint64(size / 4)}, bufs[i])
@@ -102,6 +106,19 @@ func TestZeroAllocs(t *testing.T) {
 	}
 }
 
+// unevenChunks cuts count elements into n chunks for AllReduceChunks:
+// half in chunk 0 (a fused buffer's small members go there), the rest
+// even, the last chunk taking the remainder.
+func unevenChunks(count, n int) []int {
+	chunks := make([]int, n)
+	rest := count - count/2
+	for c := 1; c < n; c++ {
+		chunks[c] = rest / (n - 1)
+	}
+	chunks[0] = count/2 + rest%(n-1)
+	return chunks
+}
+
 // BenchmarkAllReduce: float32 sum over loopback TCP, all ranks in this
 // process. busbw_GB/s is algbw x 2(N-1)/N, as NCCL reports it.
 func BenchmarkAllReduce(b *testing.B) {
@@ -127,15 +144,27 @@ func BenchmarkAllReduceElements(b *testing.B) {
 }
 
 func benchAllReduceOf(b *testing.B, dt collective.DType, n, streams, size int, tweak func(*Config)) {
+	benchAllReduceChunks(b, dt, n, streams, size, tweak, nil)
+}
+
+// benchAllReduceChunks is benchAllReduceOf through AllReduceChunks with
+// chunks, or through AllReduce if chunks is nil.
+func benchAllReduceChunks(b *testing.B, dt collective.DType, n, streams, size int, tweak func(*Config), chunks []int) {
 	rings := newWorld(b, worldOpts{n: n, streams: streams, tweak: tweak})
 	d := collective.Desc{Op: collective.OpAllReduce, DType: dt, Reduce: collective.Sum, Count: uint64(size / dt.Size())}
 	bufs := make([][]byte, n)
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
 	}
-	drv := newDriver(rings, func(i int, r *Ring) error { return r.AllReduce(d, bufs[i]) })
+	op := func(i int, r *Ring) error {
+		if chunks == nil {
+			return r.AllReduce(d, bufs[i])
+		}
+		return r.AllReduceChunks(d, bufs[i:i+1], chunks)
+	}
+	drv := newDriver(rings, op)
 	defer drv.stop()
-	op0 := func() error { return rings[0].AllReduce(d, bufs[0]) }
+	op0 := func() error { return op(0, rings[0]) }
 	if err := drv.run(op0); err != nil { // warm up
 		b.Fatal(err)
 	}
@@ -149,6 +178,51 @@ func benchAllReduceOf(b *testing.B, dt collective.DType, n, streams, size int, t
 	}
 	algbw := float64(size) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 	b.ReportMetric(algbw*2*float64(n-1)/float64(n), "busbw_GB/s")
+}
+
+// BenchmarkAllReduceChunks: a fused float32 sum through AllReduceChunks
+// against AllReduce of the same bytes (even). "large" fuses eight
+// members that each take the large path, so the fused chunks are nearly
+// even; "mixed" also fuses eight 16 KiB members that take the small
+// path, all in chunk 0, which makes it the longest chunk and sets every
+// chunk's segment count. The copies in and out are not timed.
+func BenchmarkAllReduceChunks(b *testing.B) {
+	const small = 8 * 4096 // eight 16 KiB members, in elements
+	for _, n := range []int{2, 4} {
+		for _, size := range []int{1 << 20, 16 << 20} {
+			count := size / 4
+			for _, set := range []struct {
+				name   string
+				counts []int
+			}{
+				{"even", nil},
+				{"large", evenCounts(count, 8)},
+				{"mixed", append(evenCounts(small, 8), evenCounts(count-small, 8)...)},
+			} {
+				var chunks []int
+				if set.counts != nil {
+					plan, err := PlanFusion(set.counts, n, 4, DefaultConfig().SmallBytes)
+					if err != nil {
+						b.Fatal(err)
+					}
+					chunks = plan.Chunks
+				}
+				b.Run(fmt.Sprintf("world%d/%s/%s", n, sizeName(size), set.name), func(b *testing.B) {
+					benchAllReduceChunks(b, collective.Float32, n, 1, size, nil, chunks)
+				})
+			}
+		}
+	}
+}
+
+// evenCounts cuts count into k members, the last taking the remainder.
+func evenCounts(count, k int) []int {
+	counts := make([]int, k)
+	for m := range counts {
+		counts[m] = count / k
+	}
+	counts[k-1] += count % k
+	return counts
 }
 
 func sizeName(n int) string {

@@ -83,51 +83,60 @@ func fold[T int32 | int64 | float32 | float64](op collective.ReduceOp, a, b T) T
 
 // reference computes allreduce the way doc.go documents it, one element
 // at a time: up to SmallBytes (or fewer elements than ranks) a left fold
-// over ranks 0..N-1; otherwise element e lies in chunk c (count split in
-// N parts, the first count%N one longer) and is folded left starting at
-// rank c: ((x_c op x_c+1) op ...) op x_c-1.
+// over ranks 0..N-1, which is chunk 0's order; otherwise element e lies
+// in chunk c (count split in N parts, the first count%N one longer) and
+// is folded left starting at rank c: ((x_c op x_c+1) op ...) op x_c-1.
 func reference(dt collective.DType, op collective.ReduceOp, ins [][]byte, count, smallBytes int) []byte {
-	n, es := len(ins), dt.Size()
-	out := make([]byte, count*es)
-	small := count*es <= smallBytes || count < n
-	base, rem := count/n, count%n
-	chunkOf := func(e int) int {
-		if e < rem*(base+1) {
-			return e / (base + 1)
+	n := len(ins)
+	chunks := make([]int, n)
+	if count*dt.Size() <= smallBytes || count < n {
+		chunks[0] = count
+	} else {
+		for c := range chunks {
+			chunks[c] = count / n
+			if c < count%n {
+				chunks[c]++
+			}
 		}
-		return rem + (e-rem*(base+1))/base
 	}
-	for e := 0; e < count; e++ {
-		start := 0
-		if !small {
-			start = chunkOf(e)
-		}
-		o := e * es
-		switch dt {
-		case collective.Float32:
-			acc := math.Float32frombits(binary.LittleEndian.Uint32(ins[start][o:]))
-			for k := 1; k < n; k++ {
-				acc = fold(op, acc, math.Float32frombits(binary.LittleEndian.Uint32(ins[(start+k)%n][o:])))
+	return referenceChunks(dt, op, ins, chunks)
+}
+
+// referenceChunks is reference for the large path with the given chunks
+// (AllReduceChunks): chunk c's elements are folded starting at rank c.
+func referenceChunks(dt collective.DType, op collective.ReduceOp, ins [][]byte, chunks []int) []byte {
+	n, es := len(ins), dt.Size()
+	out := make([]byte, len(ins[0]))
+	e := 0
+	for start, cn := range chunks {
+		for end := e + cn; e < end; e++ {
+			o := e * es
+			switch dt {
+			case collective.Float32:
+				acc := math.Float32frombits(binary.LittleEndian.Uint32(ins[start][o:]))
+				for k := 1; k < n; k++ {
+					acc = fold(op, acc, math.Float32frombits(binary.LittleEndian.Uint32(ins[(start+k)%n][o:])))
+				}
+				binary.LittleEndian.PutUint32(out[o:], math.Float32bits(acc))
+			case collective.Float64:
+				acc := math.Float64frombits(binary.LittleEndian.Uint64(ins[start][o:]))
+				for k := 1; k < n; k++ {
+					acc = fold(op, acc, math.Float64frombits(binary.LittleEndian.Uint64(ins[(start+k)%n][o:])))
+				}
+				binary.LittleEndian.PutUint64(out[o:], math.Float64bits(acc))
+			case collective.Int32:
+				acc := int32(binary.LittleEndian.Uint32(ins[start][o:]))
+				for k := 1; k < n; k++ {
+					acc = fold(op, acc, int32(binary.LittleEndian.Uint32(ins[(start+k)%n][o:])))
+				}
+				binary.LittleEndian.PutUint32(out[o:], uint32(acc))
+			case collective.Int64:
+				acc := int64(binary.LittleEndian.Uint64(ins[start][o:]))
+				for k := 1; k < n; k++ {
+					acc = fold(op, acc, int64(binary.LittleEndian.Uint64(ins[(start+k)%n][o:])))
+				}
+				binary.LittleEndian.PutUint64(out[o:], uint64(acc))
 			}
-			binary.LittleEndian.PutUint32(out[o:], math.Float32bits(acc))
-		case collective.Float64:
-			acc := math.Float64frombits(binary.LittleEndian.Uint64(ins[start][o:]))
-			for k := 1; k < n; k++ {
-				acc = fold(op, acc, math.Float64frombits(binary.LittleEndian.Uint64(ins[(start+k)%n][o:])))
-			}
-			binary.LittleEndian.PutUint64(out[o:], math.Float64bits(acc))
-		case collective.Int32:
-			acc := int32(binary.LittleEndian.Uint32(ins[start][o:]))
-			for k := 1; k < n; k++ {
-				acc = fold(op, acc, int32(binary.LittleEndian.Uint32(ins[(start+k)%n][o:])))
-			}
-			binary.LittleEndian.PutUint32(out[o:], uint32(acc))
-		case collective.Int64:
-			acc := int64(binary.LittleEndian.Uint64(ins[start][o:]))
-			for k := 1; k < n; k++ {
-				acc = fold(op, acc, int64(binary.LittleEndian.Uint64(ins[(start+k)%n][o:])))
-			}
-			binary.LittleEndian.PutUint64(out[o:], uint64(acc))
 		}
 	}
 	return out

@@ -170,7 +170,7 @@ func TestReductionsFollowTheDocumentedOrder(t *testing.T) {
 					es := dt.Size()
 					smallPath := count*es <= 4096 || count < w.n
 					want := make([]byte, count*es)
-					p := newPartition(count, w.n, es, 1<<30)
+					p := newPartition(count, w.n, es, 1<<30, nil)
 					for e := 0; e < count; e++ {
 						var v float32
 						if smallPath {

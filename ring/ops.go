@@ -113,7 +113,7 @@ func (r *Ring) Finished() uint64 {
 // rank's buf holds the same bytes, reduced in the order doc.go fixes.
 // buf holds d.Count native little-endian elements of d.DType.
 func (r *Ring) AllReduce(d collective.Desc, buf []byte) error {
-	return r.allReduce(d, buf, nil, false, nil)
+	return r.allReduce(d, buf, nil, nil, false, nil)
 }
 
 // AllReduceLocal is AllReduce of several buffers of this rank: the value
@@ -127,7 +127,45 @@ func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
 	if err := r.checkLocalBufs(bufs); err != nil {
 		return err
 	}
-	return r.allReduce(d, bufs[0], bufs[1:], false, nil)
+	return r.allReduce(d, bufs[0], bufs[1:], nil, false, nil)
+}
+
+// AllReduceChunks is AllReduceLocal with the large path's chunks chosen
+// by the caller: chunk c, the one folded around the ring starting at rank
+// c, is chunks[c] elements (zero allowed), one after another. len(chunks)
+// must be the ring's size and the chunks must add up to d.Count. It is
+// how a fused allreduce gives every member the chunks, and so the order,
+// it would get alone (Fusion). A buffer that takes the small path is
+// folded in rank order whatever the chunks say.
+func (r *Ring) AllReduceChunks(d collective.Desc, bufs [][]byte, chunks []int) error {
+	if err := r.checkLocalBufs(bufs); err != nil {
+		return err
+	}
+	if err := r.checkChunks(&d, chunks); err != nil {
+		return err
+	}
+	return r.allReduce(d, bufs[0], bufs[1:], chunks, false, nil)
+}
+
+// checkChunks checks AllReduceChunks' chunks: one per ring rank, none
+// negative, d.Count in all.
+func (r *Ring) checkChunks(d *collective.Desc, chunks []int) error {
+	if len(chunks) != r.size {
+		return fmt.Errorf("ring rank %d: %s: %d chunks for a ring of %d ranks: %w",
+			r.rank, collective.OpAllReduce, len(chunks), r.size, collective.ErrInvalid)
+	}
+	var sum uint64
+	for c, n := range chunks {
+		if n < 0 {
+			return fmt.Errorf("ring rank %d: %s: chunk %d has %d elements: %w", r.rank, collective.OpAllReduce, c, n, collective.ErrInvalid)
+		}
+		sum += uint64(n)
+	}
+	if sum != d.Count {
+		return fmt.Errorf("ring rank %d: %s: chunks add up to %d elements, count is %d: %w",
+			r.rank, collective.OpAllReduce, sum, d.Count, collective.ErrInvalid)
+	}
+	return nil
 }
 
 // checkLocalBufs checks AllReduceLocal's buffers: at least one, all of
@@ -161,7 +199,7 @@ func (r *Ring) AllReduceLent(d collective.Desc, bufs [][]byte, stop func() error
 	if err := r.checkLocalBufs(bufs); err != nil {
 		return err
 	}
-	return r.allReduce(d, bufs[0], bufs[1:], true, stop)
+	return r.allReduce(d, bufs[0], bufs[1:], nil, true, stop)
 }
 
 // Small reports whether an allreduce of d takes the small path, the one
@@ -177,11 +215,11 @@ func (r *Ring) Small(d collective.Desc) bool {
 // SmallBytes, or fewer elements than ranks.
 func (r *Ring) isSmall(n, es int) bool { return n <= r.cfg.SmallBytes || n/es < r.size }
 
-func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, lent bool, stop func() error) error {
+func (r *Ring) allReduce(d collective.Desc, buf []byte, others [][]byte, chunks []int, lent bool, stop func() error) error {
 	if err := r.checkCall(&d, collective.OpAllReduce, len(buf)); err != nil {
 		return err
 	}
-	return r.reduceOp(&d, buf, newFolder(&d, nil, others, true, r.ranks(), &r.f32), lent, stop)
+	return r.reduceOp(&d, buf, newFolder(&d, nil, others, true, r.ranks(), &r.f32), chunks, lent, stop)
 }
 
 // ReduceLocal is the reduction of a reduce (d.Op is collective.OpReduce,
@@ -197,7 +235,7 @@ func (r *Ring) ReduceLocal(d collective.Desc, work []byte, ins [][]byte) error {
 	if err := r.checkInputs(&d, work, ins); err != nil {
 		return err
 	}
-	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32), false, nil)
+	return r.reduceOp(&d, work, newFolder(&d, ins[0], ins[1:], false, r.ranks(), &r.f32), nil, false, nil)
 }
 
 // ranks is the number of world ranks the ring serves: avg's divisor, and
@@ -207,7 +245,9 @@ func (r *Ring) ranks() int { return r.size * max(r.cfg.Local, 1) }
 // RingRankOf is the ring rank that serves world rank w.
 func (r *Ring) RingRankOf(w int) int { return w / max(r.cfg.Local, 1) }
 
-func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, lent bool, stop func() error) error {
+// reduceOp runs an allreduce or reduce of buf; chunks, if not nil, are
+// the large path's chunks (AllReduceChunks), even ones otherwise.
+func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, chunks []int, lent bool, stop func() error) error {
 	lent = lent && r.size > 1 && r.isSmall(len(buf), d.DType.Size())
 	if err := r.beginOp(d, lent); err != nil {
 		return err
@@ -222,7 +262,7 @@ func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, lent bool, sto
 		if r.isSmall(len(buf), es) {
 			err = r.allReduceSmall(buf, &f)
 		} else {
-			err = r.allReduceRing(buf, es, &f)
+			err = r.allReduceRing(buf, r.partitionOf(len(buf)/es, es, chunks), &f)
 		}
 	}
 	return r.end(err)
@@ -273,9 +313,8 @@ func (r *Ring) allReduceSmall(buf []byte, f *folder) error {
 // chunk when its partial sum arrives. A segment's final value is copied
 // back when it is known: chunk r+1 as allgather step 0 sends it, every
 // other chunk as it arrives.
-func (r *Ring) allReduceRing(buf []byte, es int, f *folder) error {
+func (r *Ring) allReduceRing(buf []byte, p partition, f *folder) error {
 	n := r.size
-	p := newPartition(len(buf)/es, n, es, r.cfg.SegmentBytes)
 	// Allgather segments land in buf itself once their turn comes
 	// (inplace.go); end stops placing.
 	r.pl = placement{buf: buf, p: p, total: uint64(2 * (n - 1) * p.nseg)}
@@ -338,31 +377,63 @@ func (r *Ring) allReduceRing(buf []byte, es int, f *folder) error {
 	return nil
 }
 
-// partition cuts count elements into n chunks (the first count%n one
-// element longer) and every chunk into nseg segments the same way, nseg
-// chosen so that no segment exceeds segBytes.
+// partition cuts count elements into n chunks and every chunk into nseg
+// segments (the first cn%nseg of a chunk of cn one element longer), nseg
+// chosen so that no segment of the longest chunk exceeds segBytes: every
+// chunk travels in as many frames, so that each step's sends and
+// receives pair up. The chunks are even (the first count%n one element
+// longer) unless starts is set: then chunk c is elements
+// [starts[c], starts[c+1]) (AllReduceChunks).
 type partition struct {
 	es, base, rem, nseg int
+	starts              []int
 }
 
-func newPartition(count, n, es, segBytes int) partition {
-	p := partition{es: es, base: count / n, rem: count % n}
-	maxChunk := p.base
-	if p.rem > 0 {
-		maxChunk++
+func newPartition(count, n, es, segBytes int, starts []int) partition {
+	p := partition{es: es, base: count / n, rem: count % n, starts: starts}
+	maxChunk := 0
+	for c := 0; c < n; c++ {
+		_, cn := p.chunk(c)
+		maxChunk = max(maxChunk, cn)
 	}
 	perSeg := segBytes / es
 	p.nseg = max(1, (maxChunk+perSeg-1)/perSeg)
 	return p
 }
 
+// partitionOf is the large path's partition of count elements: even
+// chunks, or the given ones, whose starts go in the ring's own slice
+// (reduceOp calls it after begin, when no other op can be using it).
+func (r *Ring) partitionOf(count, es int, chunks []int) partition {
+	if chunks == nil {
+		return newPartition(count, r.size, es, r.cfg.SegmentBytes, nil)
+	}
+	if cap(r.chunkStarts) < r.size+1 {
+		r.chunkStarts = make([]int, r.size+1)
+	}
+	starts := r.chunkStarts[:r.size+1]
+	starts[0] = 0
+	for c, cn := range chunks {
+		starts[c+1] = starts[c] + cn
+	}
+	return newPartition(count, r.size, es, r.cfg.SegmentBytes, starts)
+}
+
+// chunk returns the element offset and length of chunk c.
+func (p partition) chunk(c int) (start, n int) {
+	if p.starts != nil {
+		return p.starts[c], p.starts[c+1] - p.starts[c]
+	}
+	n = p.base
+	if c < p.rem {
+		n++
+	}
+	return c*p.base + min(c, p.rem), n
+}
+
 // segment returns the byte offset and length of segment j of chunk c.
 func (p partition) segment(c, j int) (off, n int) {
-	cs := c*p.base + min(c, p.rem)
-	cn := p.base
-	if c < p.rem {
-		cn++
-	}
+	cs, cn := p.chunk(c)
 	sb, sr := cn/p.nseg, cn%p.nseg
 	ss := j*sb + min(j, sr)
 	sn := sb

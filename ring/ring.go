@@ -38,6 +38,8 @@ type Ring struct {
 	f32 halfScratch
 	// blockOffs is the block layout of the op under way (collect.go).
 	blockOffs []int
+	// chunkStarts is AllReduceChunks' chunk layout of the op under way.
+	chunkStarts []int
 
 	cfg        Config
 	log        *slog.Logger

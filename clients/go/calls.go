@@ -31,7 +31,7 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	// Its waiter polls for the reply only when the call is small: the
 	// reply to a bulk call comes too late for a poll to catch.
 	h.bulk = len(buf) > pollMaxBytes
-	h.laneOK = !h.bulk
+	h.laneOK = !h.bulk && !d.Named // the lane carries ordered calls only
 	if seg, off, ok := c.locate(buf); ok {
 		call.SHM, call.Segment, call.Offset = true, seg.id, off
 		return c.sendWith(h, call.Append, nil)

@@ -58,7 +58,7 @@ func (c *Client) startInto(h *Handle, d collective.Desc, in, out []byte) (*Handl
 	}
 	call := ipc.Call{Desc: d}
 	h.bulk = len(in)+len(out) > pollMaxBytes
-	h.laneOK = !h.bulk
+	h.laneOK = !h.bulk && !d.Named // the lane carries ordered calls only
 	si, oi, inSeg := c.locate(in)
 	so, oo, outSeg := c.locate(out)
 	if (inSeg || len(in) == 0) && (outSeg || len(out) == 0) && (inSeg || outSeg) {

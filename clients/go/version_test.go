@@ -64,7 +64,7 @@ func oldDaemon(t *testing.T, maxV uint16, refusal *ipc.Error, lie int, scripted 
 	}
 }
 
-// A daemon older than the client refuses HELLO in version 3 with VERSION:
+// A daemon older than the client refuses HELLO in the newest version with VERSION:
 // the client asks again one version lower, on a new connection each time,
 // and speaks the version answered. (The scripted daemon answers no LANE:
 // NoLane; a version-1 connection never asks for one.)
@@ -73,9 +73,10 @@ func TestDialFallsBackToOlderVersions(t *testing.T) {
 		daemon uint16
 		asked  []uint16
 	}{
-		{1, []uint16{3, 2, 1}},
-		{2, []uint16{3, 2}},
-		{3, []uint16{3}},
+		{1, []uint16{4, 3, 2, 1}},
+		{2, []uint16{4, 3, 2}},
+		{3, []uint16{4, 3}},
+		{4, []uint16{4}},
 	} {
 		path, asked := oldDaemon(t, c.daemon, nil, 0, nil)
 		cl, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1, NoLane: c.daemon > 1})
@@ -102,17 +103,17 @@ func TestDialVersionRefusals(t *testing.T) {
 		!strings.Contains(err.Error(), "client speaks protocol version 1, daemon speaks 1 to 0") {
 		t.Fatalf("a daemon refusing every version: %v", err)
 	}
-	if got := asked(); !slices.Equal(got, []uint16{3, 2, 1}) {
-		t.Fatalf("HELLO versions asked: %v, want [3 2 1]", got)
+	if got := asked(); !slices.Equal(got, []uint16{4, 3, 2, 1}) {
+		t.Fatalf("HELLO versions asked: %v, want [4 3 2 1]", got)
 	}
 
-	path, asked = oldDaemon(t, 3, ipc.Fatalf(ipc.CodeJob, "HELLO: job \"x\", this daemon serves \"y\""), 0, nil)
+	path, asked = oldDaemon(t, 4, ipc.Fatalf(ipc.CodeJob, "HELLO: job \"x\", this daemon serves \"y\""), 0, nil)
 	_, err = collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1})
 	if !errors.Is(err, ipc.ErrJob) || !strings.Contains(err.Error(), `this daemon serves "y"`) {
 		t.Fatalf("a daemon refusing the job: %v", err)
 	}
-	if got := asked(); !slices.Equal(got, []uint16{3}) {
-		t.Fatalf("HELLO versions asked after JOB: %v, want [3]", got)
+	if got := asked(); !slices.Equal(got, []uint16{4}) {
+		t.Fatalf("HELLO versions asked after JOB: %v, want [4]", got)
 	}
 }
 
@@ -126,9 +127,10 @@ func TestDialVersionOfTheAnswer(t *testing.T) {
 		want   string
 		asked  []uint16
 	}{
-		{3, "daemon answers in protocol version 4, client speaks 1 to 3", []uint16{3}},
-		{2, "daemon answers in protocol version 3 to a HELLO in 2", []uint16{3, 2}},
-		{1, "daemon answers in protocol version 2 to a HELLO in 1", []uint16{3, 2, 1}},
+		{4, "daemon answers in protocol version 5, client speaks 1 to 4", []uint16{4}},
+		{3, "daemon answers in protocol version 4 to a HELLO in 3", []uint16{4, 3}},
+		{2, "daemon answers in protocol version 3 to a HELLO in 2", []uint16{4, 3, 2}},
+		{1, "daemon answers in protocol version 2 to a HELLO in 1", []uint16{4, 3, 2, 1}},
 	} {
 		path, asked := oldDaemon(t, c.daemon, nil, 1, nil)
 		_, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1})
@@ -139,14 +141,14 @@ func TestDialVersionOfTheAnswer(t *testing.T) {
 			t.Errorf("version-%d daemon answering one version later: HELLO versions asked %v, want %v", c.daemon, got, c.asked)
 		}
 	}
-	path, asked := oldDaemon(t, 3, nil, -1, nil) // answers 2 to 3
+	path, asked := oldDaemon(t, 4, nil, -1, nil) // answers 3 to 4
 	c, err := collectived.Dial(collectived.Options{Socket: path, Job: "x", LocalRank: -1, NoLane: true})
 	if err != nil {
-		t.Fatalf("a HELLO_OK in version 2 to a HELLO in 3: %v", err)
+		t.Fatalf("a HELLO_OK in version 3 to a HELLO in 4: %v", err)
 	}
 	defer c.Close()
-	if got := asked(); c.Version() != 2 || !slices.Equal(got, []uint16{3}) {
-		t.Fatalf("answered in 2: connection speaks %d, asked %v", c.Version(), got)
+	if got := asked(); c.Version() != 3 || !slices.Equal(got, []uint16{4}) {
+		t.Fatalf("answered in 3: connection speaks %d, asked %v", c.Version(), got)
 	}
 }
 

@@ -76,6 +76,8 @@ func daemonConfig(cfg *config.Config, rank int, log *slog.Logger) (daemon.Config
 	dc.ShmQuota = cfg.Limits.ShmQuotaBytes
 	dc.MaxSegments = cfg.Limits.MaxSegments
 	dc.MaxInFlight = cfg.Limits.MaxInFlight
+	dc.FusionThreshold = int(cfg.Fusion.ThresholdBytes)
+	dc.FusionCycle = cfg.Fusion.Cycle
 	dc.MaxClients = cfg.Limits.MaxClients
 	dc.Logger = log
 	return dc, nil
