@@ -131,8 +131,9 @@ def test_second_call_of_a_name_in_flight_is_refused(c4: collectived.Client,
     c4.allreduce_async(y, name="hold2").wait()
     h.wait()
     # Once answered, the name is free again.
-    c4.allreduce_async(y, name="hold", ordered=False)
+    h = c4.allreduce_async(y, name="hold", ordered=False)
     c4.allreduce(x, name="other", ordered=False)
+    h.wait()
     assert [m.name for m in fake4.calls] == ["hold", "hold2", "hold", "other"]
     assert (x == 4).all() and (y == 4).all()
 

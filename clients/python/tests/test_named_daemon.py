@@ -144,7 +144,7 @@ def test_ordered_calls_fence_named_batches(clients: list[collectived.Client]) ->
     status = clients[0].status()
     named = status.get("named")
     assert named is not None, sorted(status)
-    assert named["executed"] >= 3 * len(BATCH) and named["pending"] == [], named
+    assert named["executed"] >= 3 * len(BATCH) and not named.get("pending"), named
 
 
 def test_same_name_other_desc_is_a_mismatch(clients: list[collectived.Client]) -> None:
