@@ -172,3 +172,26 @@ def test_horovod_mnist_example_trains_2x2(world_2x2: World) -> None:
 def test_horovod_mnist_example_refuses_adasum(world_2x2: World) -> None:
     for rc, o in _run_example(world_2x2, "--epochs", "1", "--use-adasum"):
         assert rc != 0 and "NotImplementedError: op=Adasum" in o, o
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    import inspect
+
+    import collectived.horovod.torch as hvd
+
+    missing = []
+    for name in hvd.__all__:
+        obj = getattr(hvd, name)
+        if not callable(obj):
+            continue  # the reduce ops
+        if not (obj.__doc__ or "").strip():
+            missing.append(name)
+        if inspect.isclass(obj):
+            for k, v in vars(obj).items():
+                f = getattr(v, "__func__", v)
+                if not k.startswith("_") and callable(f) and not (f.__doc__ or "").strip():
+                    missing.append(f"{name}.{k}")
+    for k, v in vars(hvd._DistributedOptimizer).items():
+        if not k.startswith("_") and callable(v) and not (v.__doc__ or "").strip():
+            missing.append(f"DistributedOptimizer.{k}")
+    assert missing == [], missing

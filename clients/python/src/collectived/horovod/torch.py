@@ -112,6 +112,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether :func:`init` has connected (and :func:`shutdown` not closed)."""
     return _client is not None
 
 
@@ -128,14 +129,17 @@ def rank() -> int:
 
 
 def size() -> int:
+    """The world size (``node_count * local_size``)."""
     return _c().size
 
 
 def local_rank() -> int:
+    """This trainer's rank among its node's."""
     return _c().local_rank
 
 
 def local_size() -> int:
+    """Trainers per node (the daemon's ``job.local_size``)."""
     return _c().local_size
 
 
@@ -333,6 +337,7 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
 
 
 def barrier() -> None:
+    """Return once every trainer has entered the barrier."""
     _c().barrier()
 
 
@@ -366,10 +371,12 @@ class Compressor:
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
+        """The tensor to send, and what :meth:`decompress` needs."""
         return tensor, None
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
+        """The received tensor as the caller's type."""
         return tensor
 
 
@@ -382,12 +389,14 @@ class FP16Compressor(Compressor):
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
+        """A float tensor as float16, and its type."""
         if tensor.dtype.is_floating_point:
             return tensor.type(torch.float16), tensor.dtype
         return tensor, tensor.dtype
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
+        """Back to the type it had."""
         return tensor.type(ctx) if ctx is not None and ctx.is_floating_point else tensor
 
 
@@ -509,6 +518,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):  # type: ignore[misc]
             self._should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
+        """:meth:`synchronize` (unless in :meth:`skip_synchronize`), then
+        the wrapped optimizer's step."""
         if self._should_synchronize:
             if self._synchronized:
                 import warnings
@@ -523,6 +534,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):  # type: ignore[misc]
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args: Any, **kw: Any) -> Any:
+        """The wrapped optimizer's, refused while gradients are in flight."""
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
