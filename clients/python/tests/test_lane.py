@@ -100,14 +100,14 @@ def laned(fake2: ScriptedDaemon) -> Iterator[collectived.Client]:
 
 
 def test_old_daemon_gets_version_2(tmp_path) -> None:
-    # A daemon of protocol version 2 answers VERSION to 3; the client asks
-    # again in version 2, and has its lane.
+    # A daemon of protocol version 2 answers VERSION to 4 and 3; the client
+    # asks again one version lower each time, and has its lane in 2.
     d = ScriptedDaemon(str(tmp_path / "d.sock"), version=2)
     try:
         with collectived.Client(d.path, job="demo") as c:
             assert c.info.version == 2 and c.lane
             assert c.allreduce(np.ones(2, np.float32)).tolist() == [2.0, 2.0]
-        assert d.versions_asked == [3, 2]
+        assert d.versions_asked == [4, 3, 2]
     finally:
         d.close()
 
