@@ -300,7 +300,11 @@ func (d *Daemon) waitLocal(r *ring.Ring, seq uint64, heads []call, timer *time.T
 				d.mu.Unlock()
 				return heads, seq, false, err
 			}
-			due, in := d.roundDueLocked(time.Now())
+			due, in, err := d.roundDueLocked(r, seq, time.Now())
+			if err != nil {
+				d.mu.Unlock()
+				return heads, seq, false, err
+			}
 			if due {
 				d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: negotiateDesc, since: oldest}
 				d.mu.Unlock()

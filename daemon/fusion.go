@@ -14,10 +14,9 @@ import (
 // FusionThreshold bytes, each rank's buffers copied into one fused
 // buffer per local trainer and out again (ring.Fusion). The layout gives
 // every element the fold order it would have alone, so the results are
-// bit-identical to the calls run one by one. Where the 16-bit floats
-// would fold differently in a larger buffer (ring.FusibleSmall), the
-// members that alone take the small path are fused only among
-// themselves, into buffers that take it too.
+// bit-identical to the calls run one by one. Members that alone take
+// the small path are fused only among themselves, into buffers that
+// take it too (planGroups).
 
 // group is a ring operation a round runs: members indexes the round's
 // names (nm.taken holds L calls per name).
@@ -55,9 +54,12 @@ func (d *Daemon) planGroups(dst []group) []group {
 		md := desc.Matched()
 		k := fusionKey{dtype: desc.DType, reduce: desc.Reduce, pre: math.Float64bits(md.PreScale), post: math.Float64bits(md.PostScale)}
 		bound := limit
-		if small := int(b) <= d.cfg.SmallBytes || int(desc.Count) < n; small && !ring.FusibleSmall(desc, n, L) {
-			// Fused with larger ones it would fold in another order:
-			// only with its kind, in a buffer that stays small.
+		if int(b) <= d.cfg.SmallBytes || int(desc.Count) < n {
+			// A call that alone takes the small path is fused only with
+			// its kind, in a buffer that takes it too: in a larger one
+			// it would sit wholly in chunk 0 (its fold order), which
+			// slows the ring down to that chunk, and for the 16-bit
+			// floats it would fold in another order (ring.FusibleSmall).
 			k.smallOnly = true
 			bound = min(limit, uint64(d.cfg.SmallBytes))
 		}

@@ -176,19 +176,12 @@ func (d *Daemon) rankBusy(l int, observer bool) bool {
 	return true
 }
 
-// callNamed queues a named call (named.go). One name may be in flight
-// once per trainer: a second call of it is refused and takes no place.
-// While the rank owes failed collectives, its named calls fail with the
-// oldest error, which its next ordered call pays (docs/MATCHING.md).
-// d.mu is held on entry and released.
+// callNamed queues a named call (named.go); ipc has refused a second
+// call of a name in flight. While the rank owes failed collectives, its
+// named calls fail with the oldest error, which its next ordered call
+// pays (docs/MATCHING.md). d.mu is held on entry and released.
 func (d *Daemon) callNamed(sl *slot, l int, r *ipc.Request) {
 	name := r.Desc.Name
-	if d.match.inFlight(l, name) {
-		d.mu.Unlock()
-		r.Fail(ipc.Errorf(ipc.CodeBadRequest, "CALL %s: world rank %d already has a call named %q in flight; a name may be in flight once per trainer",
-			r.Desc.String(), d.worldRank(l), name))
-		return
-	}
 	sl.calls++
 	sl.last = r.Desc
 	if owed := d.match.peekDebt(l); owed != nil {

@@ -49,16 +49,6 @@ func (m *matcher[C]) peekDebt(l int) *ipc.Error {
 	return nil
 }
 
-// inFlight reports whether rank l has a named call of name waiting.
-func (m *matcher[C]) inFlight(l int, name string) bool {
-	for _, q := range m.slots[l].queue {
-		if q.name == name {
-			return true
-		}
-	}
-	return false
-}
-
 // activeLen is the number of named calls at the head of rank l's queue.
 func (m *matcher[C]) activeLen(l int) int {
 	q := m.slots[l].queue
@@ -95,9 +85,9 @@ func (m *matcher[C]) recount() {
 	m.named = n
 }
 
-// readyNames appends the names active on every rank, in the order rank
-// 0 called them.
-func (m *matcher[C]) readyNames(dst []string) []string {
+// readyCalls appends rank 0's calls of the names active on every rank,
+// in the order rank 0 made them.
+func (m *matcher[C]) readyCalls(dst []queued[C]) []queued[C] {
 	if len(m.active) == 0 {
 		return dst
 	}
@@ -105,10 +95,21 @@ func (m *matcher[C]) readyNames(dst []string) []string {
 	q := m.slots[0].queue
 	for i := 0; i < len(q) && q[i].name != ""; i++ {
 		if m.active[q[i].name] == L {
-			dst = append(dst, q[i].name)
+			dst = append(dst, q[i])
 		}
 	}
 	return dst
+}
+
+// stretchClosed reports whether some rank has an ordered call queued:
+// its named calls before it are all it will make before the fence.
+func (m *matcher[C]) stretchClosed() bool {
+	for l := range m.slots {
+		if m.activeLen(l) < len(m.slots[l].queue) {
+			return true
+		}
+	}
+	return false
 }
 
 // namedCall is rank l's active call of name.
@@ -144,6 +145,9 @@ func (m *matcher[C]) takeNamed(name string, dst []queued[C]) []queued[C] {
 // but rank lacks has closed its stretch of named calls without it (an
 // ordered call of its waits in its queue).
 func (m *matcher[C]) doomed() (name string, has, lacks int, ok bool) {
+	if !m.stretchClosed() {
+		return "", 0, 0, false
+	}
 	for name, n := range m.active {
 		if n == len(m.slots) {
 			continue

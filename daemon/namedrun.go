@@ -18,9 +18,10 @@ type namedEngine struct {
 	block    []byte
 	gathered [][]byte
 	offers   [][]offer
-	ready    []string          // names ready here, rank 0's order
-	descs    []collective.Desc // their descriptions, offered this round
-	byHash   map[uint64]string // ready names by hash
+	ready    []call                     // rank 0's calls of the names ready here, in its order
+	descs    []collective.Desc          // their descriptions, offered this round
+	firsts   map[string]collective.Desc // the same by name
+	byHash   map[uint64]string          // ready names by hash
 	// taken are the calls of the names a round runs, taken from the
 	// queues, L per name in the round's order; a call answered is
 	// cleared, and a failure fails those left with the collective's
@@ -36,10 +37,9 @@ type namedEngine struct {
 	rounds, executed, fusedOps uint64
 }
 
-// namedFaultLocked finds what makes the node's named calls fail before a
-// round: a name one rank called that another cannot call any more (it
-// went on to an ordered call), or ranks of this node calling one name
-// with different descriptions. d.mu is held.
+// namedFaultLocked finds a name one rank called that another cannot
+// call any more (it went on to an ordered call): the node's named calls
+// fail before a round. d.mu is held.
 func (d *Daemon) namedFaultLocked(r *ring.Ring, seq uint64) error {
 	if name, has, lacks, ok := d.match.doomed(); ok {
 		c, _ := d.match.namedCall(has, name)
@@ -47,13 +47,19 @@ func (d *Daemon) namedFaultLocked(r *ring.Ring, seq uint64) error {
 		return failKind(ring.ErrMismatch, "collective %d of generation %d: %s called %s, but %s made its ordered call %s without calling %q first (an ordered call is a fence for named calls)",
 			seq, r.Generation(), d.describeWorldRank(d.worldRank(has)), c.c.Desc, d.describeWorldRank(d.worldRank(lacks)), next, name)
 	}
-	for _, name := range d.match.readyNames(d.nm.ready[:0]) {
-		first, _ := d.match.namedCall(0, name)
-		for l := 1; l < len(d.slots); l++ {
-			c, _ := d.match.namedCall(l, name)
-			if !c.c.Desc.Equal(first.c.Desc) {
+	return nil
+}
+
+// checkReadyLocked compares the local ranks' calls of the names about to
+// be offered: one node's trainers calling a name differently is a
+// mismatch, found before the round. d.mu is held.
+func (d *Daemon) checkReadyLocked(r *ring.Ring, seq uint64) error {
+	for l := 1; l < len(d.slots); l++ {
+		q := d.match.slots[l].queue
+		for i := 0; i < len(q) && q[i].name != ""; i++ {
+			if first, ok := d.nm.firsts[q[i].name]; ok && !q[i].c.Desc.Equal(first) {
 				return failKind(ring.ErrMismatch, "collective %d of generation %d: named call %q: %s called %s but %s called %s",
-					seq, r.Generation(), name, d.describeWorldRank(d.worldRank(0)), first.c.Desc, d.describeWorldRank(d.worldRank(l)), c.c.Desc)
+					seq, r.Generation(), q[i].name, d.describeWorldRank(d.worldRank(0)), first, d.describeWorldRank(d.worldRank(l)), q[i].c.Desc)
 			}
 		}
 	}
@@ -64,31 +70,38 @@ func (d *Daemon) namedFaultLocked(r *ring.Ring, seq uint64) error {
 // and if not, how long until it should (0: nothing ready). A name ready
 // here waits up to FusionCycle for others to fuse with, unless the ready
 // allreduces already fill FusionThreshold. d.mu is held; on true,
-// d.nm.ready and d.nm.descs hold the offer.
-func (d *Daemon) roundDueLocked(now time.Time) (bool, time.Duration) {
+// d.nm.ready and d.nm.descs hold the offer, and local ranks' calls of
+// them have been compared.
+func (d *Daemon) roundDueLocked(r *ring.Ring, seq uint64, now time.Time) (bool, time.Duration, error) {
 	nm := &d.nm
-	nm.ready = d.match.readyNames(nm.ready[:0])
+	nm.ready = d.match.readyCalls(nm.ready[:0])
 	if len(nm.ready) == 0 {
 		nm.readySince = time.Time{}
-		return false, 0
+		return false, 0, nil
 	}
 	if nm.readySince.IsZero() {
 		nm.readySince = now
 	}
-	nm.descs = nm.descs[:0]
 	var bytes uint64
-	for _, name := range nm.ready {
-		c, _ := d.match.namedCall(0, name)
-		nm.descs = append(nm.descs, c.c.Desc)
+	for _, c := range nm.ready {
 		if c.c.Desc.Op == collective.OpAllReduce {
 			bytes += c.c.Desc.Bytes()
 		}
 	}
 	waited := now.Sub(nm.readySince)
-	if waited >= d.cfg.FusionCycle || bytes >= uint64(d.cfg.FusionThreshold) {
-		return true, 0
+	if waited < d.cfg.FusionCycle && bytes < uint64(d.cfg.FusionThreshold) {
+		return false, d.cfg.FusionCycle - waited, nil
 	}
-	return false, d.cfg.FusionCycle - waited
+	nm.descs = nm.descs[:0]
+	if nm.firsts == nil {
+		nm.firsts = make(map[string]collective.Desc)
+	}
+	clear(nm.firsts)
+	for _, c := range nm.ready {
+		nm.descs = append(nm.descs, c.c.Desc)
+		nm.firsts[c.name] = c.c.Desc
+	}
+	return true, 0, d.checkReadyLocked(r, seq)
 }
 
 // runNamed runs a negotiation round as ring operation seq, then the
@@ -107,8 +120,8 @@ func (d *Daemon) runNamed(r *ring.Ring, seq uint64) (uint64, error) {
 		nm.byHash = make(map[uint64]string)
 	}
 	clear(nm.byHash)
-	for _, name := range nm.ready {
-		nm.byHash[nameHash(name)] = name
+	for _, c := range nm.ready {
+		nm.byHash[nameHash(c.name)] = c.name
 	}
 
 	var err error

@@ -23,6 +23,9 @@ import (
 
 // namedStatus is the part of the status document these tests read.
 type namedStatus struct {
+	Trainers []struct {
+		Owes int `json:"owes"`
+	} `json:"trainers"`
 	Named struct {
 		Pending []struct {
 			Name    string `json:"name"`
@@ -441,4 +444,89 @@ func TestNamedRefusals(t *testing.T) {
 	nameless.hello()
 	nameless.send(named("", 1), -1)
 	nameless.expectError(ipc.CodeBadRequest, "a named call needs a name", false)
+}
+
+// TestNamedCacheInvalidation: the response cache follows a name whose
+// description changes, and a new generation (a trainer lost mid-call)
+// empties it on every node; results stay exact throughout.
+func TestNamedCacheInvalidation(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	cs := everyTrainer(t, w)
+	step := func(cs []*cvd.Client, counts map[string]int) {
+		t.Helper()
+		errs := onEvery(t, cs, func(r int, c *cvd.Client) error {
+			var hs []*cvd.Handle
+			bufs := map[string][]byte{}
+			for name, n := range counts {
+				b := make([]byte, 4*n)
+				fill(b, collective.Int32, func(k int) int { return r + k })
+				bufs[name] = b
+				d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: uint64(n), Name: name, Named: true}
+				h, err := c.Start(d, b)
+				if err != nil {
+					return err
+				}
+				hs = append(hs, h)
+			}
+			for _, h := range hs {
+				if err := h.Wait(); err != nil {
+					return err
+				}
+			}
+			for name, b := range bufs {
+				if err := check(b, collective.Int32, func(k int) int { return 1 + 2*k }); err != nil {
+					return fmt.Errorf("%s: %v", name, err)
+				}
+			}
+			return nil
+		})
+		noErrs(t, fmt.Sprint(counts), errs)
+	}
+	cache := func(node int) string {
+		c := readNamedStatus(t, w.sockets[node]).Named.Cache
+		return fmt.Sprintf("entries %d, hits %d, misses %d, invalidations %d", c.Entries, c.Hits, c.Misses, c.Invalidations)
+	}
+	expect := func(want string) {
+		t.Helper()
+		for n := 0; n < w.nodes; n++ {
+			if got := cache(n); got != want {
+				t.Errorf("node %d cache: %s, want %s", n, got, want)
+			}
+		}
+	}
+	step(cs, map[string]int{"a": 4, "b": 4})
+	expect("entries 2, hits 0, misses 2, invalidations 0")
+	step(cs, map[string]int{"a": 4, "b": 4})
+	expect("entries 2, hits 2, misses 2, invalidations 0")
+	step(cs, map[string]int{"a": 8, "b": 4}) // a's description changes
+	expect("entries 2, hits 3, misses 3, invalidations 1")
+	step(cs, map[string]int{"a": 8, "b": 4})
+	expect("entries 2, hits 5, misses 3, invalidations 1")
+
+	// A trainer lost mid-call: the generation ends, every cache empties.
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1, Name: "a", Named: true}
+	if _, err := cs[1].Start(d, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	cs[1].Close()
+	// Once node 0 has failed the collective, rank 0 owes it.
+	for deadline := time.Now().Add(10 * time.Second); readNamedStatus(t, w.sockets[0]).Trainers[0].Owes != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("node 0 did not fail the collective the lost trainer left")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := cs[0].Do(d, make([]byte, 4)); !errors.Is(err, cvd.ErrTrainerLost) {
+		t.Fatalf("rank 0's named call after the failure: %v, want the TRAINER_LOST it owes", err)
+	}
+	cs[1] = rankTrainer(t, w, 1, 0)
+	// Rank 0's named call came after the failure, which it owes: the
+	// call failed without paying, and its next ordered call pays. Rank 1
+	// is a new trainer and owes nothing. The cache starts again.
+	if err := cs[0].Barrier(); !errors.Is(err, cvd.ErrTrainerLost) {
+		t.Fatalf("rank 0's ordered call after the failure: %v, want the TRAINER_LOST it owes", err)
+	}
+	step(cs, map[string]int{"a": 8, "b": 4})
+	expect("entries 2, hits 5, misses 5, invalidations 1")
 }

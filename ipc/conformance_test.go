@@ -134,3 +134,107 @@ func TestCallWithFdNeverReachesTheCore(t *testing.T) {
 	c.c.Close()
 	waitFds(t, base)
 }
+
+// loadVectors returns every shared vector.
+func loadVectors(t *testing.T) []vector {
+	t.Helper()
+	raw, err := os.ReadFile("../clients/testdata/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vs []vector
+	if err := json.Unmarshal(raw, &vs); err != nil {
+		t.Fatal(err)
+	}
+	return vs
+}
+
+// attachIn sends HELLO in protocol version v and expects HELLO_OK in it.
+func (c *client) attachIn(v uint16) {
+	c.t.Helper()
+	f := c.roundTrip(Hello{Version: v, LocalRank: -1, PID: uint32(os.Getpid()), Job: "job", Label: "vectors"}.Encode(1), -1)
+	if f.Type != TypeHelloOK {
+		c.t.Fatalf("HELLO in version %d answered with %s: %v", v, f.Type, c.errorOf(f))
+	}
+	ok, err := DecodeHelloOK(f.Payload)
+	if err != nil || ok.Version != v {
+		c.t.Fatalf("HELLO in version %d: HELLO_OK in version %d, %v", v, ok.Version, err)
+	}
+	c.ok = ok
+	c.c.SetMaxFrame(ok.MaxFrame)
+}
+
+// The flags of a later protocol version (EXT before 3, NAMED before 4)
+// on a connection of an older one: each such vector, sent to a real
+// server on a connection of its context's version, fails itself with a
+// fatal BAD_FRAME carrying its id. On a connection of the newest version
+// the same frame is a call like any other.
+func TestLaterVersionFlagsAreFatalOnOlderConnections(t *testing.T) {
+	srv, h := startServer(t, nil)
+	n := 0
+	for _, v := range loadVectors(t) {
+		if v.Valid == nil || *v.Valid || v.Error != "bad_flags" || v.Context.ConnectionVersion == 0 {
+			continue
+		}
+		n++
+		b, err := hex.DecodeString(v.Hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := binary.LittleEndian.Uint64(b[8:])
+		for _, version := range []int{v.Context.ConnectionVersion, Version} {
+			c := dial(t, srv.Path())
+			c.attachIn(uint16(version))
+			c.send(b, -1)
+			f := c.read()
+			if version == Version {
+				// A world of four answers the call (or refuses it as a
+				// request: the SHM vectors name segments it has not).
+				if f.ID != id || (f.Type == TypeError && c.errorOf(f).Fatal) {
+					t.Errorf("%s on version %d: answered %s id %d (%v), want an answer to id %d", v.Name, version, f.Type, f.ID, c.errorOf(f), id)
+				}
+			} else {
+				if f.Type != TypeError || f.ID != id {
+					t.Fatalf("%s: answered %s id %d (%v), want ERROR id %d", v.Name, f.Type, f.ID, c.errorOf(f), id)
+				}
+				c.expectError(f, CodeBadFrame, true, "undefined bits in protocol version")
+			}
+			c.c.Close()
+			h.waitGone(t)
+		}
+	}
+	if n < 3 {
+		t.Fatalf("%d vectors of later flags on older connections, want EXT and NAMED ones", n)
+	}
+}
+
+// A named call without a name (the refused vectors of rule
+// named_without_name) is a request the daemon refuses, not a broken
+// frame: BAD_REQUEST with the call's id, and the connection goes on.
+func TestNamedWithoutNameIsRefused(t *testing.T) {
+	srv, _ := startServer(t, nil)
+	c := dial(t, srv.Path())
+	c.attachIn(Version)
+	n := 0
+	for _, v := range loadVectors(t) {
+		if v.Rule != "named_without_name" {
+			continue
+		}
+		n++
+		b, err := hex.DecodeString(v.Hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := c.roundTrip(b, -1)
+		if id := binary.LittleEndian.Uint64(b[8:]); f.ID != id {
+			t.Fatalf("%s: answered id %d, want %d", v.Name, f.ID, id)
+		}
+		c.expectError(f, CodeBadRequest, false, "a named call needs a name")
+	}
+	if n < 2 {
+		t.Fatalf("%d vectors of rule named_without_name, want 2", n)
+	}
+	if f := c.inlineCall(c.id(), []byte{1, 2, 3, 4}, "after"); f.Type != TypeCallOK {
+		t.Fatalf("the call after the refusals: %s (%v)", f.Type, c.errorOf(f))
+	}
+}

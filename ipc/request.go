@@ -258,6 +258,11 @@ func (s *Session) handleCall(f Frame) error {
 		s.mu.Unlock()
 		return Errorf(CodeTooMany, "CALL %s: %d calls in flight, the limit is %d", d, n, s.srv.cfg.MaxInFlight)
 	}
+	if id, dup := s.namedInFlightLocked(d.Name, d.Named); dup {
+		s.mu.Unlock()
+		return Errorf(CodeBadRequest, "CALL %s: world rank %d already has a call named %q in flight (id %d); a name may be in flight once per trainer",
+			d.String(), s.helloOK.WorldRank, d.Name, id)
+	}
 	var r *Request
 	if n := len(s.free); n > 0 {
 		r = s.free[n-1]
@@ -309,6 +314,20 @@ func (s *Session) handleCall(f Frame) error {
 	}
 	s.h.Call(s, r)
 	return nil
+}
+
+// namedInFlightLocked finds a named call of name in flight (unanswered),
+// for a new named call of it. s.mu is held.
+func (s *Session) namedInFlightLocked(name string, named bool) (uint64, bool) {
+	if !named {
+		return 0, false
+	}
+	for id, r := range s.inflight {
+		if r.Desc.Named && r.Desc.Name == name {
+			return id, true
+		}
+	}
+	return 0, false
 }
 
 // recycle returns an unused request to the free list.

@@ -20,8 +20,8 @@ type vector struct {
 	FD        bool                       `json:"fd"`
 	Error     string                     `json:"error"`
 	Valid     *bool                      `json:"valid"`
-	// Context is the connection a vector is read on (version 3, world
-	// unstated, when absent); Refused names the code the daemon answers a
+	// Context is the connection a vector is read on (the newest version,
+	// world unstated, when absent); Refused names the code the daemon answers a
 	// well-formed CALL with in that context.
 	Context struct {
 		WorldSize         int `json:"world_size"`
@@ -48,7 +48,7 @@ var vectorChecks = map[string][]string{
 // decodeAny decodes a whole frame with the pre-HELLO bound and re-encodes
 // it with our encoder; it returns the re-encoded frame and the fields.
 func decodeAny(b []byte) (Header, map[string]any, []byte, error) {
-	h, _, f, out, err := decodeCallable(b, 3)
+	h, _, f, out, err := decodeCallable(b, Version)
 	return h, f, out, err
 }
 
@@ -160,7 +160,9 @@ func decodeFrame(b []byte, version int, callOut **Call) (Header, map[string]any,
 			return h, nil, nil, err
 		}
 		*callOut = m
-		flags := uint64(p[3]) // the EXT bit is the sender's choice when the extension is empty
+		// The EXT bit is the sender's choice when the extension is empty;
+		// NAMED is Desc.Named, which Append sets again.
+		flags := uint64(p[3])
 		f = map[string]any{"op": uint64(m.Desc.Op), "dtype": uint64(m.Desc.DType), "reduce": uint64(m.Desc.Reduce),
 			"flags": flags, "root": uint64(m.Desc.Root), "count": m.Desc.Count, "name": m.Desc.Name}
 		if m.SHM {
@@ -227,7 +229,7 @@ func TestSharedVectors(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", v.Name, err)
 		}
-		version := 3
+		version := Version
 		if v.Context.ConnectionVersion != 0 {
 			version = v.Context.ConnectionVersion
 		}
@@ -323,7 +325,7 @@ func checkRefused(t *testing.T, v vector, call *Call, decodeErr error) {
 			t.Errorf("%s: refused vector is not a CALL", v.Name)
 			return
 		}
-		version := 3
+		version := Version
 		if v.Context.ConnectionVersion != 0 {
 			version = v.Context.ConnectionVersion
 		}

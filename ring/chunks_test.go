@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/collectived/collectived/collective"
 )
@@ -93,4 +94,22 @@ func TestAllReduceChunksBadChunks(t *testing.T) {
 	noErrors(t, "allreduce after refused calls", onAll(t, rings, func(i int, r *Ring) error {
 		return r.AllReduceChunks(d, [][]byte{make([]byte, 40)}, []int{10, 0, 0})
 	}))
+}
+
+// Ranks that pass different chunks send segments of other lengths than
+// their neighbours expect: every rank fails with a named error, not a
+// hang or wrong data (no frame carries the chunks, but every chunk's
+// length is compared on every link, in one half of the op or the other).
+func TestAllReduceChunksDiffer(t *testing.T) {
+	rings, _ := faultWorld(t, 3, nil, nil)
+	startAll(t, rings)
+	d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1 << 16}
+	errs := opOnReal(t, rings, 15*time.Second, func(i int, r *Ring) error {
+		chunks := []int{1 << 14, 1 << 15, 1 << 14}
+		if i == 2 {
+			chunks[0], chunks[1] = chunks[0]+1, chunks[1]-1
+		}
+		return r.AllReduceChunks(d, [][]byte{make([]byte, d.Bytes())}, chunks)
+	})
+	expectAll(t, rings, errs, ErrBadFrame, "segment")
 }

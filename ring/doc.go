@@ -151,8 +151,9 @@
 //
 // AllReduce, large (len > SmallBytes and count >= N): reduce-scatter
 // then allgather, 2(N-1) steps. The count is cut into N chunks (the first
-// count%N one element longer) and every chunk into the same number of
-// segments (at most SegmentBytes each). In reduce-scatter step s, rank r
+// count%N one element longer, or as AllReduceChunks' caller says) and
+// every chunk into the same number of segments (at most SegmentBytes
+// each, the longest chunk's count). In reduce-scatter step s, rank r
 // sends chunk r-s and receives chunk r-s-1, folding it into its own
 // buffer; in allgather step t it sends chunk r+1-t and receives chunk r-t.
 // Within a step, segment j is queued for sending and then segment j is
@@ -222,6 +223,17 @@
 // when both operands are NaNs, is the CPU's and the kernel's choice: the
 // same on every rank whose CPU runs the same kernels (the vector kernels
 // of kernel_amd64.go where the CPU has AVX2, the Go kernels elsewhere).
+//
+// Fused allreduces (fusion.go) keep each member's order: an element's
+// result depends only on the rank its fold starts at, so PlanFusion puts
+// a member's own chunk c in the fused buffer's chunk c, and a member
+// that alone takes the small path wholly in chunk 0 (rank order, which
+// is chunk 0's); AllReduceChunks runs the fused buffer with those
+// chunks. Every member then gets the bits it gets alone, except a 16-bit
+// float member of the small path beside large-path ones, where the two
+// paths round differently: FusibleSmall tells when they still agree (a
+// world of one, max and min, or a ring of two with one local buffer and
+// no prescale), and Fusion.Exact applies it to a plan.
 //
 // # Failures
 //

@@ -286,7 +286,7 @@ func (r *Ring) expectLen(b *rxBuf, n int) error {
 	// frame into it already: take its length first.
 	r.release(b)
 	s := r.rx[(r.recvCount-1)%r.nstreams]
-	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes and small_bytes must be the same on every rank)", got, r.step, n))
+	return r.failLocal(s, badFrame("segment of %d bytes at step %d, want %d (segment_bytes, small_bytes and AllReduceChunks' chunks must be the same on every rank)", got, r.step, n))
 }
 
 // waitSent waits until the g-th frame queued in this op has been written,

@@ -136,7 +136,11 @@ func (r *Ring) AllReduceLocal(d collective.Desc, bufs [][]byte) error {
 // must be the ring's size and the chunks must add up to d.Count. It is
 // how a fused allreduce gives every member the chunks, and so the order,
 // it would get alone (Fusion). A buffer that takes the small path is
-// folded in rank order whatever the chunks say.
+// folded in rank order whatever the chunks say. Every rank must pass the
+// same chunks, as it passes the same description. No frame carries
+// them, but each link carries every chunk, in one half of the op or the
+// other, and its receiver checks every segment's length: chunks that
+// differ fail the op with ErrBadFrame.
 func (r *Ring) AllReduceChunks(d collective.Desc, bufs [][]byte, chunks []int) error {
 	if err := r.checkLocalBufs(bufs); err != nil {
 		return err

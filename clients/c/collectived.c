@@ -1,5 +1,5 @@
 /*
- * collectived.c - C client of collectived, protocol version 3 (2 or 1 with an older daemon).
+ * collectived.c - C client of collectived, protocol version 4 (3, 2 or 1 with an older daemon).
  * See collectived.h for the API and docs/PROTOCOL.md for the wire format.
  */
 #define _GNU_SOURCE /* memfd_create, MSG_CMSG_CLOEXEC, F_ADD_SEALS */
@@ -249,7 +249,7 @@ int cvd_frame_header(const uint8_t *hdr, uint32_t max_len, cvd_frame *f, uint32_
 }
 
 /* HELLO_OK's payload length in protocol version v (versions 1 and 2 end
- * with timeout_ms, 3 adds first_call_timeout_ms); 0 for a version whose
+ * with timeout_ms, 3 and 4 add first_call_timeout_ms); 0 for a version whose
  * layout this client does not know. */
 static size_t hello_ok_len(unsigned v)
 {
@@ -356,12 +356,15 @@ int cvd_frame_payload_ext(cvd_frame *f, const uint8_t *p, size_t len, unsigned v
 		f->dtype = p[1];
 		f->reduce = p[2];
 		f->flags = p[3];
-		defined = CVD_CALL_SHM | (version >= 3 ? CVD_CALL_EXT : 0);
+		defined = CVD_CALL_SHM | (version >= 3 ? CVD_CALL_EXT : 0) | (version >= 4 ? CVD_CALL_NAMED : 0);
 		if (f->flags & ~defined) {
-			if (!(f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT)))
+			if (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT | CVD_CALL_NAMED))
+				return frame_err(err, "bad_flags", "CALL flags 0x%02x not defined", f->flags);
+			if ((f->flags & CVD_CALL_EXT) && version < 3)
 				return frame_err(err, "bad_flags", "CALL flag EXT (0x02) needs protocol version 3; "
 						 "this connection speaks %u", version);
-			return frame_err(err, "bad_flags", "CALL flags 0x%02x not defined", f->flags);
+			return frame_err(err, "bad_flags", "CALL flag NAMED (0x04) needs protocol version 4; "
+					 "this connection speaks %u", version);
 		}
 		f->root = get32(p + 4);
 		f->count = get64(p + 8);
@@ -514,7 +517,7 @@ static size_t payload_len(const cvd_frame *f, const cvd_call_ext *x)
 	case CVD_T_LANE: case CVD_T_WAKE: case CVD_T_WAKE_CLIENT: return 0;
 	case CVD_T_LANE_OK: return 8;
 	case CVD_T_CALL:
-		if (f->name_len > 255 || (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT)))
+		if (f->name_len > 255 || (f->flags & ~(CVD_CALL_SHM | CVD_CALL_EXT | CVD_CALL_NAMED)))
 			return (size_t)-1;
 		if (f->flags & CVD_CALL_EXT) {
 			if ((xl = ext_len(x)) == (size_t)-1)
@@ -674,6 +677,8 @@ struct cvd_request {
 	char *json;          /* STATUS_OK */
 	size_t json_len;
 	uint64_t call_bytes; /* CALL: its buffer's size, which decides polling */
+	char *name;          /* a named CALL (version 4): its name, NUL-terminated; held until
+			      * the reply comes (one name in flight at once), never on the lane */
 	cvd_request *next;
 };
 
@@ -682,7 +687,7 @@ struct cvd_client {
 	cvd_info info;
 	int observer;
 	int64_t timeout_ms;
-	uint64_t first_call_timeout_ms; /* HELLO_OK's, version 3; 0 before (cvd_info keeps its layout) */
+	uint64_t first_call_timeout_ms; /* HELLO_OK's, version 3 on; 0 before (cvd_info keeps its layout) */
 	int64_t spin_ns; /* cvd_options.spin_us; 0: never poll */
 	int64_t inline_max; /* cvd_options.inline_max, capped by info.inline_limit; -1: none */
 	int small_scratch;  /* scratch segments made for calls that could go inline */
@@ -1334,8 +1339,9 @@ static int submit(cvd_client *c, cvd_request *r, struct iovec *iov, int n, int f
 				return rc;
 		}
 	}
+	/* The lane carries calls matched by order only: never a named one. */
 	if (c->lane && fd < 0 && r->reply_type == CVD_T_CALL_OK && r->call_bytes <= POLL_MAX_BYTES &&
-	    c->in_flight == 0) {
+	    c->in_flight == 0 && !r->name) {
 		size_t total = 0;
 		int i;
 		for (i = 0; i < n; i++)
@@ -1421,6 +1427,7 @@ static void free_req(cvd_request *r)
 	if (r->map && r->map != MAP_FAILED)
 		munmap(r->map, (size_t)r->size);
 	free(r->json);
+	free(r->name);
 	free(r);
 }
 
@@ -1562,8 +1569,9 @@ cvd_client *cvd_connect(const char *socket_path, const cvd_options *opt, cvd_err
 		/* A daemon older than this client refuses its version: ask again
 		 * one version lower, on a new connection each time (VERSION is
 		 * fatal to the old one), and keep to the version answered while
-		 * retrying for a rank. What an older version lacks (the first-call
-		 * timeout in 2, the lane too in 1) the client does without. */
+		 * retrying for a rank. What an older version lacks (named calls in
+		 * 3, the first-call timeout too in 2, the lane too in 1) the client
+		 * does without. */
 		while (!c && err->code == CVD_E_VERSION && version > 1) {
 			version--;
 			c = connect_once(socket_path, opt, version, err);
@@ -2033,6 +2041,32 @@ static uint64_t block_start(const uint64_t *counts, uint64_t each, uint32_t r)
 	return sum;
 }
 
+/* A named call (version 4) needs a name, a daemon of version 4, and no
+ * call of its name in flight on this client: the daemon would refuse it
+ * (docs/PROTOCOL.md, "Named calls"). 0, or an error code (err set). */
+static int check_named(cvd_client *c, const char *name, size_t name_len, const char *fn, cvd_error *err)
+{
+	cvd_request *r;
+	if (name_len == 0) {
+		set_err(err, CVD_E_INVALID, "%s: a named call needs a name (cvd_call.name or cvd_call_opts.name)", fn);
+		return CVD_E_INVALID;
+	}
+	if (c->info.version < 4) {
+		set_err(err, CVD_E_UNSUPPORTED, "%s: named call \"%s\": named calls need protocol version 4; "
+			"the daemon speaks %u", fn, name, (unsigned)c->info.version);
+		return CVD_E_UNSUPPORTED;
+	}
+	for (r = c->pending; r; r = r->next) {
+		if (r->name && strcmp(r->name, name) == 0) {
+			set_err(err, CVD_E_INVALID, "%s: named call \"%s\": this client's call of that name "
+				"(request %llu) is still in flight; a name may be in flight only once", fn, name,
+				(unsigned long long)r->id);
+			return CVD_E_INVALID;
+		}
+	}
+	return 0;
+}
+
 /* Start any call. fn names the caller's function in error messages. */
 static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, const uint64_t *counts,
 			       const cvd_call_opts *opts, const char *fn, cvd_error *err)
@@ -2049,7 +2083,7 @@ static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, c
 	uint32_t w = c->info.world_size, rank = c->info.world_rank, i;
 	int op = (int)call->op, has_out = op == CVD_ALLGATHER || op == CVD_REDUCE_SCATTER;
 	int reduces = op == CVD_ALLREDUCE || op == CVD_REDUCE || op == CVD_REDUCE_SCATTER;
-	int niov = 1, shm = 0, scale = 0;
+	int niov = 1, shm = 0, scale = 0, named = opts && opts->named;
 	double pre_s = 1, post_s = 1;
 	size_t ndim = opts ? opts->ndim : 0;
 	seg *in_seg = NULL, *out_seg = NULL, *s = NULL;
@@ -2091,6 +2125,8 @@ static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, c
 			(unsigned)c->info.version);
 		return NULL;
 	}
+	if (named && check_named(c, name, name_len, fn, err) != 0)
+		return NULL;
 	if (!has_out && (out || counts)) {
 		set_err(err, CVD_E_INVALID, "%s: %s takes %s", fn, op_name(op),
 			out ? "no output buffer (its result is in place)" : "no per-rank counts");
@@ -2190,6 +2226,8 @@ static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, c
 	f.count = call->count;
 	f.name = (const uint8_t *)name;
 	f.name_len = name_len;
+	if (named)
+		f.flags |= CVD_CALL_NAMED;
 	x.ndim = (uint8_t)ndim;
 	for (i = 0; i < ndim; i++)
 		x.dims[i] = opts->shape[i];
@@ -2296,6 +2334,14 @@ static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, c
 		goto fail;
 	r->user = 1;
 	r->call_bytes = in_bytes + out_bytes;
+	if (named) {
+		if (!(r->name = (char *)malloc(name_len + 1))) {
+			set_err(err, CVD_E_NOMEM, "%s: no memory for a request", fn);
+			free(r);
+			goto fail;
+		}
+		memcpy(r->name, name, name_len + 1);
+	}
 	f.id = r->id;
 	if (!shm) {
 		r->inline_call = 1;
@@ -2322,6 +2368,7 @@ static cvd_request *start_call(cvd_client *c, const cvd_call *call, void *out, c
 		unlink_req(c, r);
 		if (r->scratch)
 			r->scratch->busy = 0;
+		free(r->name);
 		free(r);
 		free(heap);
 		return NULL;

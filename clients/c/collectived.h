@@ -1,6 +1,6 @@
 /*
- * collectived.h - C client of collectived, client protocol version 3
- * (docs/PROTOCOL.md; against an older daemon it speaks 2, or 1). C99,
+ * collectived.h - C client of collectived, client protocol version 4
+ * (docs/PROTOCOL.md; against an older daemon it speaks 3, 2, or 1). C99,
  * libc only; usable from C++.
  *
  * A trainer connects to its node's daemon, then runs collectives whose
@@ -23,6 +23,15 @@
  * at once with CVD_E_UNSUPPORTED ("needs protocol version 3"), sending
  * nothing. A count is always the number of elements in the caller's
  * input buffer.
+ *
+ * Named calls (protocol version 4; cvd_call_opts.named): a call with a
+ * name and the named option is matched by its name, not by its place in
+ * the trainer's sequence of calls: the k-th named call of a name on every
+ * trainer meet, in whatever order each trainer makes its named calls
+ * (docs/MATCHING.md, "Named calls"). Every op may be named. A name may be
+ * in flight only once per client: a second named call of a name whose
+ * earlier call has not been answered fails at once with CVD_E_INVALID,
+ * naming it, sending nothing. Named calls never take the lane.
  *
  * How a buffer travels:
  *   - it lies inside a segment from cvd_alloc()/cvd_register(): only
@@ -60,7 +69,8 @@
 extern "C" {
 #endif
 
-#define CVD_PROTOCOL_VERSION 3 /* the newest spoken; a daemon that refuses it is asked in 2, then 1 (no lane) */
+#define CVD_PROTOCOL_VERSION 4 /* the newest spoken; a daemon that refuses it is asked in 3 (no named
+				* calls), 2 (no first-call timeout), then 1 (no lane) */
 /* The slack on the daemon's timeout bound (docs/PROTOCOL.md, Timeouts):
  * the same 5 s as every client's. */
 #define CVD_TIMEOUT_MARGIN_MS 5000
@@ -253,9 +263,10 @@ typedef struct cvd_call {
 	const char *name; /* NULL or at most 255 bytes; part of matching */
 } cvd_call;
 
-/* What protocol version 3 adds to a call, all optional (the pointer to it
- * may be NULL; a zeroed struct, or cvd_call_opts_init, means none of it).
- * A call with any of it needs a daemon of version 3. */
+/* What protocol versions 3 and 4 add to a call, all optional (the pointer
+ * to it may be NULL; a zeroed struct, or cvd_call_opts_init, means none of
+ * it). A call with a shape or scale factors needs a daemon of version 3, a
+ * named call one of version 4. */
 #define CVD_MAX_NDIM 8
 typedef struct cvd_call_opts {
 	const char *name;      /* the call's name, for the functions without a cvd_call
@@ -271,9 +282,14 @@ typedef struct cvd_call_opts {
 				* for bit when calls are matched) only when one of the two
 				* is not 1 */
 	double postscale;
+	int named;             /* nonzero (version 4): the call is matched by its name, in
+				* any order (see Named calls above); it needs a name
+				* (CVD_E_INVALID otherwise) and never takes the lane.
+				* The struct grew by it: a program built against an
+				* older header is rebuilt before it loads this library */
 } cvd_call_opts;
 
-/* Fill *o with the defaults: no name, no shape, no scaling. */
+/* Fill *o with the defaults: no name, no shape, no scaling, not named. */
 void cvd_call_opts_init(cvd_call_opts *o);
 
 /* Start a call; NULL on error. Complete it with cvd_wait(). */
@@ -396,6 +412,7 @@ enum {
 #define CVD_HELLO_OBSERVER 0x01 /* HELLO payload flag */
 #define CVD_CALL_SHM 0x01       /* CALL payload flag */
 #define CVD_CALL_EXT 0x02       /* CALL payload flag: the extension follows the name (version 3) */
+#define CVD_CALL_NAMED 0x04     /* CALL payload flag: matched by its name, in any order (version 4) */
 #define CVD_X_COUNTS 0x01       /* extension xflags */
 #define CVD_X_SCALE 0x02
 #define CVD_X_OUT 0x04
@@ -414,7 +431,7 @@ typedef struct cvd_frame {
 	size_t job_len;
 	const uint8_t *label;
 	size_t label_len;
-	/* HELLO_OK (and `size`: its first_call_timeout_ms in version 3, 0 in
+	/* HELLO_OK (and `size`: its first_call_timeout_ms in versions 3 and 4, 0 in
 	 * versions 1 and 2; kept there, not in cvd_info or a new member, so
 	 * that neither struct changes layout for programs built before it) */
 	cvd_info info;
@@ -474,11 +491,12 @@ int cvd_frame_decode(const uint8_t *buf, size_t len, uint32_t max_len, cvd_frame
  * a CALL with CVD_CALL_EXT: use cvd_frame_encode_ext). */
 size_t cvd_frame_encode(const cvd_frame *f, uint8_t *out, size_t cap);
 /* The same with a CALL's extension, as on a connection of protocol version
- * `version` (0: the newest), which decides whether CVD_CALL_EXT is a
- * defined flag (bad_flags before 3). x receives the extension of a CALL
- * with CVD_CALL_EXT (zeroed otherwise); x may be NULL: the extension is
- * then checked but not kept (f->flags still shows it). The plain
- * functions above decode as on a version-3 connection. A shape of more
+ * `version` (0: the newest), which decides whether CVD_CALL_EXT and
+ * CVD_CALL_NAMED are defined flags (bad_flags before 3 and before 4). x
+ * receives the extension of a CALL with CVD_CALL_EXT (zeroed otherwise);
+ * x may be NULL: the extension is then checked but not kept (f->flags
+ * still shows it). The plain functions above decode as on a connection
+ * of the newest version (CVD_PROTOCOL_VERSION). A shape of more
  * than CVD_MAX_NDIM dimensions fails with check "bad_ndim". */
 int cvd_frame_payload_ext(cvd_frame *f, const uint8_t *payload, size_t len, unsigned version,
 			  cvd_call_ext *x, cvd_error *err);

@@ -28,10 +28,7 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 	}
 	var call ipc.Call
 	call.Desc = d
-	// Its waiter polls for the reply only when the call is small: the
-	// reply to a bulk call comes too late for a poll to catch.
-	h.bulk = len(buf) > pollMaxBytes
-	h.laneOK = !h.bulk && !d.Named // the lane carries ordered calls only
+	h.prepare(&d, len(buf))
 	if seg, off, ok := c.locate(buf); ok {
 		call.SHM, call.Segment, call.Offset = true, seg.id, off
 		return c.sendWith(h, call.Append, nil)
@@ -59,6 +56,37 @@ func (c *Client) start(h *Handle, d collective.Desc, buf []byte) (*Handle, error
 		return nil, err
 	}
 	return h, nil
+}
+
+// prepare sets what a call of d with n bytes of buffers asks of its
+// handle. Its waiter polls for the reply only when the call is small: the
+// reply to a bulk call comes too late for a poll to catch. A named call
+// never takes the lane, which carries the calls matched by order only
+// (docs/PROTOCOL.md, "Named calls").
+func (h *Handle) prepare(d *collective.Desc, n int) {
+	h.bulk = n > pollMaxBytes
+	h.laneOK = !h.bulk && !d.Named
+	h.named, h.name = d.Named, d.Name
+}
+
+// holdName records that request id is a named call of name in flight.
+// c.mu is held.
+func (c *Client) holdName(name string, id uint64) {
+	if c.names == nil {
+		c.names, c.nameOf = map[string]uint64{}, map[uint64]string{}
+	}
+	c.names[name], c.nameOf[id] = id, name
+}
+
+// nameAnswered frees the name of request id, if it is a named call, once
+// the daemon has answered it. A named call whose Wait timed out keeps its
+// name until then: the daemon still has it in flight and would refuse
+// another of the name. c.mu is held.
+func (c *Client) nameAnswered(id uint64) {
+	if name, ok := c.nameOf[id]; ok {
+		delete(c.nameOf, id)
+		delete(c.names, name)
+	}
 }
 
 // Do sends one collective call and waits for it. In the steady state it

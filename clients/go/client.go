@@ -89,6 +89,11 @@ type Client struct {
 	lane    *ipc.Lane // nil: no lane (lane.go)
 	laneBuf []byte    // a frame taken from the lane; the token's holder owns it
 	laneID  uint64    // the call on the lane, 0 if none; under mu
+
+	// The names of named calls the daemon has not answered yet, and the
+	// request id of each (calls.go); under mu.
+	names  map[string]uint64
+	nameOf map[uint64]string
 }
 
 // Dial connects to the daemon and says HELLO.

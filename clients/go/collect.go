@@ -14,6 +14,9 @@ func (c *Client) checkCall(d *collective.Desc) error {
 	if v := d.Since(); v > c.Version() {
 		return fmt.Errorf("collectived: %s needs protocol version %d; the daemon at %s speaks %d: %w", d.String(), v, c.socket, c.Version(), ipc.ErrUnsupported)
 	}
+	if d.Named && d.Name == "" {
+		return ipc.Errorf(ipc.CodeBadRequest, "%s: a named call needs a name", d.String())
+	}
 	if d.Counts != nil && len(d.Counts) != c.Size() {
 		return ipc.Errorf(ipc.CodeBadRequest, "%s: %d per-rank counts for a world of %d", d.String(), len(d.Counts), c.Size())
 	}
@@ -57,8 +60,7 @@ func (c *Client) startInto(h *Handle, d collective.Desc, in, out []byte) (*Handl
 		return nil, fmt.Errorf("collectived: %s: result buffer is %d bytes, the call gives %d", d, len(out), want)
 	}
 	call := ipc.Call{Desc: d}
-	h.bulk = len(in)+len(out) > pollMaxBytes
-	h.laneOK = !h.bulk && !d.Named // the lane carries ordered calls only
+	h.prepare(&d, len(in)+len(out))
 	si, oi, inSeg := c.locate(in)
 	so, oo, outSeg := c.locate(out)
 	if (inSeg || len(in) == 0) && (outSeg || len(out) == 0) && (inSeg || outSeg) {

@@ -26,14 +26,23 @@
 // names who has not called, arrives first, also for the first collective
 // of a generation (a model still loading on some trainer).
 //
-// The client speaks protocol version 3 (docs/PROTOCOL.md): a call of up
+// A call whose Desc.Named is set (protocol version 4) is matched by its
+// Name instead of its place in the trainer's sequence of calls: the k-th
+// named call of a name on every trainer meet, in whatever order each
+// trainer makes its named calls (docs/MATCHING.md, "Named calls"). One
+// name may be in flight only once per trainer: the client refuses a
+// second call of a name whose earlier call has not been answered
+// (BAD_REQUEST naming it), before sending anything.
+//
+// The client speaks protocol version 4 (docs/PROTOCOL.md): a call of up
 // to ipc.PollMaxBytes made while no other is in flight goes to the daemon,
 // and its answer comes back, through the connection's lane of shared
-// memory rather than the socket (Options.NoLane keeps to the socket). A
-// daemon older than the client refuses its version with VERSION; Dial
-// then asks again one version lower, on a new connection: in version 2
-// it has no first-call timeout (the default wait is then twice timeout_ms
-// plus two margins), in version 1 no lane either. It is safe for use by
+// memory rather than the socket (Options.NoLane keeps to the socket);
+// named calls never take the lane. A daemon older than the client
+// refuses its version with VERSION; Dial then asks again one version
+// lower, on a new connection: in version 3 it has no named calls, in
+// version 2 no first-call timeout either (the default wait is then twice
+// timeout_ms plus two margins), in version 1 no lane either. It is safe for use by
 // several goroutines; calls from several goroutines are ordered by when
 // they reach the daemon.
 package collectived

@@ -14,7 +14,9 @@ import (
 // calls by the order it reads them, and the lane and the socket are two
 // ways in. So a call takes the lane only when nothing else of this client
 // is in flight, and nothing follows it on the socket until the daemon has
-// taken it from the lane (waitLaneTaken).
+// taken it from the lane (waitLaneTaken). A named call (protocol version
+// 4) never takes it: the lane carries calls matched by order only
+// (Handle.prepare).
 
 // openLane asks the daemon for the connection's lane and maps it.
 func (c *Client) openLane() error {

@@ -33,6 +33,8 @@ type Handle struct {
 	finished bool
 	bulk     bool // a call too large for polling to pay (pollMaxBytes)
 	laneOK   bool // a call that may take the lane (lane.go)
+	named    bool // a named call (Desc.Named) of the name below
+	name     string
 }
 
 // pollMaxBytes is the largest call whose reply the client polls for. A
@@ -180,10 +182,19 @@ func (c *Client) sendWith(h *Handle, encode func(b []byte, id uint64) []byte, re
 		c.mu.Unlock()
 		return nil, err
 	}
+	if h.named {
+		if other, busy := c.names[h.name]; busy {
+			c.mu.Unlock()
+			return nil, ipc.Errorf(ipc.CodeBadRequest, "named call %q: this client's call of that name (request %d) is still in flight; a name may be in flight only once", h.name, other)
+		}
+	}
 	id := c.nextID
 	c.nextID++
 	h.c, h.id, h.result, h.fd = c, id, result, -1
 	c.pending[id] = h
+	if h.named {
+		c.holdName(h.name, id)
+	}
 	c.mu.Unlock()
 
 	c.wmu.Lock()
@@ -201,6 +212,9 @@ func (c *Client) sendWith(h *Handle, encode func(b []byte, id uint64) []byte, re
 		if !c.forget(id) {
 			<-h.done // a reader failed it meanwhile
 		}
+		c.mu.Lock()
+		c.nameAnswered(id)
+		c.mu.Unlock()
 		return nil, fmt.Errorf("collectived: send to %s: %w", c.socket, err)
 	}
 	return h, nil
@@ -249,6 +263,7 @@ func (c *Client) dispatch(f ipc.Frame) error {
 	h := c.pending[f.ID]
 	delete(c.pending, f.ID)
 	c.laneAnswered(f.ID)
+	c.nameAnswered(f.ID)
 	c.mu.Unlock()
 	if h == nil {
 		// A reply to a request whose Wait timed out.
@@ -309,6 +324,8 @@ func (c *Client) fail(cause error) {
 	cause = c.err
 	pending := c.pending
 	c.pending = map[uint64]*Handle{}
+	clear(c.names)
+	clear(c.nameOf)
 	c.mu.Unlock()
 	for _, h := range pending {
 		h.err = cause

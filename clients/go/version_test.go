@@ -169,6 +169,7 @@ func TestDefaultTimeoutFromHelloOK(t *testing.T) {
 		timeout time.Duration
 		want    time.Duration
 	}{
+		{4, 0, 70 * time.Second},
 		{3, 0, 70 * time.Second},
 		{3, 3 * time.Second, 3 * time.Second},
 		{2, 0, 12 * time.Second},

@@ -78,8 +78,8 @@ def p_shm_tail(segment: int, offset: int, reserved: int = 0) -> bytes:
 
 
 # Version 3: the CALL extension (PROTOCOL.md, "CALL (0x05)"). Flag bits of
-# the CALL payload and of the extension's xflags.
-CALL_SHM, CALL_EXT = 0x01, 0x02
+# the CALL payload and of the extension's xflags; version 4 adds NAMED.
+CALL_SHM, CALL_EXT, CALL_NAMED = 0x01, 0x02, 0x04
 X_COUNTS, X_SCALE, X_OUT = 0x01, 0x02, 0x04
 # Element sizes by dtype code (PROTOCOL.md, "Element sizes").
 ESIZE = {0: 0, 1: 4, 2: 8, 3: 4, 4: 8, 5: 1, 6: 2, 7: 2, 8: 1, 9: 1}
@@ -177,14 +177,16 @@ def call3(name: str, fid: int, op: int, dtype: int, reduce: int, root: int, coun
           cname: str, *, dims: list[int] | None = None, counts: list[int] | None = None,
           scale: tuple[float, float] | None = None, shm: tuple[int, int] | None = None,
           out: tuple[int, int] | None = None, data: bytes | None = None,
-          context: dict | None = None, refused: tuple[str, str] | None = None) -> None:
+          context: dict | None = None, refused: tuple[str, str] | None = None,
+          named: bool = False) -> None:
     """A CALL of version 3: with the extension (EXT) when any of dims,
     counts, scale or out is given (dims=[] alone: an empty extension).
     shm=(segment, offset) makes it a shared-memory call, else data is
     inline. refused=(code, rule): a well-formed frame the daemon answers
-    with that error, in the world of `context`."""
+    with that error, in the world of `context`. named: the NAMED flag
+    (version 4), the call matched by its name in any order."""
     ext = dims is not None or counts is not None or scale is not None or out is not None
-    flags = (CALL_SHM if shm else 0) | (CALL_EXT if ext else 0)
+    flags = (CALL_SHM if shm else 0) | (CALL_EXT if ext else 0) | (CALL_NAMED if named else 0)
     d = {"type": "CALL", "id": fid, "frame_flags": 0, "op": op, "dtype": dtype, "reduce": reduce,
          "flags": flags, "root": root, "count": count, "name": cname}
     tail = b""
@@ -212,6 +214,7 @@ def call3(name: str, fid: int, op: int, dtype: int, reduce: int, root: int, coun
         # A request the daemon takes: its inline data has the length its
         # count implies, and a shape's product is its count.
         assert shm or len(data) == count * ESIZE[dtype], name
+        assert not named or cname, name  # a named call needs a name
         if dims:
             prod = 1
             for x in dims:
@@ -272,6 +275,7 @@ def build() -> None:
     hello("hello_utf8", 1, 0, -1, 5, "jöb", "wörker ✓")
     hello("hello_v2", 1, 0, -1, 4242, "demo", "w0", version=2)
     hello("hello_v3", 1, 0, -1, 4242, "demo", "w0", version=3)
+    hello("hello_v4", 1, 0, -1, 4242, "demo", "w0", version=4)
 
     base_ok = dict(version=1, world_rank=5, world_size=8, node_rank=2, node_count=4,
                    local_rank=1, local_size=2, inline_limit=65536, max_frame=65536 + 1024,
@@ -285,6 +289,8 @@ def build() -> None:
     hello_ok("hello_ok_v2", 1, **dict(base_ok, version=2))
     # Version 3: first_call_timeout_ms after timeout_ms.
     hello_ok("hello_ok_v3", 1, **dict(base_ok, version=3, first_call_timeout_ms=600000))
+    # Version 4: the layout of version 3.
+    hello_ok("hello_ok_v4", 1, **dict(base_ok, version=4, first_call_timeout_ms=600000))
     hello_ok("hello_ok_v3_max_values", U64_MAX, **dict(
         base_ok, version=3, world_rank=0, world_size=1, node_rank=0, node_count=1, local_rank=0,
         local_size=1, inline_limit=U32_MAX - 512, max_frame=U32_MAX, max_in_flight=U32_MAX,
@@ -550,6 +556,36 @@ def build() -> None:
     call3("refused_allgather_on_v2", 128, OP_ALLGATHER, F32, 0, 0, 1, "", data=one, context=v2,
           refused=("UNSUPPORTED", "needs_version_3"))
 
+    # ---- protocol version 4: named calls (PROTOCOL.md, "Named calls") ---------
+    # NAMED (flag bit 2) on every op, inline and in shared memory, with and
+    # without the extension; decoded as on a version-4 connection (the
+    # default without a context).
+    call3("call_v4_named_allreduce_f32", 130, OP_ALLREDUCE, F32, SUM, 0, 3, "layer3.w", data=f32,
+          named=True)
+    call3("call_v4_named_allreduce_shm_bf16", 131, OP_ALLREDUCE, BF16, AVG, 0, 1024, "layer3.b",
+          shm=(1, 4096), named=True)
+    call3("call_v4_named_broadcast", 132, OP_BROADCAST, I64, 0, 1, 2, "embed",
+          data=struct.pack("<2q", 7, -7), named=True)
+    call3("call_v4_named_allgather_shm_out", 133, OP_ALLGATHER, F16, 0, 0, 4, "acts", shm=(2, 0),
+          out=(2, 64), context=w2, named=True)
+    call3("call_v4_named_allgatherv_inline", 134, OP_ALLGATHER, I32, 0, 0, 1, "tok", counts=[1, 2],
+          data=struct.pack("<i", 5), context=w2, named=True)
+    call3("call_v4_named_reduce_scatter_scaled", 135, OP_REDUCE_SCATTER, F32, SUM, 0, 4, "shard/0",
+          dims=[2, 2], scale=(0.5, 1.0), data=struct.pack("<4f", 1, 2, 3, 4),
+          context={"world_size": 2, "world_rank": 1}, named=True)
+    call3("call_v4_named_reduce", 136, OP_REDUCE, F64, MAX, 1, 1, "loss", data=struct.pack("<d", 2.5),
+          context=w2, named=True)
+    call3("call_v4_named_barrier", 137, OP_BARRIER, 0, 0, 0, 0, "epoch-7", data=b"", named=True)
+    call3("call_v4_named_name_255", U64_MAX, OP_ALLREDUCE, U8, MAX, 0, 1, "N" * 255, data=b"\x09",
+          named=True)
+    call_ok("call_ok_v4_named_allreduce", 130, 2, 5, struct.pack("<3f", 2.0, 5.0, -6.0),
+            answers=("call_v4_named_allreduce_f32", 2, 0))
+    # A named call needs a name: without one it is well formed, and refused.
+    call3("refused_named_without_name", 138, OP_ALLREDUCE, F32, SUM, 0, 1, "", data=one, context=w2,
+          refused=(br, "named_without_name"), named=True)
+    call3("refused_named_barrier_without_name", 139, OP_BARRIER, 0, 0, 0, 0, "", data=b"",
+          context=w2, refused=(br, "named_without_name"), named=True)
+
     # ---- invalid frames -------------------------------------------------------
     good_hello = p_hello(b"CLVD", 1, 0, -1, 4242, b"demo", b"w0")
     bad("bad_magic", "c2d",
@@ -596,9 +632,14 @@ def build() -> None:
         frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=1))), "payload_length")
     bad("hello_ok_v3_trailing_byte", "d2c",
         frame(T["HELLO_OK"], 1, p_hello_ok(ok_v3) + b"\x00"), "payload_length")
-    # Version 0 was never spoken: its layout is unknown, so it cannot decode.
+    bad("hello_ok_v4_without_first_call", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=4))[:60]), "payload_length")
+    # Version 0 was never spoken, version 5 not yet: their layouts are
+    # unknown, so they cannot decode.
     bad("hello_ok_version_0", "d2c",
         frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=0))[:60]), "bad_version")
+    bad("hello_ok_version_5", "d2c",
+        frame(T["HELLO_OK"], 1, p_hello_ok(dict(ok_v3, version=5))), "bad_version")
     bad("free_long", "c2d", frame(T["FREE"], 5, struct.pack("<IIQ", 1, 0, 0)), "payload_length")
     bad("free_ok_nonempty", "d2c", frame(T["FREE_OK"], 5, b"\x00"), "payload_length")
     bad("status_nonempty", "c2d", frame(T["STATUS"], 1, b"{}"), "payload_length")
@@ -633,10 +674,11 @@ def build() -> None:
     bad("hello_undefined_flag", "c2d",
         frame(T["HELLO"], 1, p_hello(b"CLVD", 1, 2, -1, 1, b"demo", b"")), "bad_flags")
     bad("header_flags_on_request", "c2d", frame(T["STATUS"], 1, b"", flags=1), "bad_flags")
-    # Bit 2 is undefined in every version (bit 1, EXT, is version 3's:
-    # call_ext_on_v2_connection).
+    # Bit 3 is undefined in every version (bit 1, EXT, is version 3's:
+    # call_ext_on_v2_connection; bit 2, NAMED, version 4's:
+    # call_named_on_v3_connection).
     bad("call_undefined_flag", "c2d",
-        frame(T["CALL"], 3, p_call(1, 1, 1, 4, 0, 0, b"", b"")), "bad_flags")
+        frame(T["CALL"], 3, p_call(1, 1, 1, 0x08, 0, 0, b"", b"")), "bad_flags")
     bad("error_undefined_header_flag", "d2c", frame(T["ERROR"], 0, p_error(1, b"x"), flags=2),
         "bad_flags")
 
@@ -650,6 +692,14 @@ def build() -> None:
         frame(T["CALL"], 3, p_call(3, 1, 0, CALL_SHM | CALL_EXT, 0, 4, b"", p_ext([], out=True)
                                    + p_shm_tail(1, 0) + p_shm_tail(1, 64))), "bad_flags",
         context={"connection_version": 1})
+    # Version 4: NAMED on a connection of version 1 to 3 is an undefined
+    # flag there, whatever else the call is.
+    bad("call_named_on_v3_connection", "c2d",
+        frame(T["CALL"], 3, p_call(1, 1, 1, CALL_NAMED, 0, 1, b"layer3.w", struct.pack("<f", 1.0))),
+        "bad_flags", context={"connection_version": 3})
+    bad("call_named_shm_on_v1_connection", "c2d",
+        frame(T["CALL"], 3, p_call(2, 4, 0, CALL_SHM | CALL_NAMED, 0, 2, b"w", p_shm_tail(1, 0))),
+        "bad_flags", context={"connection_version": 1})
     bad("call_undefined_flag_high", "c2d",
         frame(T["CALL"], 3, p_call(1, 1, 1, 0x80, 0, 0, b"", b"")), "bad_flags")
     bad("call_xflags_undefined_bit", "c2d",

@@ -733,9 +733,10 @@ int run_daemon_tests(const char *bin)
 		if (world_start(&w, bin, shapes[s][0], shapes[s][1]) != 0)
 			continue;
 		printf("world %dx%d up\n", w.nodes, w.local);
-		/* the collectives of protocol version 3 (test_daemon3.c); the
-		 * 2x1 world runs only these */
+		/* the collectives of protocol version 3 (test_daemon3.c) and the
+		 * named calls of 4 (test_daemon4.c); the 2x1 world runs only these */
 		run_v3_daemon_tests(&w);
+		run_v4_daemon_tests(&w);
 		if (w.local == 1 && w.nodes == 2) {
 			world_stop(&w);
 			continue;

@@ -8,7 +8,8 @@
  * "fatal" with ERROR BAD_FRAME FATAL id 0 and a close, anything else at
  * once with the data unchanged. In the lane modes it speaks version 2 and
  * answers LANE with a LANE_OK the client must refuse. In mode PEER_V3_W4
- * it plays world rank 1 of a world of 4 (see v3_answer). */
+ * it plays world rank 1 of a world of 4 (see v3_answer), in mode PEER_V4
+ * a daemon of version 4 with a lane (see v4_call). */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -82,7 +84,8 @@ static void send_hello_ok(int fd, uint64_t id, uint16_t v)
 }
 
 enum { PEER_OK, PEER_REFUSE, PEER_LANE_SHORT_FD, PEER_LANE_WRONG_SIZE, PEER_LANE_BAD_WAKE, PEER_LANE_BAD_ANSWER,
-       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2, PEER_V2_ONLY, PEER_V2_ANSWERS_3, PEER_V3, PEER_V3_W4 };
+       PEER_V1_ONLY, PEER_NO_VERSION, PEER_V1_ANSWERS_2, PEER_V2_ONLY, PEER_V2_ANSWERS_3, PEER_V3, PEER_V3_W4,
+       PEER_V4 };
 
 /* PEER_V3_W4: world rank 1 of a world of 4 on one node (local size 4),
  * inline limit 64. It keeps the segments it gives (ALLOC) mapped, writes
@@ -212,8 +215,85 @@ static void v3_answer(int fd, const uint8_t *frame, size_t n, peer_seg *segs, si
 	send_frame(fd, &r);
 }
 
+/* PEER_V4: a daemon of protocol version 4 in a world of one that gives a
+ * working lane and reads calls from it and from the socket. Each CALL
+ * goes to v4_record as a line "<L|S> <flags> <name>" (L: it came on the
+ * lane). A call whose name begins with "wait" is held; a call named
+ * "release" is answered, then every held one; others at once, with their
+ * data as the result (the answer always on the socket). */
+static char v4_record[96];
+
+static void v4_call(int fd, const uint8_t *frame, size_t n, char via)
+{
+	static uint8_t held[8][512];
+	static size_t held_n[8], nheld;
+	uint8_t out[8192];
+	cvd_frame f, r;
+	cvd_error err;
+	size_t k, len;
+	FILE *rec;
+	if (cvd_frame_decode_ext(frame, n, 8192, 4, &f, NULL, &err) != 0 || f.type != CVD_T_CALL)
+		_exit(10);
+	rec = fopen(v4_record, "a");
+	if (!rec || fprintf(rec, "%c %u %.*s\n", via, (unsigned)f.flags, (int)f.name_len, (const char *)f.name) < 0)
+		_exit(10);
+	fclose(rec);
+	memset(&r, 0, sizeof r);
+	r.id = f.id;
+	r.type = CVD_T_CALL_OK;
+	r.seq = f.id;
+	if (!(f.flags & CVD_CALL_SHM)) {
+		r.data = f.data;
+		r.data_len = f.data_len;
+	}
+	if (f.name_len >= 4 && memcmp(f.name, "wait", 4) == 0 && nheld < 8) {
+		held_n[nheld] = cvd_frame_encode(&r, held[nheld], sizeof held[nheld]);
+		if (held_n[nheld] == 0 || held_n[nheld] > sizeof held[nheld])
+			_exit(10);
+		nheld++;
+		return;
+	}
+	len = cvd_frame_encode(&r, out, sizeof out);
+	if (len == 0 || len > sizeof out || write_all(fd, out, len) != 0)
+		_exit(10);
+	if (f.name_len == 7 && memcmp(f.name, "release", 7) == 0) {
+		for (k = 0; k < nheld; k++)
+			if (write_all(fd, held[k], held_n[k]) != 0)
+				_exit(10);
+		nheld = 0;
+	}
+}
+
+/* PEER_V4: wait until the socket is readable, taking (and answering)
+ * the calls the client puts on the lane meanwhile. */
+static void v4_wait_socket(int fd, uint8_t *lane)
+{
+	static uint32_t seen;
+	uint8_t frame[4096];
+	for (;;) {
+		struct pollfd pfd;
+		pfd.fd = fd;
+		pfd.events = POLLIN;
+		pfd.revents = 0;
+		if (poll(&pfd, 1, 1) > 0)
+			return;
+		if (lane && __atomic_load_n((uint32_t *)(void *)lane, __ATOMIC_SEQ_CST) != seen) {
+			uint32_t plen;
+			cvd_frame f;
+			cvd_error err;
+			seen++;
+			memcpy(frame, lane + 4096, sizeof frame);
+			__atomic_store_n((uint32_t *)(void *)(lane + 64), seen, __ATOMIC_SEQ_CST); /* c2d_taken */
+			if (cvd_frame_header(frame, 4096, &f, &plen, &err) != 0 || plen > 4096 - 16)
+				_exit(11);
+			v4_call(fd, frame, 16 + plen, 'L');
+		}
+	}
+}
+
 static void peer(int lfd, int refuse)
 {
+	uint8_t *v4_lane = NULL;
 	peer_seg segs[16];
 	size_t nsegs = 0;
 	uint8_t buf[8192], held[8192];
@@ -264,11 +344,36 @@ static void peer(int lfd, int refuse)
 		_exit(0);
 	}
 	for (;;) {
+		if (refuse == PEER_V4)
+			v4_wait_socket(fd, v4_lane);
 		if (read_n(fd, buf, 16) != 0 || cvd_frame_header(buf, 8192, &f, &plen, &err) != 0 ||
 		    read_n(fd, buf + 16, plen) != 0 || cvd_frame_payload(&f, buf + 16, plen, &err) != 0)
 			_exit(0);
 		memset(&r, 0, sizeof r);
 		r.id = f.id;
+		if (refuse == PEER_V4) {
+			if (f.type == CVD_T_HELLO) {
+				send_hello_ok(fd, f.id, 4);
+			} else if (f.type == CVD_T_LANE) {
+				char tmp[] = "/tmp/cvd-lane-XXXXXX";
+				int mfd = mkstemp(tmp);
+				if (mfd < 0 || ftruncate(mfd, 12288) != 0)
+					_exit(4);
+				unlink(tmp);
+				v4_lane = mmap(NULL, 12288, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+				if (v4_lane == MAP_FAILED)
+					_exit(4);
+				r.type = CVD_T_LANE_OK;
+				r.size = 12288;
+				send_frame_fd(fd, &r, mfd);
+				close(mfd);
+			} else if (f.type == CVD_T_CALL) {
+				v4_call(fd, buf, 16 + plen, 'S');
+			} else {
+				_exit(3);
+			}
+			continue;
+		}
 		if (f.type == CVD_T_HELLO && refuse == PEER_V3_W4) {
 			memset(&r, 0, sizeof r);
 			r.id = f.id;
@@ -914,6 +1019,177 @@ static void test_v3_calls_on_v2(const char *path)
 	stop_peer(p, path);
 }
 
+/* The lines of v4_record (each without its newline) into lines, up to
+ * max; returns how many. */
+static size_t v4_lines(char lines[][300], size_t max)
+{
+	FILE *f = fopen(v4_record, "r");
+	size_t n = 0;
+	if (!f)
+		return 0;
+	while (n < max && fgets(lines[n], 300, f)) {
+		lines[n][strcspn(lines[n], "\n")] = '\0';
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* Named calls (protocol version 4) against PEER_V4: they set NAMED on
+ * every op; never take the lane, which an ordinary call with nothing in
+ * flight does; need a name; and a name may be in flight once: a second
+ * call of it fails at once (CVD_E_INVALID naming it), sending nothing,
+ * until the first is answered. Against a version-3 daemon they fail at
+ * once (CVD_E_UNSUPPORTED). */
+static void test_named_calls(const char *path)
+{
+	static const char *const want[] = {
+		"L 0 ",          /* the ordinary call: on the lane */
+		"S 4 wait.a",    /* named, nothing else in flight: on the socket */
+		"S 4 wait.b",
+		"S 0 wait.a",    /* an ordinary call of a name in flight as a named one */
+		"S 4 release",
+		"S 4 wait.a",    /* the name again, once answered; nothing in flight */
+		"S 4 release",
+		"S 4 gather",    /* every op named, each with nothing else in flight */
+		"S 4 scatter",
+		"S 4 reduce",
+		"S 4 bcast",
+		"S 4 barrier",
+		"S 6 shaped",    /* NAMED with the extension */
+		"L 0 after",     /* an ordinary call takes the lane again */
+	};
+	char lines[32][300];
+	cvd_options o;
+	cvd_error err;
+	cvd_client *c;
+	cvd_call_opts opts, plain;
+	cvd_request *a, *b, *s;
+	cvd_call call;
+	float x[4] = {1, 2, 3, 4}, y[4] = {5, 6, 7, 8}, z[4];
+	static const uint64_t shape[2] = {2, 2};
+	uint64_t before;
+	size_t n, i;
+	int rc;
+	pid_t p;
+	snprintf(v4_record, sizeof v4_record, "/tmp/cvd-v4-record-%ld", (long)getpid());
+	unlink(v4_record);
+	p = start_peer(path, PEER_V4);
+	cvd_options_init(&o);
+	o.job = "demo";
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && cvd_get_info(c)->version == 4 && cvd_has_lane(c), "connect to a version-4 daemon: %s",
+	      c ? "not version 4 with a lane" : err.message);
+	if (!c) {
+		stop_peer(p, path);
+		return;
+	}
+	cvd_call_opts_init(&opts);
+	cvd_call_opts_init(&plain);
+	opts.named = 1;
+	CHECK(cvd_allreduce(c, x, 4, CVD_FLOAT32, CVD_SUM, &err) == 0, "an ordinary call: %s", err.message);
+
+	opts.name = "wait.a";
+	a = cvd_allreduce_opts_async(c, x, 4, CVD_FLOAT32, CVD_SUM, &opts, &err);
+	CHECK(a != NULL, "named call wait.a: %s", err.message);
+	before = cvd_bytes_sent(c);
+	rc = cvd_allreduce_opts(c, y, 4, CVD_FLOAT32, CVD_SUM, &opts, &err);
+	CHECK(rc == CVD_E_INVALID && err.code == CVD_E_INVALID &&
+		      strstr(err.message, "cvd_allreduce: named call \"wait.a\": this client's call of that name") &&
+		      strstr(err.message, "is still in flight"),
+	      "a second call of a name in flight: %d %s", rc, err.message);
+	rc = cvd_allgather(c, y, z, 1, CVD_FLOAT32, &opts, &err);
+	CHECK(rc == CVD_E_INVALID && strstr(err.message, "cvd_allgather: named call \"wait.a\""),
+	      "a second call of a name in flight, allgather: %d %s", rc, err.message);
+	opts.name = NULL;
+	rc = cvd_allreduce_opts(c, y, 4, CVD_FLOAT32, CVD_SUM, &opts, &err);
+	CHECK(rc == CVD_E_INVALID && strstr(err.message, "a named call needs a name"), "named without a name: %d %s",
+	      rc, err.message);
+	opts.name = "";
+	memset(&call, 0, sizeof call);
+	call.op = CVD_BARRIER;
+	rc = cvd_call_sync_opts(c, &call, NULL, NULL, &opts, &err);
+	CHECK(rc == CVD_E_INVALID && strstr(err.message, "a named call needs a name"),
+	      "named barrier with an empty name: %d %s", rc, err.message);
+	CHECK(cvd_bytes_sent(c) == before, "%llu bytes sent for refused calls",
+	      (unsigned long long)(cvd_bytes_sent(c) - before));
+
+	opts.name = "wait.b";
+	b = cvd_allreduce_opts_async(c, y, 4, CVD_FLOAT32, CVD_SUM, &opts, &err);
+	CHECK(b != NULL, "another name: %s", err.message);
+	plain.name = "wait.a";
+	s = cvd_allreduce_opts_async(c, z, 4, CVD_FLOAT32, CVD_SUM, &plain, &err);
+	CHECK(s != NULL, "an ordinary call named as a named call in flight: %s", err.message);
+	opts.name = "release";
+	CHECK(cvd_allreduce_opts(c, z, 4, CVD_FLOAT32, CVD_SUM, &opts, &err) == 0, "release: %s", err.message);
+	CHECK(a && cvd_wait(a, 2000, &err) == 0, "wait.a: %s", err.message);
+	CHECK(b && cvd_wait(b, 2000, &err) == 0, "wait.b: %s", err.message);
+	CHECK(s && cvd_wait(s, 2000, &err) == 0, "the ordinary wait.a: %s", err.message);
+
+	/* answered: the name is free again */
+	opts.name = "wait.a";
+	a = cvd_allreduce_opts_async(c, x, 4, CVD_FLOAT32, CVD_SUM, &opts, &err);
+	CHECK(a != NULL, "wait.a after its answer: %s", err.message);
+	opts.name = "release";
+	CHECK(cvd_allreduce_opts(c, z, 4, CVD_FLOAT32, CVD_SUM, &opts, &err) == 0, "release: %s", err.message);
+	CHECK(a && cvd_wait(a, 2000, &err) == 0, "wait.a again: %s", err.message);
+
+	opts.name = "gather";
+	CHECK(cvd_allgather(c, x, z, 2, CVD_FLOAT32, &opts, &err) == 0, "named allgather: %s", err.message);
+	opts.name = "scatter";
+	CHECK(cvd_reduce_scatter(c, x, z, 4, CVD_FLOAT32, CVD_SUM, &opts, &err) == 0, "named reduce_scatter: %s",
+	      err.message);
+	opts.name = "reduce";
+	CHECK(cvd_reduce(c, x, 4, CVD_FLOAT32, CVD_MAX, 0, &opts, &err) == 0, "named reduce: %s", err.message);
+	opts.name = "bcast";
+	memset(&call, 0, sizeof call);
+	call.op = CVD_BROADCAST;
+	call.dtype = CVD_FLOAT32;
+	call.buf = x;
+	call.count = 4;
+	CHECK(cvd_call_sync_opts(c, &call, NULL, NULL, &opts, &err) == 0, "named broadcast: %s", err.message);
+	opts.name = "barrier";
+	memset(&call, 0, sizeof call);
+	call.op = CVD_BARRIER;
+	CHECK(cvd_call_sync_opts(c, &call, NULL, NULL, &opts, &err) == 0, "named barrier: %s", err.message);
+	opts.name = "shaped";
+	opts.shape = shape;
+	opts.ndim = 2;
+	CHECK(cvd_allreduce_opts(c, x, 4, CVD_FLOAT32, CVD_SUM, &opts, &err) == 0, "named with a shape: %s",
+	      err.message);
+	plain.name = "after";
+	CHECK(cvd_allreduce_opts(c, x, 4, CVD_FLOAT32, CVD_SUM, &plain, &err) == 0 && x[3] == 4,
+	      "an ordinary call after the named ones: %s", err.message);
+	cvd_close(c);
+	stop_peer(p, path);
+	n = v4_lines(lines, 32);
+	CHECK(n == sizeof want / sizeof want[0], "the peer read %lu calls, want %lu", (unsigned long)n,
+	      (unsigned long)(sizeof want / sizeof want[0]));
+	for (i = 0; i < n && i < sizeof want / sizeof want[0]; i++)
+		CHECK(strcmp(lines[i], want[i]) == 0, "call %lu reached the peer as \"%s\", want \"%s\"", (unsigned long)i,
+		      lines[i], want[i]);
+	unlink(v4_record);
+
+	/* a daemon of version 3 */
+	p = start_peer(path, PEER_V3);
+	o.no_lane = 1; /* this peer answers no LANE as a daemon would */
+	c = cvd_connect(path, &o, &err);
+	CHECK(c != NULL && cvd_get_info(c)->version == 3, "connect to a version-3 daemon: %s", c ? "" : err.message);
+	if (c) {
+		before = cvd_bytes_sent(c);
+		opts.name = "w";
+		opts.ndim = 0;
+		rc = cvd_allreduce_opts(c, x, 4, CVD_FLOAT32, CVD_SUM, &opts, &err);
+		CHECK(rc == CVD_E_UNSUPPORTED && strstr(err.message, "cvd_allreduce: named call \"w\": named calls need "
+							      "protocol version 4; the daemon speaks 3"),
+		      "a named call to a version-3 daemon: %d %s", rc, err.message);
+		CHECK(cvd_bytes_sent(c) == before, "a refused named call was sent");
+		CHECK(cvd_barrier(c, &err) == 0, "a call after it: %s", err.message);
+	}
+	cvd_close(c);
+	stop_peer(p, path);
+}
+
 void run_scripted_tests(void)
 {
 	char path[64];
@@ -1091,4 +1367,5 @@ void run_scripted_tests(void)
 	expect_refused(path, &o, PEER_REFUSE, CVD_E_PERMISSION, "uid 1000 is not allowed", NULL, "refused");
 	test_v3_calls_on_v2(path);
 	test_v3_calls(path);
+	test_named_calls(path);
 }

@@ -285,15 +285,15 @@ static const char *context_value(const char *context, const char *key, char *buf
 }
 
 /* The connection's protocol version a vector is decoded in: its context's
- * connection_version, else 3. */
+ * connection_version, else the newest. */
 static unsigned vector_version(const char *context)
 {
 	char buf[16];
 	const char *v = context_value(context, "connection_version", buf, sizeof buf);
-	return v ? (unsigned)strtoul(v, NULL, 10) : 3u;
+	return v ? (unsigned)strtoul(v, NULL, 10) : (unsigned)CVD_PROTOCOL_VERSION;
 }
 
-static int nvalid_ext, nrefused, ninvalid_ctx;
+static int nvalid_ext, nrefused, ninvalid_ctx, nvalid_named;
 
 static void test_valid(const char *name, const char *fd, const char *hexs, char *fields, const char *context)
 {
@@ -317,6 +317,8 @@ static void test_valid(const char *name, const char *fd, const char *hexs, char 
 	      "%s: decode failed: %s", name, err.message);
 	if (f.type == CVD_T_CALL && (f.flags & CVD_CALL_EXT))
 		nvalid_ext++;
+	if (f.type == CVD_T_CALL && (f.flags & CVD_CALL_NAMED))
+		nvalid_named++;
 	if (context_value(context, "refused", buf, sizeof buf))
 		nrefused++;
 	memset(&g, 0, sizeof g);
@@ -410,11 +412,11 @@ static void test_invalid(const char *name, const char *hexs, const char *error, 
 		return;
 	}
 	memset(&err, 0, sizeof err);
-	if (version != 3) {
-		/* the same bytes are a valid frame on a version-3 connection */
+	if (version != CVD_PROTOCOL_VERSION) {
+		/* the same bytes are a valid frame on a connection of the newest version */
 		ninvalid_ctx++;
-		CHECK(cvd_frame_decode_ext(raw.p, raw.n, CVD_PRE_HELLO_MAX_FRAME, 3, &f, &x, &err) == 0,
-		      "%s: not valid on a version-3 connection either: %s", name, err.message);
+		CHECK(cvd_frame_decode_ext(raw.p, raw.n, CVD_PRE_HELLO_MAX_FRAME, CVD_PROTOCOL_VERSION, &f, &x, &err) == 0,
+		      "%s: not valid on a version-%d connection either: %s", name, CVD_PROTOCOL_VERSION, err.message);
 	}
 	CHECK(cvd_frame_decode_ext(raw.p, raw.n, CVD_PRE_HELLO_MAX_FRAME, version, &f, &x, &err) == CVD_E_PROTOCOL,
 	      "%s: decoding an invalid frame succeeded", name);
@@ -500,11 +502,16 @@ static void test_hello_ok_versions(void)
 	      strcmp(err.check, "payload_length") == 0 &&
 	      strstr(err.message, "HELLO_OK payload is 68 bytes, must be 60 in protocol version 2"),
 	      "v2 HELLO_OK of 68 bytes: %s", err.message);
+	/* version 4: the layout of 3 */
 	buf[16] = 4;
+	CHECK(cvd_frame_decode(buf, 16 + 68, 4096, &g, &err) == 0 && g.version == 4 && g.size == 60000,
+	      "v4 HELLO_OK: %s", err.message);
+	buf[16] = 5;
 	CHECK(cvd_frame_decode(buf, 16 + 68, 4096, &g, &err) == CVD_E_PROTOCOL &&
 	      strcmp(err.check, "bad_version") == 0 &&
-	      strstr(err.message, "HELLO_OK is in protocol version 4, whose layout this client does not know"),
-	      "v4 HELLO_OK: %s", err.message);
+	      strstr(err.message, "HELLO_OK is in protocol version 5, whose layout this client does not know "
+			      "(it speaks 1 to 4)"),
+	      "v5 HELLO_OK: %s", err.message);
 	buf[0] = 1;
 	CHECK(cvd_frame_decode(buf, 16 + 1, 4096, &g, &err) == CVD_E_PROTOCOL &&
 	      strcmp(err.check, "payload_length") == 0 && strstr(err.message, "too short for the version"),
@@ -516,7 +523,61 @@ static void test_hello_ok_versions(void)
 	CHECK(n == 16 + 60 && cvd_frame_decode(buf, n, 4096, &g, &err) == 0 && g.size == 0,
 	      "HELLO_OK v2: %lu bytes, first call %llu", (unsigned long)n, (unsigned long long)g.size);
 	f.version = 4;
-	CHECK(cvd_frame_encode(&f, buf, sizeof buf) == 0, "a HELLO_OK of version 4 was encoded");
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	CHECK(n == 16 + 68 && cvd_frame_decode(buf, n, 4096, &g, &err) == 0 && g.size == 60000,
+	      "HELLO_OK v4: %lu bytes, first call %llu", (unsigned long)n, (unsigned long long)g.size);
+	f.version = 5;
+	CHECK(cvd_frame_encode(&f, buf, sizeof buf) == 0, "a HELLO_OK of version 5 was encoded");
+}
+
+/* NAMED (version 4): what the checks of each version say of it, and
+ * that it travels with every other flag. */
+static void test_named_codec(void)
+{
+	static const float data[1] = {1};
+	uint8_t buf[256];
+	cvd_frame f, g;
+	cvd_call_ext x, y;
+	cvd_error err;
+	size_t n;
+	memset(&f, 0, sizeof f);
+	memset(&x, 0, sizeof x);
+	f.type = CVD_T_CALL;
+	f.id = 5;
+	f.op = CVD_ALLREDUCE;
+	f.dtype = CVD_FLOAT32;
+	f.reduce = CVD_SUM;
+	f.flags = CVD_CALL_NAMED;
+	f.count = 1;
+	f.name = (const uint8_t *)"layer3.w";
+	f.name_len = 8;
+	f.data = (const uint8_t *)data;
+	f.data_len = sizeof data;
+	n = cvd_frame_encode(&f, buf, sizeof buf);
+	CHECK(n == 16 + 17 + 8 + 4 && buf[16 + 3] == CVD_CALL_NAMED, "named CALL: %lu bytes, flags 0x%02x",
+	      (unsigned long)n, buf[16 + 3]);
+	memset(&err, 0, sizeof err);
+	CHECK(cvd_frame_decode(buf, n, 4096, &g, &err) == 0 && g.flags == CVD_CALL_NAMED && g.name_len == 8,
+	      "named CALL decodes as on the newest connection: %s", err.message);
+	CHECK(cvd_frame_decode_ext(buf, n, 4096, 3, &g, &y, &err) == CVD_E_PROTOCOL && strcmp(err.check, "bad_flags") == 0 &&
+	      strstr(err.message, "CALL flag NAMED (0x04) needs protocol version 4; this connection speaks 3"),
+	      "NAMED on version 3: %s", err.message);
+	/* with EXT on version 2 the extension is named first */
+	f.flags = CVD_CALL_NAMED | CVD_CALL_EXT;
+	x.ndim = 1;
+	x.dims[0] = 1;
+	n = cvd_frame_encode_ext(&f, &x, buf, sizeof buf);
+	CHECK(n == 16 + 17 + 8 + 12 + 4 && cvd_frame_decode_ext(buf, n, 4096, 0, &g, &y, &err) == 0 &&
+	      y.ndim == 1 && (g.flags & CVD_CALL_NAMED), "named CALL with a shape: %s", err.message);
+	CHECK(cvd_frame_decode_ext(buf, n, 4096, 2, &g, &y, &err) == CVD_E_PROTOCOL &&
+	      strstr(err.message, "CALL flag EXT (0x02) needs protocol version 3; this connection speaks 2"),
+	      "NAMED and EXT on version 2: %s", err.message);
+	/* bit 3 is defined in no version, and the encoder refuses it */
+	buf[16 + 3] = 0x08;
+	CHECK(cvd_frame_decode_ext(buf, n, 4096, 0, &g, &y, &err) == CVD_E_PROTOCOL &&
+	      strstr(err.message, "CALL flags 0x08 not defined"), "flag 0x08: %s", err.message);
+	f.flags = 0x08;
+	CHECK(cvd_frame_encode(&f, buf, sizeof buf) == 0, "a CALL with flag 0x08 was encoded");
 }
 
 /* The CALL extension's rules that no vector pins: what the plain
@@ -687,6 +748,7 @@ static void test_half_floats(void)
 int run_vector_tests(const char *path)
 {
 	test_hello_ok_versions();
+	test_named_codec();
 	test_extra_codec();
 	test_ext_codec();
 	test_half_floats();
@@ -726,7 +788,10 @@ int run_vector_tests(const char *path)
 	CHECK(nvalid_ext >= 20 && nrefused >= 20 && ninvalid_ctx >= 2,
 	      "only %d valid CALLs with EXT, %d refused, %d invalid by their connection's version",
 	      nvalid_ext, nrefused, ninvalid_ctx);
-	printf("vectors: %d valid (%d with EXT, %d refused requests), %d invalid checked\n", nvalid, nvalid_ext,
-	       nrefused, ninvalid);
+	/* Version 4: named calls of every op, NAMED on older connections. */
+	CHECK(nvalid_named >= 8 && ninvalid_ctx >= 4, "only %d valid named CALLs, %d invalid by their connection's version",
+	      nvalid_named, ninvalid_ctx);
+	printf("vectors: %d valid (%d with EXT, %d named, %d refused requests), %d invalid checked\n", nvalid,
+	       nvalid_ext, nvalid_named, nrefused, ninvalid);
 	return 0;
 }

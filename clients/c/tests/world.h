@@ -31,5 +31,8 @@ void run_trainers(const world *w, trainer_fn fn, const char *what, int timeout_s
 
 /* The tests of protocol version 3's collectives on world w. */
 void run_v3_daemon_tests(const world *w);
+/* The tests of protocol version 4's named calls on world w (test_daemon4.c;
+ * skipped, saying so, against a daemon without named matching). */
+void run_v4_daemon_tests(const world *w);
 
 #endif
