@@ -68,7 +68,8 @@ def test_vectors_cover_the_brief() -> None:
     # the lane's frames (LANE, LANE_OK, WAKE, WAKE_CLIENT; in the type set
     # above) also with a payload they must not have.
     for t in ("HELLO", "HELLO_OK"):
-        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {1, 2, 3}, t
+        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {
+            1, 2, 3, 4}, t
     names = {v["name"]: v for v in INVALID}
     for n in ("lane_nonempty", "lane_ok_short", "wake_nonempty"):
         assert names[n]["error"] == "payload_length", n
@@ -138,10 +139,9 @@ _FD_TYPES = {"ALLOC_OK", "REGISTER", "LANE_OK"}
 
 def _version(vec: dict) -> int:
     """The protocol version of the connection the vector's frame travels
-    on (its context; without one, 3, as clients/testdata/README.md says:
-    not the client's newest, 4, in which bit 2 of CALL's flags, undefined
-    before, is NAMED)."""
-    return int(vec.get("context", {}).get("connection_version", 3))
+    on (its context; without one, 4, the newest, as
+    clients/testdata/README.md says)."""
+    return int(vec.get("context", {}).get("connection_version", 4))
 
 
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])

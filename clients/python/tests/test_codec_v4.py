@@ -3,9 +3,9 @@ CALL's flag NAMED (bit 2, 0x04) byte for byte against frames written out
 by hand, undefined (``bad_flags``) on a connection of version 1 to 3 and
 checked before the rest of the payload; HELLO and HELLO_OK of version 4
 (HELLO_OK keeps version 3's 68-byte layout). The shared vectors' named
-calls, where clients/testdata has them, are decoded and re-encoded by
-test_codec.py like every other vector; here they are also checked to be
-named."""
+calls are decoded and re-encoded by test_codec.py like every other
+vector; here they are also checked to be named, and NAMED on a version-3
+connection to be refused."""
 
 from __future__ import annotations
 
@@ -151,8 +151,16 @@ def _named_vectors() -> list[dict]:
 
 def test_shared_named_vectors() -> None:
     vs = _named_vectors()
-    if not vs:
-        pytest.skip("clients/testdata/vectors.json has no named CALL yet")
+    assert len(vs) >= 10, [v["name"] for v in vs]
+    with open(VECTORS, encoding="utf-8") as f:
+        bad = {v["name"]: v for v in json.load(f) if not v.get("valid", True)}
+    v3 = bad["call_named_on_v3_connection"]
+    assert v3["error"] == "bad_flags" and v3["context"]["connection_version"] == 3
+    with pytest.raises(P.FrameError, match="bad_flags: CALL flag NAMED on a connection of "
+                                           "protocol version 3"):
+        P.decode(bytes.fromhex(v3["hex"]), version=3)
+    refused = [v for v in vs if v.get("rule") == "named_without_name"]
+    assert refused and all(v["decoded"]["name"] == "" for v in refused)
     for v in vs:
         version = int(v.get("context", {}).get("connection_version", 4))
         got = P.decode(bytes.fromhex(v["hex"]), version=version)
