@@ -275,6 +275,63 @@ def _gloo_ranks(tmp, base, world, env, timeout, procs) -> str:
     return procs[0][1].read()
 
 
+# --- a training step of named tensors (bench --tensors, gloo_allreduce.py --tensors) ---
+
+def _step_rows(rows, what, want_calls):
+    """The rows, each of the calls a step made (want_calls, row by row)."""
+    got = [r.get("calls") for r in rows]
+    if got != want_calls:
+        raise RunError(f"{what}: rows of {got} calls, want {want_calls}")
+    return rows
+
+
+def collectived_step(binary, nodes, local, tensors, n_tensors, iters, warmup, timeout, named=True, concat=True,
+                     prewarm=0, order=None, seed=None, extra_config=None) -> list[dict]:
+    """`collectived bench --tensors FILE --json`: each timed iteration a
+    step, an allreduce of every one of the n_tensors tensors of FILE, all
+    in flight, then waited for; named (each trainer its own random order
+    unless order says otherwise) or ordered (the file's order). concat:
+    `--concat`, one allreduce of them all concatenated, a step of each in
+    turn, its row second. The rows' bytes are all the tensors'."""
+    argv = [binary, "bench", "--nodes", nodes, "--local", local, "--tensors", tensors,
+            "--iters", iters, "--warmup", warmup, "--prewarm", prewarm, "--json"]
+    if named:
+        argv.append("--named")
+    if order:
+        argv += ["--order", order]
+    if seed is not None:
+        argv += ["--seed", seed]
+    if concat:
+        argv.append("--concat")
+    if extra_config:
+        argv += ["--extra-config", extra_config]
+    what = "collectived bench --tensors" + (" --named" if named else "")
+    rows = parse_collectived(run(argv, timeout=timeout), nodes * local, what)
+    _step_rows(rows, what, [n_tensors] + ([1] if concat else []))
+    if rows[0].get("named", False) != named or rows[0].get("concat") or concat and not rows[1].get("concat"):
+        raise RunError(f"{what}: rows say named {rows[0].get('named', False)}, concat "
+                       f"{[r.get('concat', False) for r in rows]}; want named {named}, the concatenation second")
+    if len({r["bytes"] for r in rows}) != 1:
+        raise RunError(f"{what}: rows of {[r['bytes'] for r in rows]} bytes, want one size")
+    return rows
+
+
+def gloo_step(python, script, world, tensors, n_tensors, iters, warmup, timeout, prewarm=0) -> dict:
+    """bench/gloo_allreduce.py --tensors FILE, one process per rank: steps
+    of dist.all_reduce on every tensor, one by one in the file's order."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    base = [python, script, "--world", world, "--init", init, "--tensors", tensors,
+            "--iters", iters, "--warmup", warmup, "--prewarm", prewarm]
+    COMMANDS.append(f"for r in $(seq 0 {world - 1}); do {shlex.join(map(str, base))} --rank $r & done; wait")
+    rows = []
+    for r in _json_lines(_gloo_world(base, world, env, timeout), "gloo --tensors: rank 0"):
+        row = stats(r["bytes"], r["times_ns"], world)
+        row.update(calls=r.get("calls"), tensors=r.get("tensors"))
+        rows.append(row)
+    return _step_rows(rows, "gloo --tensors", [n_tensors])[0]
+
+
 # --- the other collectives (bench --op, mpi_collectives.c, gloo_collectives.py) ---
 
 # The collectives other than allreduce, by the name `collectived bench

@@ -20,10 +20,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import compare  # noqa: E402
+import named_step  # noqa: E402
 import report  # noqa: E402
+import resnet50_shapes  # noqa: E402
 import rss  # noqa: E402
 import runners  # noqa: E402
 import srcconfig  # noqa: E402
+import tensors  # noqa: E402
 
 MIB64 = 64 << 20
 
@@ -1285,3 +1288,239 @@ class SplicedSectionsTest(unittest.TestCase):
         self.assertEqual(report.keep_spliced(got, got), got)  # kept once
         self.assertEqual(report.keep_spliced("", "x\n"), "x\n")
         self.assertEqual(report.keep_spliced("<!-- a: begin (p) -->\nno end", "x\n"), "x\n")
+
+
+# --- the ResNet-50 step (issue 27): tensors files, runners, bench/named_step.py ---
+
+SHAPES = os.path.join(HERE, "resnet50_shapes.txt")
+
+
+def _tensors_file(d, n=3):
+    """A small tensors file: n tensors of 2x3, 5 and 7x1x2."""
+    shapes = ["2x3", "5", "7x1x2"]
+    path = os.path.join(d, "t.txt")
+    with open(path, "w") as f:
+        f.write("# test\n" + "".join(f"t{i}.weight {shapes[i % 3]}\n" for i in range(n)))
+    return path
+
+
+class TensorsFileTest(unittest.TestCase):
+    def test_parse(self):
+        self.assertEqual(tensors.parse("# c\n\nconv.weight 64x3x7x7\n  bn.bias  64 \n"),
+                         [("conv.weight", (64, 3, 7, 7)), ("bn.bias", (64,))])
+        self.assertEqual(tensors.numel((64, 3, 7, 7)), 9408)
+        self.assertEqual(tensors.shape_text((64, 3, 7, 7)), "64x3x7x7")
+
+    def test_what_is_no_tensor_is_refused_by_line(self):
+        for text, want in (("a 4\nb 2\na 1\n", "f:3: a again (first on line 1): names are unique"),
+                           ("a 4 x\n", 'f:1: want "name shape"'),
+                           ("a 4x0\n", "f:1: a: shape '4x0': want 1 to 8 dimensions of at least 1"),
+                           ("a 4xb\n", "f:1: a: shape '4xb' is not dimensions joined by x"),
+                           ("a " + "x".join(["1"] * 9) + "\n", "want 1 to 8 dimensions"),
+                           ("n" * 256 + " 4\n", "is 256 bytes, at most 255"),
+                           ("# none\n", "f: no tensors")):
+            with self.assertRaises(ValueError) as cm:
+                tensors.parse(text, "f")
+            self.assertIn(want, str(cm.exception))
+
+    def test_resnet50_is_161_tensors_of_25557032_parameters(self):
+        ts = tensors.read(SHAPES)
+        self.assertEqual((len(ts), sum(tensors.numel(s) for _, s in ts)), (161, 25_557_032))
+        self.assertEqual((ts[0], ts[-2], ts[-1]), (("conv1.weight", (64, 3, 7, 7)), ("fc.weight", (1000, 2048)),
+                                                  ("fc.bias", (1000,))))
+        # The committed file is what the script writes from the architecture.
+        self.assertEqual(resnet50_shapes.build(), ts)
+        with open(SHAPES) as f:
+            self.assertEqual(f.read(), resnet50_shapes.text(ts))
+        # Every stage's first block has its projection; 53 convolutions, 53 batch norms, the fc.
+        names = [n for n, _ in ts]
+        self.assertEqual([n for n in names if "downsample.0" in n],
+                         [f"layer{i}.0.downsample.0.weight" for i in range(1, 5)])
+        self.assertEqual(sum(n.endswith(".weight") and len(s) == 4 for n, s in ts), 53)
+        self.assertEqual(sum(n.endswith(".bias") for n in names), 54)
+
+    def test_check_agrees_with_torchvision_where_installed(self):
+        # --check compares with torchvision.models.resnet50() when it imports.
+        p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "resnet50_shapes.py"), "--check"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("161 tensors, 25,557,032 parameters", p.stdout)
+
+
+class StepRunnersTest(unittest.TestCase):
+    def fake(self, d, lines):
+        path = os.path.join(d, "fake_collectived")
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable}\nimport sys\nprint({lines!r})\n")
+        os.chmod(path, 0o755)
+        return path
+
+    STEP = '{"bytes": 60, "calls": 3, "named": true, "order": "random", "median_us": 3, "verified": true}'
+    CONCAT = '{"bytes": 60, "calls": 1, "concat": true, "median_us": 2, "verified": true}'
+
+    def test_collectived_step_argv_and_rows(self):
+        with tempfile.TemporaryDirectory() as d:
+            n = len(runners.COMMANDS)
+            rows = runners.collectived_step(self.fake(d, self.STEP + "\n" + self.CONCAT), 2, 2, "t.txt", 3, 5, 1, 30,
+                                            prewarm=7, seed=4)
+            self.assertEqual([(r["calls"], r["world"]) for r in rows], [(3, 4), (1, 4)])
+            self.assertIn("bench --nodes 2 --local 2 --tensors t.txt --iters 5 --warmup 1 --prewarm 7 --json --named "
+                          "--seed 4 --concat", runners.COMMANDS[n])
+            runners.collectived_step(self.fake(d, self.STEP + "\n" + self.CONCAT), 2, 1, "t.txt", 3, 5, 1, 30,
+                                     extra_config=named_step.UNFUSED_CONFIG)
+            self.assertIn("--concat --extra-config 'fusion: {threshold_bytes: 0}'", runners.COMMANDS[-1])
+
+    def test_collectived_step_rows_must_be_what_was_asked(self):
+        ordered = self.STEP.replace('"named": true, ', "")
+        for out, kw, want in ((self.STEP, {}, "rows of [3] calls, want [3, 1]"),
+                              (self.CONCAT + "\n" + self.STEP, {}, "rows of [1, 3] calls, want [3, 1]"),
+                              (ordered + "\n" + self.CONCAT, {}, "rows say named False"),
+                              (self.STEP + "\n" + self.CONCAT, {"named": False}, "rows say named True"),
+                              (self.STEP + "\n" + self.CONCAT.replace("60", "64"), {}, "rows of [60, 64] bytes")):
+            with tempfile.TemporaryDirectory() as d:
+                with self.assertRaises(runners.RunError) as cm:
+                    runners.collectived_step(self.fake(d, out), 2, 1, "t.txt", 3, 5, 1, 30, **kw)
+                self.assertIn(want, str(cm.exception))
+
+    def test_gloo_worker_refuses_bad_tensors_flags(self):
+        with tempfile.TemporaryDirectory() as d:
+            good = _tensors_file(d)
+            bad = os.path.join(d, "bad.txt")
+            with open(bad, "w") as f:
+                f.write("a 4x0\n")
+            for args, want in ((["--sizes", "4", "--tensors", good], "give --sizes or --tensors"),
+                               ([], "give --sizes or --tensors"),
+                               (["--tensors", good, "--in-flight", "2"], "--in-flight and --tensors"),
+                               (["--tensors", bad], "--tensors: " + bad + ":1: a: shape '4x0'")):
+                p = subprocess.run([sys.executable, os.path.join(HERE, "gloo_allreduce.py"), "--rank", "0",
+                                    "--world", "2", "--init", "tcp://127.0.0.1:1"] + args,
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 2, args)
+                self.assertIn(want, p.stderr)
+
+
+@unittest.skipUnless(_torch_python(), "no torch in /usr/bin/python3 (scripts/setup.sh installs python3-torch)")
+class GlooStepTest(unittest.TestCase):
+    def test_step_of_tensors_one_by_one(self):
+        with tempfile.TemporaryDirectory() as d:
+            row = runners.gloo_step("/usr/bin/python3", os.path.join(HERE, "gloo_allreduce.py"), 2, _tensors_file(d, 4),
+                                    4, 3, 1, 300)
+        # 2x3 + 5 + 7x1x2 + 2x3 elements of float32
+        self.assertEqual((row["bytes"], row["calls"], row["iters"], row["tensors"]), (4 * 31, 4, 3, "t.txt"))
+        self.assertGreater(row["median_us"], 0)
+
+
+@unittest.skipUnless(_collectived_bin("--tensors"), "bin/collectived with bench --tensors not built (make build)")
+class CollectivedStepRealTest(unittest.TestCase):
+    def test_ordered_step_and_concatenation(self):
+        with tempfile.TemporaryDirectory() as d:
+            rows = runners.collectived_step(_collectived_bin("--tensors"), 2, 1, _tensors_file(d, 4), 4, 3, 1, 120,
+                                            named=False, prewarm=10)
+        self.assertEqual([(r["bytes"], r["calls"], r.get("order"), r.get("concat", False), r["verified"])
+                          for r in rows], [(124, 4, "file", False, True), (124, 1, None, True, True)])
+
+
+def _step_res(named=True, gloo=True):
+    """Results of named_step.measure: 2 rounds of world 2, and of world 4
+    whose Gloo run failed in round 2."""
+    runs = []
+    for rnd, (step, concat, g) in enumerate(((110.0, 100.0, 400.0), (130.0, 100.0, 300.0)), start=1):
+        runs.append({"round": rnd, "world": 2, "system": "collectived", "load_before": 1.0, "load_after": 2.0,
+                     "rows": [{"median_us": step * 1e3, "calls": 161, "named": named},
+                              {"median_us": concat * 1e3, "calls": 1, "concat": True}]})
+        if gloo:
+            runs.append({"round": rnd, "world": 2, "system": "gloo", "load_before": 2.0, "load_after": 2.5,
+                         "rows": [{"median_us": g * 1e3, "calls": 161}]})
+        runs.append({"round": rnd, "world": 2, "system": named_step.UNFUSED, "load_before": 1.0, "load_after": 2.0,
+                     "rows": [{"median_us": step * 2e3, "calls": 161, "named": named},
+                              {"median_us": concat * 1e3, "calls": 1, "concat": True}]})
+    runs.append({"round": 1, "world": 4, "system": "collectived", "load_before": 1.0, "load_after": 2.0,
+                 "rows": [{"median_us": 200e3, "calls": 161, "named": named,
+                           "daemon_named": {"rounds": 9, "executed": 322, "fused_ops": 4,
+                                            "cache": {"hits": 300, "misses": 22}}},
+                          {"median_us": 160e3, "calls": 1, "concat": True}]})
+    return {"date": "2026-12-03 00:00:00 UTC", "took_s": 60,
+            "machine": {"nproc": 2, "loadavg_start": "1.0 1.0 1.0 1/1 1", "loadavg_end": "2.0 1.0 1.0 1/1 1"},
+            "settings": {"tensors": "bench/resnet50_shapes.txt", "n_tensors": 161, "bytes": 102228128, "rounds": 2,
+                         "worlds": [2, 4], "iters": 10, "warmup": 2, "prewarm": 1000, "named": named,
+                         "order": "random", "seed": 1, "commit": "abc1234", "dirty": False, "torch": "1.13"},
+            "runs": runs, "errors": ["round 2, world 4, gloo: exit 1"],
+            "commands": ["bench/.build/collectived bench --nodes 2 --local 1 --tensors t",
+                         "for r in ...; do gloo --init tcp://127.0.0.1:31234 ...; done",
+                         "for r in ...; do gloo --init tcp://127.0.0.1:31999 ...; done"]}
+
+
+class NamedStepReportTest(unittest.TestCase):
+    def test_ratios_are_each_rounds_pair_and_their_median(self):
+        s = named_step.summarize(_step_res())
+        w2 = s[2]
+        self.assertEqual(w2["step_ms"]["rounds"], [110.0, 130.0])
+        self.assertEqual(w2["fusion"]["pairs"], [1.1, 1.3])
+        self.assertAlmostEqual(w2["fusion"]["ratio"], 1.2)
+        self.assertAlmostEqual(w2["vs_gloo"]["ratio"], statistics.median([110 / 400, 130 / 300]))
+        self.assertAlmostEqual(w2["vs_gloo"]["ratio_of_medians"], 120 / 350)
+        self.assertNotIn("vs_gloo", s[4])  # no Gloo run in world 4
+        self.assertAlmostEqual(s[4]["fusion"]["ratio"], 1.25)
+        # Fusion off: its own run's ratio, and the fused step over it.
+        u = w2["unfused"]
+        self.assertEqual(u["step_ms"]["rounds"], [220.0, 260.0])
+        self.assertEqual(u["fusion_pairs"], [2.2, 2.6])
+        self.assertEqual(u["fused_over_unfused"], [0.5, 0.5])
+        self.assertNotIn("unfused", s[4])
+
+    def test_verdicts(self):
+        res = _step_res()
+        self.assertEqual(named_step.verdict(res, 1.15, "fusion"), "PASS")
+        self.assertEqual(named_step.verdict(res, 1.2, "fusion"), "FAIL")
+        self.assertEqual(named_step.verdict(res, 0.35, "gloo"), "PASS")
+        self.assertEqual(named_step.verdict(res, None, "gloo"), "not measured")
+        # Ordered calls check the harness; they are not the target's measurement.
+        self.assertEqual(named_step.verdict(_step_res(named=False), 1.0, "fusion"), "not the target (ordered calls)")
+
+    def test_markdown_and_splice(self):
+        md = named_step.markdown(_step_res())
+        self.assertTrue(md.startswith(named_step.BEGIN + "\n## Named calls and fusion (ResNet-50 step)\n"))
+        self.assertTrue(md.endswith(named_step.END + "\n"))
+        self.assertIn("| 2 | 120.0 ms (110.0-130.0) | 100.0 ms (100.0-100.0) | 350.0 ms (300.0-400.0) | **1.20x** "
+                      "(1.10, 1.30; of medians 1.20) | <= 1.15 | **FAIL** |", md)
+        self.assertIn("| <= 0.35 | **not measured** |", md)
+        self.assertIn("| 2 | 240.0 ms (220.0-260.0) | 100.0 ms (100.0-100.0) | **2.40x** (2.20, 2.60) | "
+                      "**0.50x** (0.50, 0.50) |", md)
+        self.assertIn("| 1 | 4 | 9 | 322 | 4 | 300 | 22 |", md)
+        self.assertIn("the concatenated ÷ Gloo's step: 0.29x in world 2 (medians; want <= 0.35)", md)
+        self.assertNotIn("No run fused anything", md)
+        res = _step_res()
+        res["runs"][-1]["rows"][0]["daemon_named"]["fused_ops"] = 0
+        self.assertIn("No run fused anything", named_step.markdown(res))
+        self.assertIn("- round 2, world 4, gloo: exit 1", md)
+        self.assertIn("tcp://127.0.0.1:PORT", md)
+        self.assertEqual(md.count("tcp://127.0.0.1:PORT"), 1)  # one line for the runs that differ by port only
+        self.assertIn("**ordered** calls", named_step.markdown(_step_res(named=False)))
+        # Spliced between its markers, or appended; bench/compare keeps it.
+        old = "# Benchmarks\n\nx\n"
+        once = named_step.splice(old, md)
+        self.assertEqual(once, old + "\n" + md)
+        self.assertEqual(named_step.splice(once, md), once)
+        self.assertEqual(named_step.splice(once.replace("**FAIL**", "old"), md), once)
+        self.assertEqual(report.keep_spliced(once, "# Benchmarks\n\nnew\n"), "# Benchmarks\n\nnew\n\n" + md)
+
+    def test_text_and_args(self):
+        t = named_step.text(_step_res())
+        self.assertIn("world 2: step 120.0 ms, concatenated 100.0 ms, Gloo 350.0 ms; fusion 1.20x (want <= 1.15) "
+                      "FAIL", t)
+        self.assertIn("world 4: step 200.0 ms, concatenated 160.0 ms, Gloo failed; fusion 1.25x", t)
+        self.assertIn("fusion off: step 240.0 ms, 2.40x its concatenation, fused step / unfused 0.50x", t)
+        self.assertEqual(named_step.parse_worlds("2, 4"), [2, 4])
+        with self.assertRaises(SystemExit) as cm:
+            named_step.parse_worlds("3")
+        self.assertIn("--worlds: '3'", str(cm.exception))
+        self.assertEqual([named_step.order(r, w) for r in (0, 1) for w in (0, 1)],
+                         [["collectived", "gloo"], ["gloo", "collectived"], ["gloo", "collectived"],
+                          ["collectived", "gloo"]])
+        u = named_step.UNFUSED
+        self.assertEqual([named_step.order(r, 0, True) for r in range(3)],
+                         [["collectived", u, "gloo"], [u, "gloo", "collectived"], ["gloo", "collectived", u]])
+        p = subprocess.run([sys.executable, os.path.join(HERE, "named_step.py"), "--iters", "0", "--no-doc"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--iters 0: want at least 1", p.stderr)

@@ -10,8 +10,8 @@ import (
 )
 
 // Fusion: the named allreduces a round runs that share a dtype, reduce
-// op and scales are packed into ring operations of at most
-// FusionThreshold bytes, each rank's buffers copied into one fused
+// op and scales, each smaller than a pipeline segment, are packed into
+// ring operations of at most FusionThreshold bytes, each rank's buffers copied into one fused
 // buffer per local trainer and out again (ring.Fusion). The layout gives
 // every element the fold order it would have alone, so the results are
 // bit-identical to the calls run one by one. Members that alone take
@@ -47,7 +47,11 @@ func (d *Daemon) planGroups(dst []group) []group {
 	for m := 0; m < len(nm.taken)/L; m++ {
 		desc := nm.taken[m*L].c.Desc
 		b := desc.Bytes()
-		if desc.Op != collective.OpAllReduce || limit == 0 || b >= limit {
+		// A call of a pipeline segment or more runs alone: it fills the
+		// ring's pipeline by itself, and copying it into and out of a
+		// fused buffer would cost more than the ring operation saved
+		// (docs/BENCHMARKS.md, "Named calls and fusion").
+		if desc.Op != collective.OpAllReduce || limit == 0 || b >= limit || int(b) >= d.cfg.SegmentBytes {
 			dst = append(dst, group{members: []int{m}, bytes: b})
 			continue
 		}

@@ -280,10 +280,13 @@ func (m *matcher[C]) fail(heads []queued[C], f failure, dst []failed[C]) []faile
 	}
 	for l := range m.slots {
 		sl := &m.slots[l]
-		if !sl.afresh {
+		if !sl.afresh && !called[l] {
 			// Named calls ahead of the rank's next ordered call are of
 			// the failed stretch: they fail, and so do its later named
-			// calls while it owes (named.go).
+			// calls while it owes (named.go). A rank whose ordered call
+			// of the collective is among heads ran its stretch's named
+			// calls before it (a fence): those active now came after
+			// that call, and are of the next stretch.
 			dst = m.failNamed(l, f.at, f.err, f.owed, dst)
 		}
 		switch {
@@ -364,15 +367,12 @@ func (m *matcher[C]) formed(agreed uint64, restarted, anyVacated bool, owed func
 		m.finished = max(m.finished, agreed)
 		return dst
 	}
-	for l := range m.slots {
-		if m.finished < agreed {
-			k := m.finished
-			dst = m.failNamed(l, time.Time{}, nil, func(l int) *ipc.Error { return owed(l, k) }, dst)
-		}
-	}
 	for k := m.finished; k < agreed; k++ {
 		for l := range m.slots {
 			sl := &m.slots[l]
+			// The named calls ahead of the rank's next ordered call are
+			// of collective k's stretch; those behind it, of the next.
+			dst = m.failNamed(l, time.Time{}, nil, func(l int) *ipc.Error { return owed(l, k) }, dst)
 			switch {
 			case len(sl.queue) > 0:
 				dst = append(dst, failed[C]{c: sl.queue[0].c, err: owed(l, k)})

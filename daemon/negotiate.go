@@ -3,6 +3,8 @@ package daemon
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/collectived/collectived/collective"
 )
@@ -16,7 +18,9 @@ import (
 //
 // A name whose description is in the response cache (namecache.go) goes
 // as one bit; the others go as entries, at most roundEntries per round
-// (the rest wait for the next). Block layout, little-endian:
+// (the rest wait for the next: those with the smallest hashes go first,
+// so that nodes with the same names ready offer the same ones, whatever
+// order their trainers called in). Block layout, little-endian:
 //
 //	0   4  magic "CVNR"
 //	4   2  entries: how many of the roundEntries slots are used
@@ -74,12 +78,21 @@ func nameHash(s string) uint64 {
 
 // encodeRound writes a node's block: bits for the cached names, entries
 // for the others (at most roundEntries: it returns how many names fit).
+//
+// When the others do not all fit, which of them go must not depend on
+// the order given (rank 0's calls): two nodes with the same 128 names
+// ready, called in different orders, would each offer a different 64,
+// find none in common, and offer the same again every round until the
+// collective timed out. The entries go to the names with the smallest
+// hashes (in the order given), which every node with those names ready
+// offers alike.
 func encodeRound(b []byte, cache *nameCache, ready []collective.Desc) (offered int) {
 	clear(b[:roundBlock])
 	copy(b, roundMagic)
 	le := binary.LittleEndian
 	le.PutUint64(b[8:], cache.assigned)
 	bits := b[roundHeader : roundHeader+cacheBits/8]
+	cut := entryCut(cache, ready)
 	n := 0
 	for _, d := range ready {
 		if i, ok := cache.lookup(d); ok {
@@ -87,11 +100,12 @@ func encodeRound(b []byte, cache *nameCache, ready []collective.Desc) (offered i
 			offered++
 			continue
 		}
-		if n == roundEntries {
+		h := nameHash(d.Name)
+		if n == roundEntries || h > cut {
 			continue
 		}
 		e := b[roundHeader+cacheBits/8+n*entryLen:]
-		le.PutUint64(e[0:], nameHash(d.Name))
+		le.PutUint64(e[0:], h)
 		le.PutUint64(e[8:], d.Fingerprint())
 		le.PutUint64(e[16:], d.Count)
 		le.PutUint32(e[24:], d.Root)
@@ -104,6 +118,26 @@ func encodeRound(b []byte, cache *nameCache, ready []collective.Desc) (offered i
 	}
 	le.PutUint16(b[4:], uint16(n))
 	return offered
+}
+
+// entryCut is the largest name hash that gets an entry: that of the
+// roundEntries-th smallest among the names not in the cache (all of
+// them when they fit).
+func entryCut(cache *nameCache, ready []collective.Desc) uint64 {
+	if len(ready) <= roundEntries {
+		return math.MaxUint64
+	}
+	var hashes []uint64
+	for _, d := range ready {
+		if _, ok := cache.lookup(d); !ok {
+			hashes = append(hashes, nameHash(d.Name))
+		}
+	}
+	if len(hashes) <= roundEntries {
+		return math.MaxUint64
+	}
+	slices.Sort(hashes)
+	return hashes[roundEntries-1]
 }
 
 // decodeRound reads node rank's block into dst, in the block's order

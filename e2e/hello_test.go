@@ -43,7 +43,7 @@ func TestHelloAgainstDaemon(t *testing.T) {
 	first.helloAs(1, 4242, "first")
 	got := first.helloOK()
 	want := ipc.HelloOK{Version: ipc.Version, WorldRank: 3, WorldSize: 4, NodeRank: 1, NodeCount: 2, LocalRank: 1, LocalSize: 2,
-		InlineLimit: 64 << 10, MaxFrame: got.MaxFrame, MaxInFlight: 64, Generation: got.Generation, ShmQuota: 4 << 30, TimeoutMS: 20000,
+		InlineLimit: 64 << 10, MaxFrame: got.MaxFrame, MaxInFlight: 1024, Generation: got.Generation, ShmQuota: 4 << 30, TimeoutMS: 20000,
 		FirstCallTimeoutMS: 45000}
 	if got != want {
 		t.Fatalf("HELLO_OK %+v\nwant      %+v", got, want)

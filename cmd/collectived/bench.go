@@ -27,7 +27,7 @@ func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
 		Usage: "start a world of daemons and trainers on this machine (loopback) and measure a collective (allreduce by default)",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.IntFlag{Name: "nodes", Value: 2, Usage: "daemons (ring ranks)"},
 			&cli.IntFlag{Name: "local", Value: 1, Usage: "trainers per daemon"},
 			&cli.StringFlag{Name: "sizes", Value: defaultBenchSizes, Usage: "comma-separated buffer sizes in bytes (units allowed: 64KiB, 1MiB); what a size is depends on --op"},
@@ -50,7 +50,7 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "sidecar", Usage: "the daemons' world and the ring engines alone (--ring-only) up together, taking turns a block of calls at a time, each size reported for both: the sidecar's own cost, both sides seeing the same machine; allreduce only"},
 			&cli.IntFlag{Name: "sidecar-block", Value: 1, Usage: "with --sidecar: timed calls per block; each block starts with one untimed call, as the first after the other side's turn runs cold"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Minute, Usage: "how long the whole run may take"},
-		},
+		}, stepFlags...),
 		Action: runBench,
 	}
 }
@@ -96,6 +96,17 @@ type benchRow struct {
 	// in, and each block's median, in the order run.
 	SidecarBlock   int       `json:"sidecar_block,omitempty"`
 	BlockMediansUS []float64 `json:"block_medians_us,omitempty"`
+	// With --tensors: a timed iteration is a step of Calls calls (the
+	// tensors', all in flight at once; bytes counts them all), Named or
+	// not, in Order; or the one call of them all Concatenated.
+	Calls   int    `json:"calls,omitempty"`
+	Named   bool   `json:"named,omitempty"`
+	Order   string `json:"order,omitempty"`
+	Concat  bool   `json:"concat,omitempty"`
+	Tensors string `json:"tensors,omitempty"`
+	// DaemonNamed: node 0's status' "named" object after the run (its
+	// negotiation rounds, fused ring ops, cache), pending calls left out.
+	DaemonNamed map[string]any `json:"daemon_named,omitempty"`
 }
 
 func runBench(c *cli.Context) error {
@@ -112,6 +123,20 @@ func runBench(c *cli.Context) error {
 	}
 	if d := c.Duration("timeout"); d <= 0 {
 		return exitf("bench: --timeout %v: want more than 0", d)
+	}
+	st, err := parseStep(c)
+	if err != nil {
+		return exitf("bench: %v", err)
+	}
+	extra := c.String("extra-config")
+	if st != nil {
+		if err := checkStep(c, wl); err != nil {
+			return exitf("bench: %v", err)
+		}
+		sizes = []int64{int64(st.elems()) * int64(wl.dt.Size())}
+		if extra, err = stepConfig(extra, len(st.tensors)); err != nil {
+			return exitf("bench: %v", err)
+		}
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -167,11 +192,17 @@ func runBench(c *cli.Context) error {
 		return exitf("bench: --trainer-cmd is empty: want a command, such as \".venv/bin/python bench/py_trainer.py\"")
 	}
 	noteRounded(c, wl, sizes, nodes*local)
-	w, err := localworld.Start(daemonWorld(c, self, dir, nodes, local))
+	opts := daemonWorld(c, self, dir, nodes, local)
+	opts.Extra = extra
+	w, err := localworld.Start(opts)
 	if err != nil {
 		return err
 	}
 	defer w.Stop()
+	var stepArgs []string
+	if st != nil {
+		stepArgs = st.args()
+	}
 
 	var trainers []*benchTrainer
 	defer func() {
@@ -181,7 +212,7 @@ func runBench(c *cli.Context) error {
 	}()
 	for n := 0; n < nodes; n++ {
 		for l := 0; l < local; l++ {
-			t, err := startBenchTrainer(c, self, w, n, l, nil, nil)
+			t, err := startBenchTrainer(c, self, w, n, l, nil, stepArgs)
 			if err != nil {
 				return err
 			}
@@ -208,6 +239,9 @@ func runBench(c *cli.Context) error {
 	perSize := 1 // rows per size
 	if wl.alt.Valid() {
 		perSize = 2
+	}
+	if st != nil {
+		perSize = st.rows()
 	}
 	done, rows := 0, 0
 	for sc.Scan() {
@@ -245,7 +279,11 @@ func runBench(c *cli.Context) error {
 		return exitf("bench failed after %d of %d sizes:\n%s\ndaemon 0 log:\n%s", done, len(sizes), strings.Join(failed, "\n"), localworld.Tail(w.Logs[0]))
 	}
 	if !c.Bool("json") {
-		fmt.Fprintf(c.App.Writer, "all %d sizes verified on all %d trainers\n", len(sizes), nodes*local)
+		if st != nil {
+			fmt.Fprintf(c.App.Writer, "every step verified on all %d trainers\n", nodes*local)
+		} else {
+			fmt.Fprintf(c.App.Writer, "all %d sizes verified on all %d trainers\n", len(sizes), nodes*local)
+		}
 	}
 	return nil
 }
@@ -257,13 +295,25 @@ type benchPrinter struct {
 	sizes        []int64 // as asked for (--sizes)
 	nodes, local int
 	between      int64 // --between, checked by runBench
+	step         *step // --tensors, checked by runBench; nil without
 	enc          *json.Encoder
 }
 
 func newBenchPrinter(c *cli.Context, w workload, sizes []int64, nodes, local int, who string) *benchPrinter {
 	out := c.App.Writer
 	nb, _ := parseBetween(c)
-	if !c.Bool("json") {
+	st, _ := parseStep(c)
+	if st != nil && !c.Bool("json") {
+		fmt.Fprintf(out, "collectived bench: %d nodes x %d %s (world %d) on loopback, %s, %d iterations\n",
+			nodes, local, who, nodes*local, w, c.Int("iters"))
+		also := ""
+		if st.concat {
+			also = "; and one allreduce of all of them concatenated, a step of each in turn"
+		}
+		fmt.Fprintf(out, "an iteration is a step: %s of the %d tensors of %s (%d bytes), all in flight at once, then waited for%s\n",
+			st.what(), len(st.tensors), st.file, sizes[0], also)
+		fmt.Fprintf(out, "%-36s %12s %12s %12s %12s %12s %9s\n", "calls", "bytes", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
+	} else if !c.Bool("json") {
 		between := ""
 		if nb > 0 {
 			between = fmt.Sprintf(", each after an untimed call of %d bytes", nb)
@@ -283,7 +333,7 @@ func newBenchPrinter(c *cli.Context, w workload, sizes []int64, nodes, local int
 			fmt.Fprintf(out, "%12s %7s %12s %12s %12s %12s %9s\n", "bytes", "path", "median_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "verified")
 		}
 	}
-	return &benchPrinter{c: c, w: w, sizes: sizes, nodes: nodes, local: local, between: nb, enc: json.NewEncoder(out)}
+	return &benchPrinter{c: c, w: w, sizes: sizes, nodes: nodes, local: local, between: nb, step: st, enc: json.NewEncoder(out)}
 }
 
 // row prints the result of the i-th size.
@@ -307,12 +357,22 @@ func (p *benchPrinter) summarize(r sizeResult, i int) benchRow {
 	}
 	row.BetweenBytes = p.between
 	row.TrainerCmd = p.c.String("trainer-cmd")
+	row.Calls, row.Named, row.Order, row.Concat, row.Tensors = r.Calls, r.Named, r.Order, r.Concat, r.Tensors
+	row.DaemonNamed = r.DaemonNamed
 	return row
 }
 
 func (p *benchPrinter) print(row benchRow) {
 	if p.c.Bool("json") {
 		p.enc.Encode(row)
+		return
+	}
+	if p.step != nil {
+		what := p.step.what()
+		if row.Concat {
+			what = "1 call, all tensors concatenated"
+		}
+		fmt.Fprintf(p.c.App.Writer, "%-36s %12d %12.1f %12.1f %12.3f %12.3f %9v\n", what, row.Bytes, row.MedianUS, row.P99US, row.AlgBWGBs, row.BusBWGBs, row.Verified)
 		return
 	}
 	if p.w.alt.Valid() {

@@ -354,6 +354,9 @@ type check struct {
 	in          []byte   // the rank's input, a period of it
 	want        [][]byte // the result, a period of each block (one per world rank for allgather, else one)
 	note        string   // what verify adds to a wrong result's message
+	// slotNames, if not nil, name the slots in verify's errors (bench
+	// --tensors: the tensors' names).
+	slotNames []string
 }
 
 func newCheck(w workload, rank, world int, count uint64, slots []slot) *check {
@@ -395,6 +398,9 @@ func (k *check) fill() {
 func (k *check) verify() error {
 	for i, s := range k.slots {
 		if err := k.verifyOne(s.result()); err != nil {
+			if k.slotNames != nil {
+				return fmt.Errorf("%s: %w", k.slotNames[i], err)
+			}
 			if len(k.slots) > 1 {
 				return fmt.Errorf("buffer %d of %d in flight: %w", i+1, len(k.slots), err)
 			}

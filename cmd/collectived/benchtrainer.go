@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -20,6 +21,17 @@ type sizeResult struct {
 	// DType is the element type measured, with bench --alternate-dtype
 	// (two results per size); empty otherwise (the workload's).
 	DType string `json:"dtype,omitempty"`
+	// With bench --tensors: the calls of a step (a timed iteration), and
+	// what they were: named or not, in which order (file, random), or the
+	// one call of the tensors concatenated; the file's base name.
+	Calls   int    `json:"calls,omitempty"`
+	Named   bool   `json:"named,omitempty"`
+	Order   string `json:"order,omitempty"`
+	Concat  bool   `json:"concat,omitempty"`
+	Tensors string `json:"tensors,omitempty"`
+	// DaemonNamed is, on the step's row, the "named" object of its
+	// daemon's status after the run (its counters), when it has one.
+	DaemonNamed map[string]any `json:"daemon_named,omitempty"`
 }
 
 // benchTrainerCommand is one trainer of `collectived bench`: a hidden
@@ -45,7 +57,7 @@ func benchTrainerCommand() *cli.Command {
 			&cli.DurationFlag{Name: "spin"},
 			&cli.IntFlag{Name: "inline-max"},
 			&cli.BoolFlag{Name: "no-lane"},
-		}, paceFlags...),
+		}, slices.Concat(paceFlags, stepFlags)...),
 		Action: func(c *cli.Context) error {
 			sizes, w, err := parseWorkload(c)
 			if err != nil {
@@ -80,6 +92,13 @@ func benchTrainerCommand() *cli.Command {
 			defer one.free()
 			enc := json.NewEncoder(os.Stdout)
 			prewarm := prewarmer(c.Int("prewarm"), one.call)
+			st, err := parseStep(c)
+			if err != nil {
+				return err
+			}
+			if st != nil {
+				return runStepTrainer(c, cl, w, st, prewarm, enc)
+			}
 			tb := trainerBench{cl: cl, w: w, inFlight: c.Int("in-flight"), iters: c.Int("iters"),
 				warmup: c.Int("warmup"), pace: pace, between: between.call}
 			for i, size := range sizes {
