@@ -95,7 +95,7 @@ def test_default_wait_timeout_rules() -> None:
 
 
 def test_fallback_asks_one_version_lower_each_time(tmp_path) -> None:
-    for version, asked in ((1, [3, 2, 1]), (2, [3, 2]), (3, [3])):
+    for version, asked in ((1, [4, 3, 2, 1]), (2, [4, 3, 2]), (3, [4, 3]), (4, [4])):
         d = ScriptedDaemon(str(tmp_path / f"d{version}.sock"), version=version)
         try:
             with collectived.Client(d.path, job="demo", no_lane=True) as c:
@@ -108,7 +108,7 @@ def test_fallback_asks_one_version_lower_each_time(tmp_path) -> None:
         with pytest.raises(collectived.VersionError, match="HELLO speaks protocol version 1, "
                                                            "daemon speaks 0"):
             collectived.Client(d.path, job="demo")
-        assert d.versions_asked == [3, 2, 1]
+        assert d.versions_asked == [4, 3, 2, 1]
     finally:
         d.close()
 

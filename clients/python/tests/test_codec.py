@@ -68,7 +68,8 @@ def test_vectors_cover_the_brief() -> None:
     # the lane's frames (LANE, LANE_OK, WAKE, WAKE_CLIENT; in the type set
     # above) also with a payload they must not have.
     for t in ("HELLO", "HELLO_OK"):
-        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {1, 2, 3}, t
+        assert {v["decoded"]["version"] for v in VALID if v["decoded"]["type"] == t} == {
+            1, 2, 3, 4}, t
     names = {v["name"]: v for v in INVALID}
     for n in ("lane_nonempty", "lane_ok_short", "wake_nonempty"):
         assert names[n]["error"] == "payload_length", n
@@ -90,10 +91,14 @@ def test_hello_ok_errors_name_the_version() -> None:
     with pytest.raises(P.FrameError, match=r"HELLO_OK payload is 68 bytes, must be 60 in "
                                            r"protocol version 2"):
         P.decode(_with_payload(v2, v2[P.HEADER_SIZE:] + bytes(8)))
-    with pytest.raises(P.FrameError, match=r"bad_version: HELLO_OK is in protocol version 4, "
+    with pytest.raises(P.FrameError, match=r"bad_version: HELLO_OK is in protocol version 5, "
                                            r"whose layout this client does not know \(it "
-                                           r"speaks 1 to 3\)"):
-        P.decode(_with_payload(frame, b"\x04\x00" + frame[P.HEADER_SIZE + 2:]))
+                                           r"speaks 1 to 4\)"):
+        P.decode(_with_payload(frame, b"\x05\x00" + frame[P.HEADER_SIZE + 2:]))
+    # Version 4's HELLO_OK is version 3's layout.
+    v4 = P.encode(dataclasses.replace(ok, version=4))
+    assert v4[P.HEADER_SIZE + 2:] == frame[P.HEADER_SIZE + 2:]
+    assert P.decode(v4) == dataclasses.replace(ok, version=4)
     with pytest.raises(P.FrameError, match=r"payload_length: HELLO_OK payload is 1 bytes, too "
                                            r"short for the version"):
         P.decode(_with_payload(frame, b"\x03"))
@@ -134,8 +139,9 @@ _FD_TYPES = {"ALLOC_OK", "REGISTER", "LANE_OK"}
 
 def _version(vec: dict) -> int:
     """The protocol version of the connection the vector's frame travels
-    on (its context; 3 without one)."""
-    return int(vec.get("context", {}).get("connection_version", P.PROTOCOL_VERSION))
+    on (its context; without one, 4, the newest, as
+    clients/testdata/README.md says)."""
+    return int(vec.get("context", {}).get("connection_version", 4))
 
 
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])
@@ -210,12 +216,13 @@ def test_request_level_checks() -> None:
 
 
 def test_examples_and_torch_helpers_compile() -> None:
-    # train_torch.py and collectived/torch.py run only where torch is
-    # installed; at least they must compile everywhere.
+    # train_torch.py, collectived/torch.py and the Horovod API run only
+    # where torch is installed; at least they must compile everywhere.
     import py_compile
 
     here = os.path.dirname(__file__)
     for f in ("../examples/train_numpy.py", "../examples/train_torch.py",
               "../examples/train_ddp.py", "../src/collectived/torch.py",
-              "../src/collectived/_torch_pg.py", "../src/collectived/_torch_ddp.py"):
+              "../src/collectived/_torch_pg.py", "../src/collectived/_torch_ddp.py",
+              "../examples/horovod_mnist.py", "../src/collectived/horovod/torch.py"):
         py_compile.compile(os.path.join(here, f), doraise=True)

@@ -150,7 +150,7 @@ _EXT_AT = P.HEADER_SIZE + P.CALL_FIXED_SIZE  # no name
 
 
 @pytest.mark.parametrize("frame,check,words", [
-    (_patched(_ALL, P.HEADER_SIZE + 3, b"\x07"), "bad_flags", "CALL flags 0x07 not defined"),
+    (_patched(_ALL, P.HEADER_SIZE + 3, b"\x0b"), "bad_flags", "CALL flags 0x0b not defined"),
     (_patched(_ALL, _EXT_AT + 1, b"\x0f"), "bad_flags", "xflags 0x0f not defined"),
     (_patched(_ALL, _EXT_AT + 2, b"\x01"), "reserved_nonzero", "extension reserved field is 1"),
     (_patched(_ALL, _EXT_AT + 4 + 16 + 4, b"\x02"), "reserved_nonzero",

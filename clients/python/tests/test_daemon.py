@@ -77,10 +77,15 @@ def test_async_2x2(world_2x2: World) -> None:
     assert len({tuple(r[-1]) for r in results}) == 1  # same (generation, seq) everywhere
 
 
-def test_more_calls_than_max_in_flight_2x2(world_2x2: World) -> None:
+def test_more_calls_than_max_in_flight_2x2(collectived_bin: str) -> None:
     # 100 calls with max_in_flight 64: the client waits for a free slot
-    # instead of earning TOO_MANY.
-    results = world_2x2.run(T.many_async, (100, 10))
+    # instead of earning TOO_MANY. (The daemon's default is 1024.)
+    w = World(collectived_bin, 2, 2, max_in_flight=64)
+    try:
+        w.start()
+        results = w.run(T.many_async, (100, 10))
+    finally:
+        w.stop()
     for res in results:
         for i, a in enumerate(res[:-1]):
             assert (a == sum(r + i for r in range(4))).all()
@@ -276,7 +281,7 @@ def _run_python(code: str) -> str:
 
 def test_without_the_lane_extension(world_1x1: World) -> None:
     # Installed without a C compiler, the package has no _lanewords: the
-    # client still speaks protocol version 3, keeps to the socket, and works.
+    # client still speaks protocol version 4, keeps to the socket, and works.
     code = (
         "import sys\n"
         "sys.modules['collectived._lanewords'] = None  # as if it was never built\n"
@@ -288,7 +293,7 @@ def test_without_the_lane_extension(world_1x1: World) -> None:
         "    c.allreduce(x)\n"
         "    print(_lane.AVAILABLE, c.info.version, c.lane, x.tolist())\n")
     out = _run_python(code)
-    assert out.split() == ["False", "3", "False", "[1.0,", "1.0]"], out
+    assert out.split() == ["False", "4", "False", "[1.0,", "1.0]"], out
 
 
 def test_default_wait_outlasts_the_first_call_timeout(world_1x1: World) -> None:
@@ -297,7 +302,7 @@ def test_default_wait_outlasts_the_first_call_timeout(world_1x1: World) -> None:
     # waiting on a generation's first call gets the daemon's TIMEOUT
     # (naming who has not called), not its own WaitTimeoutError.
     with collectived.Client(world_1x1.sockets[0], job=JOB, local_rank=0, rank_retry=5.0) as c:
-        assert c.info.version == collectived.PROTOCOL_VERSION == 3
+        assert c.info.version == collectived.PROTOCOL_VERSION == 4
         assert (c.info.timeout_ms, c.info.first_call_timeout_ms) == (20000, 60000)
         assert c.timeout == 60.0 + 2 * collectived.TIMEOUT_MARGIN > 60.0
 

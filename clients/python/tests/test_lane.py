@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 def _check_lane_use(results: list[dict], size: int) -> None:
     total = size * (size + 1) // 2  # sum of rank + 1
     for r in results:
-        assert r["lane"] and r["version"] == 3, r
+        assert r["lane"] and r["version"] == 4, r
         assert r["4B"] == [total]
         assert r["8KiB"] == [total, total]
         assert r["segment64KiB"] == [total, total]
@@ -70,7 +70,7 @@ def test_lane_use_2x1(fresh_world_2x1: World) -> None:
 def test_no_lane_option_keeps_to_the_socket(world_1x1: World) -> None:
     sock, lr = world_1x1.trainer_args(0)
     with collectived.Client(sock, job=JOB, local_rank=lr, no_lane=True, rank_retry=5.0) as c:
-        assert not c.lane and c.info.version == 3
+        assert not c.lane and c.info.version == 4
         before = c.bytes_sent
         assert c.allreduce(np.ones(1, np.float32)).tolist() == [1.0]
         assert c.bytes_sent - before > 16 and c.lane_answers == 0
@@ -100,14 +100,14 @@ def laned(fake2: ScriptedDaemon) -> Iterator[collectived.Client]:
 
 
 def test_old_daemon_gets_version_2(tmp_path) -> None:
-    # A daemon of protocol version 2 answers VERSION to 3; the client asks
-    # again in version 2, and has its lane.
+    # A daemon of protocol version 2 answers VERSION to 4 and 3; the client
+    # asks again one version lower each time, and has its lane in 2.
     d = ScriptedDaemon(str(tmp_path / "d.sock"), version=2)
     try:
         with collectived.Client(d.path, job="demo") as c:
             assert c.info.version == 2 and c.lane
             assert c.allreduce(np.ones(2, np.float32)).tolist() == [2.0, 2.0]
-        assert d.versions_asked == [3, 2]
+        assert d.versions_asked == [4, 3, 2]
     finally:
         d.close()
 

@@ -114,9 +114,11 @@ def _inline_call_vectors() -> list[dict]:
     with open(VECTORS, encoding="utf-8") as f:
         vs = json.load(f)
     # The short way builds calls of version 1's dtypes, inline, with at
-    # most a shape in the extension (version 3).
+    # most a shape in the extension (version 3), and ordered calls only
+    # (named ones, version 4, never take the lane).
     return [v for v in vs if v.get("valid", True) and v["decoded"]["type"] == "CALL"
-            and not v["decoded"]["flags"] & P.CALL_SHM and v["decoded"]["dtype"] in _TYPECODES
+            and not v["decoded"]["flags"] & (P.CALL_SHM | P.CALL_NAMED)
+            and v["decoded"]["dtype"] in _TYPECODES
             and not v["decoded"].get("xflags") and v["decoded"]["count"]
             and not v["decoded"]["frame_flags"]
             # a shape is sent only when there is one, and it is the array's

@@ -37,11 +37,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
     return site
 
 
+def _modules(top: str) -> list[str]:
+    """The modules (and py.typed) under ``top``, subpackages too, as paths."""
+    return sorted(os.path.relpath(os.path.join(d, f), top) for d, _, fs in os.walk(top)
+                  for f in fs if f.endswith(".py") or f == "py.typed")
+
+
 def test_installed_package_ships_every_module(installed: str) -> None:
     pkg = os.path.join(installed, "collectived")
-    want = sorted(f for f in os.listdir(os.path.join(SRC, "src", "collectived"))
-                  if f.endswith(".py") or f == "py.typed")
-    got = sorted(f for f in os.listdir(pkg) if f.endswith(".py") or f == "py.typed")
+    want = _modules(os.path.join(SRC, "src", "collectived"))
+    got = _modules(pkg)
+    assert "horovod/torch.py" in want
     assert got == want, f"installed {pkg} has {got}, the source tree {want}"
 
 

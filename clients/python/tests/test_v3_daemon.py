@@ -35,7 +35,7 @@ def test_every_collective_dtype_op(collectived_bin: str, nodes: int, local: int)
     want = len(T3.cases(nodes * local))
     assert want > 100
     for r, res in enumerate(results):
-        assert res["rank"] == r and res["version"] == 3
+        assert res["rank"] == r and res["version"] == 4
         assert res["done"] == want, res
         assert res["nfails"] == 0, f"world rank {r}: {res['nfails']} failed:\n" + "\n".join(
             res["fails"])

@@ -82,7 +82,7 @@ class World:
                  collective_timeout: str = "20s", first_call: str = "60s",
                  stall_warning: str = "5s", inline_bytes: str = "64KiB",
                  shm_quota: str = "4GiB", max_segments: int = 1024, extra: str = "",
-                 job: str = JOB) -> None:
+                 job: str = JOB, max_in_flight: Optional[int] = None) -> None:
         self.binary = binary
         self.job = job
         self.nodes = nodes
@@ -114,7 +114,7 @@ limits:
   inline_bytes: {inline_bytes}
   shm_quota_bytes: {shm_quota}
   max_segments: {max_segments}
-log:
+{"" if max_in_flight is None else f"  max_in_flight: {max_in_flight}{chr(10)}"}log:
   level: info
 {extra}""")
 

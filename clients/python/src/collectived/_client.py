@@ -200,6 +200,7 @@ class Handle:
         self._keep: Any = None  # buffers stay alive while the request is in flight
         self._on_lane = False   # the call went on the lane: wait() watches it first
         self._held = False      # not sent yet: held behind the lane's call (Client._held)
+        self._name: Optional[str] = None  # a named call's name, while in flight
         self.what = what
         #: ring generation and collective number of a completed collective.
         self.generation: Optional[int] = None
@@ -457,7 +458,14 @@ class Client:
 
     Calls are matched across the world by order, so issue collectives on one
     client from one thread (or serialize them); waiting on handles from
-    other threads is safe. After ``fork()`` the child must make its own
+    other threads is safe. Named calls (``ordered=False``, protocol version
+    4) are matched by name instead: the k-th call of name X on every
+    trainer meet, in whatever order each trainer makes them. A name may be
+    in flight once per client (a second call of it is refused here until
+    the first is done), and an ordered call fences them: the named calls
+    made before it must meet those the others made before theirs.
+    Named calls travel on the socket (or in shared memory), never on the
+    lane. After ``fork()`` the child must make its own
     client: using the parent's raises :class:`CollectivedError`.
     """
 
@@ -480,6 +488,8 @@ class Client:
         self._lane_rid = 0
         self._held: collections.deque[_Held] = collections.deque()
         self._pending: dict[int, _Pending] = {}
+        # The named calls in flight, by name (one each: Client._claim_name).
+        self._names: dict[str, Handle] = {}
         self._segments: dict[int, _Segment] = {}
         self._scratch: list[_Scratch] = []
         self._frees: collections.deque[int] = collections.deque()
@@ -636,7 +646,8 @@ class Client:
     # ------------------------------------------------------------ collectives
 
     def allreduce(self, x: Any, op: str = "sum", *, name: str = "", prescale: float = 1.0,
-                  postscale: float = 1.0, timeout: Optional[float] = None) -> Any:
+                  postscale: float = 1.0, timeout: Optional[float] = None,
+                  ordered: bool = True) -> Any:
         """Reduce ``x`` across the world in place and return it.
 
         ``x`` is a contiguous NumPy array or PyTorch CPU tensor of float32,
@@ -648,42 +659,52 @@ class Client:
         reduction and every result element after it. float16, bfloat16,
         int8, uint8, avg and the scale factors need a daemon of protocol
         version 3 (:class:`NeedsVersionError` otherwise).
+
+        ``ordered=False`` makes it a named call (protocol version 4; every
+        collective takes it): matched across the world by ``name``, which
+        it needs, in whatever order each trainer makes its named calls,
+        rather than by order (see the class's docstring).
         """
+        named = self._named(P.OP_ALLREDUCE, name, ordered)
         red = REDUCE_OPS.get(op)
         if (red is not None and red != P.RED_AVG and prescale == 1.0 and postscale == 1.0
-                and self._lane is not None):
+                and self._lane is not None and not named):
             got = self._short_call(P.OP_ALLREDUCE, red, 0, name, x, True, timeout)
             if got is not _NOT_SHORT:
                 return got
         buf = _numeric(x)
         red, ext = self._reduction(P.OP_ALLREDUCE, op, name, buf, prescale, postscale)
-        return self._call_now(P.OP_ALLREDUCE, red, 0, name, buf, x, timeout, ext)
+        return self._call_now(P.OP_ALLREDUCE, red, 0, name, buf, x, timeout, ext, named)
 
     def allreduce_async(self, x: Any, op: str = "sum", *, name: str = "", prescale: float = 1.0,
-                        postscale: float = 1.0) -> Handle:
+                        postscale: float = 1.0, ordered: bool = True) -> Handle:
         """Start an allreduce; ``x`` must not be touched until the handle is done."""
+        named = self._named(P.OP_ALLREDUCE, name, ordered)
         buf = _numeric(x)
         red, ext = self._reduction(P.OP_ALLREDUCE, op, name, buf, prescale, postscale)
-        return self._collective(P.OP_ALLREDUCE, red, 0, name, buf, x, ext)
+        return self._collective(P.OP_ALLREDUCE, red, 0, name, buf, x, ext, named)
 
     def reduce(self, x: Any, root: int, op: str = "sum", *, name: str = "",
                prescale: float = 1.0, postscale: float = 1.0,
-               timeout: Optional[float] = None) -> Any:
+               timeout: Optional[float] = None, ordered: bool = True) -> Any:
         """Reduce ``x`` across the world into world rank ``root``'s ``x``,
         in place; return ``x``. Elsewhere ``x`` is left as it was. Element
         types, ``op`` and the scale factors as for :meth:`allreduce`.
         Protocol version 3."""
+        named = self._named(P.OP_REDUCE, name, ordered)
         buf = self._reduce_args(x, root)
         red, ext = self._reduction(P.OP_REDUCE, op, name, buf, prescale, postscale)
-        return self._call_now(P.OP_REDUCE, red, root, name, buf, x, timeout, ext)
+        return self._call_now(P.OP_REDUCE, red, root, name, buf, x, timeout, ext, named)
 
     def reduce_async(self, x: Any, root: int, op: str = "sum", *, name: str = "",
-                     prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+                     prescale: float = 1.0, postscale: float = 1.0,
+                     ordered: bool = True) -> Handle:
         """Start a reduce to world rank ``root``; ``x`` must not be touched
         until the handle is done. ``wait()`` returns ``x``."""
+        named = self._named(P.OP_REDUCE, name, ordered)
         buf = self._reduce_args(x, root)
         red, ext = self._reduction(P.OP_REDUCE, op, name, buf, prescale, postscale)
-        return self._collective(P.OP_REDUCE, red, root, name, buf, x, ext)
+        return self._collective(P.OP_REDUCE, red, root, name, buf, x, ext, named)
 
     def _reduce_args(self, x: Any, root: int) -> Buffer:
         self._need_v3(P.OP_REDUCE, "reduce")
@@ -691,23 +712,27 @@ class Client:
         return _numeric(x)
 
     def broadcast(self, x: Any, root: int, *, name: str = "",
-                  timeout: Optional[float] = None) -> Any:
+                  timeout: Optional[float] = None, ordered: bool = True) -> Any:
         """Overwrite ``x`` with world rank ``root``'s ``x``, in place; return it."""
+        named = self._named(P.OP_BROADCAST, name, ordered)
         self._check_root(root)
-        if self._lane is not None:
+        if self._lane is not None and not named:
             got = self._short_call(P.OP_BROADCAST, P.RED_NONE, root, name, x, False, timeout)
             if got is not _NOT_SHORT:
                 return got
         buf = self._moved(x, P.OP_BROADCAST, name)
         return self._call_now(P.OP_BROADCAST, P.RED_NONE, root, name, buf, x, timeout,
-                              self._ext(buf))
+                              self._ext(buf), named)
 
-    def broadcast_async(self, x: Any, root: int, *, name: str = "") -> Handle:
+    def broadcast_async(self, x: Any, root: int, *, name: str = "",
+                        ordered: bool = True) -> Handle:
         """Start a broadcast from world rank ``root``; ``x`` must not be
         touched until the handle is done. ``wait()`` returns ``x``."""
+        named = self._named(P.OP_BROADCAST, name, ordered)
         self._check_root(root)
         buf = self._moved(x, P.OP_BROADCAST, name)
-        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, buf, x, self._ext(buf))
+        return self._collective(P.OP_BROADCAST, P.RED_NONE, root, name, buf, x, self._ext(buf),
+                                named)
 
     def _check_root(self, root: int, what: str = "broadcast") -> None:
         if not 0 <= root < self.size:
@@ -715,7 +740,7 @@ class Client:
                              f"(world ranks 0 to {self.size - 1})")
 
     def allgather(self, x: Any, out: Any = None, *, name: str = "",
-                  timeout: Optional[float] = None) -> Any:
+                  timeout: Optional[float] = None, ordered: bool = True) -> Any:
         """Gather every rank's ``x`` (all of one shape) into ``out``, rank
         0's first, and return ``out``: ``size * len(x)`` elements of
         ``x``'s type. Without ``out`` a new array (or tensor) is made, of
@@ -724,21 +749,23 @@ class Client:
         the client's shared memory (:meth:`empty`) nothing is copied; ``x``
         may then be the caller's own block of ``out`` (in place).
         Protocol version 3."""
-        return self.allgather_async(x, out, name=name).wait(timeout)
+        return self.allgather_async(x, out, name=name, ordered=ordered).wait(timeout)
 
-    def allgather_async(self, x: Any, out: Any = None, *, name: str = "") -> Handle:
+    def allgather_async(self, x: Any, out: Any = None, *, name: str = "",
+                        ordered: bool = True) -> Handle:
         """Start an allgather; neither ``x`` nor ``out`` may be touched
         until the handle is done. ``wait()`` returns ``out``."""
+        named = self._named(P.OP_ALLGATHER, name, ordered)
         self._need_v3(P.OP_ALLGATHER, "allgather")
         buf = self._moved(x, P.OP_ALLGATHER, name)
         n = self.size * buf.count
         shape = (self.size * buf.shape[0], *buf.shape[1:]) if buf.shape else (n,)
         ob, oval = self._out_for(P.OP_ALLGATHER, name, buf, out, n, shape, False)
         return self._collective_out(P.OP_ALLGATHER, P.RED_NONE, name, buf, ob, oval,
-                                    self._ext(buf), self.rank * buf.nbytes)
+                                    self._ext(buf), self.rank * buf.nbytes, named)
 
     def allgatherv(self, x: Any, counts: Sequence[int], out: Any = None, *, name: str = "",
-                   timeout: Optional[float] = None) -> Any:
+                   timeout: Optional[float] = None, ordered: bool = True) -> Any:
         """Allgather with a count per rank: rank i gives ``counts[i]``
         elements (``len(x)`` must be ``counts[rank]``; zero allowed), and
         ``out`` gets ``sum(counts)`` elements, rank i's at offset
@@ -746,12 +773,13 @@ class Client:
         ``out`` a new array is made: ``(sum(counts) // k, *x.shape[1:])``
         when every count is a multiple of ``k``, the product of
         ``x.shape[1:]``, else one-dimensional. Protocol version 3."""
-        return self.allgatherv_async(x, counts, out, name=name).wait(timeout)
+        return self.allgatherv_async(x, counts, out, name=name, ordered=ordered).wait(timeout)
 
     def allgatherv_async(self, x: Any, counts: Sequence[int], out: Any = None, *,
-                         name: str = "") -> Handle:
+                         name: str = "", ordered: bool = True) -> Handle:
         """Start an allgatherv; ``x`` and ``out`` must not be touched until
         the handle is done. ``wait()`` returns ``out``."""
+        named = self._named(P.OP_ALLGATHER, name, ordered)
         self._need_v3(P.OP_ALLGATHER, "allgatherv")
         buf = self._moved(x, P.OP_ALLGATHER, name)
         cs = self._counts("allgatherv", counts)
@@ -763,11 +791,11 @@ class Client:
         ob, oval = self._out_for(P.OP_ALLGATHER, name, buf, out, n, shape, False)
         esize = P.DTYPE_SIZES[buf.dtype]
         return self._collective_out(P.OP_ALLGATHER, P.RED_NONE, name, buf, ob, oval,
-                                    self._ext(buf, counts=cs), sum(cs[:self.rank]) * esize)
+                                    self._ext(buf, counts=cs), sum(cs[:self.rank]) * esize, named)
 
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", *, name: str = "",
                        prescale: float = 1.0, postscale: float = 1.0,
-                       timeout: Optional[float] = None) -> Any:
+                       timeout: Optional[float] = None, ordered: bool = True) -> Any:
         """Reduce ``x`` (the whole vector, as many elements on every rank,
         a multiple of the world size) across the world and put block
         ``rank`` of the result, ``len(x) // size`` elements, in ``out``;
@@ -776,12 +804,14 @@ class Client:
         divides, else one-dimensional). Element types, ``op`` and the
         scale factors as for :meth:`allreduce`. Protocol version 3."""
         return self.reduce_scatter_async(x, out, op, name=name, prescale=prescale,
-                                         postscale=postscale).wait(timeout)
+                                         postscale=postscale, ordered=ordered).wait(timeout)
 
     def reduce_scatter_async(self, x: Any, out: Any = None, op: str = "sum", *, name: str = "",
-                             prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+                             prescale: float = 1.0, postscale: float = 1.0,
+                             ordered: bool = True) -> Handle:
         """Start a reduce_scatter; ``x`` and ``out`` must not be touched
         until the handle is done. ``wait()`` returns ``out``."""
+        named = self._named(P.OP_REDUCE_SCATTER, name, ordered)
         self._need_v3(P.OP_REDUCE_SCATTER, "reduce_scatter")
         buf = _numeric(x)
         red, ext = self._reduction(P.OP_REDUCE_SCATTER, op, name, buf, prescale, postscale)
@@ -793,23 +823,24 @@ class Client:
                  if buf.shape and buf.shape[0] % self.size == 0 else (n,))
         ob, oval = self._out_for(P.OP_REDUCE_SCATTER, name, buf, out, n, shape, True)
         return self._collective_out(P.OP_REDUCE_SCATTER, red, name, buf, ob, oval, ext,
-                                    self.rank * ob.nbytes)
+                                    self.rank * ob.nbytes, named)
 
     def reduce_scatterv(self, x: Any, counts: Sequence[int], out: Any = None, op: str = "sum", *,
                         name: str = "", prescale: float = 1.0, postscale: float = 1.0,
-                        timeout: Optional[float] = None) -> Any:
+                        timeout: Optional[float] = None, ordered: bool = True) -> Any:
         """reduce_scatter with a block per rank of its own length: rank i
         gets ``counts[i]`` elements (zero allowed) of the reduction, from
         offset ``sum(counts[:i])``; ``sum(counts)`` must be ``len(x)``.
         Every rank passes the same ``counts``. Protocol version 3."""
         return self.reduce_scatterv_async(x, counts, out, op, name=name, prescale=prescale,
-                                          postscale=postscale).wait(timeout)
+                                          postscale=postscale, ordered=ordered).wait(timeout)
 
     def reduce_scatterv_async(self, x: Any, counts: Sequence[int], out: Any = None,
                               op: str = "sum", *, name: str = "", prescale: float = 1.0,
-                              postscale: float = 1.0) -> Handle:
+                              postscale: float = 1.0, ordered: bool = True) -> Handle:
         """Start a reduce_scatterv; ``x`` and ``out`` must not be touched
         until the handle is done. ``wait()`` returns ``out``."""
+        named = self._named(P.OP_REDUCE_SCATTER, name, ordered)
         self._need_v3(P.OP_REDUCE_SCATTER, "reduce_scatterv")
         buf = _numeric(x)
         red, ext = self._reduction(P.OP_REDUCE_SCATTER, op, name, buf, prescale, postscale)
@@ -823,17 +854,60 @@ class Client:
         ext = ext or _Ext()
         ext.counts = cs
         return self._collective_out(P.OP_REDUCE_SCATTER, red, name, buf, ob, oval, ext,
-                                    sum(cs[:self.rank]) * P.DTYPE_SIZES[buf.dtype])
+                                    sum(cs[:self.rank]) * P.DTYPE_SIZES[buf.dtype], named)
 
-    def barrier(self, *, name: str = "", timeout: Optional[float] = None) -> None:
+    def barrier(self, *, name: str = "", timeout: Optional[float] = None,
+                ordered: bool = True) -> None:
         """Return once every trainer of the world has entered the barrier."""
-        self._call_now(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None, timeout)
+        named = self._named(P.OP_BARRIER, name, ordered)
+        self._call_now(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None, timeout, None, named)
 
-    def barrier_async(self, *, name: str = "") -> Handle:
+    def barrier_async(self, *, name: str = "", ordered: bool = True) -> Handle:
         """Enter a barrier; the handle is done once every trainer has entered."""
-        return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None)
+        named = self._named(P.OP_BARRIER, name, ordered)
+        return self._collective(P.OP_BARRIER, P.RED_NONE, 0, name, _EMPTY, None, None, named)
 
     # ------------------------------------------------------------ call checks
+
+    def _named(self, op: int, name: str, ordered: bool) -> bool:
+        """Whether a call is named (``ordered=False``), checked: a named
+        call needs a name and a connection of protocol version 4. Refused
+        here, before anything is sent."""
+        if ordered:
+            return False
+        what = f"{_OP_NAMES[op]}(name={name!r})"
+        if not name:
+            raise UsageError(f"{_OP_NAMES[op]}: ordered=False makes a named call, matched "
+                             "across the world by its name: give it a name= (the same on "
+                             "every rank)", request=what)
+        if self.info.version < P.CALL_FLAG_SINCE[P.CALL_NAMED]:
+            raise NeedsVersionError(
+                f"named calls (ordered=False) need protocol version 4; the daemon at "
+                f"{self.path} speaks version {self.info.version} on this connection",
+                request=what)
+        return True
+
+    def _claim_name(self, name: str, h: Handle) -> None:
+        """Enter a named call's name among those in flight on this client,
+        or refuse the call: one name may be in flight once (the daemon
+        would refuse the second with BAD_REQUEST)."""
+        with self._lock:
+            other = self._names.get(name)
+            if other is None:
+                self._names[name] = h
+                h._name = name
+                return
+        raise UsageError(f"a named call of name {name!r} is already in flight on this client "
+                         f"({other.what}): wait for it before calling {name!r} again (a "
+                         "name may be in flight once)", request=h.what)
+
+    def _release_name(self, h: Handle) -> None:
+        """A named call has ended (or was never sent): its name is free."""
+        name, h._name = h._name, None
+        if name is not None:
+            with self._lock:
+                if self._names.get(name) is h:
+                    del self._names[name]
 
     def _need_v3(self, op: int, what: str) -> None:
         """A version-3 op on a connection of an older version: said here,
@@ -1025,37 +1099,60 @@ class Client:
     # ------------------------------------------------------------ internals
 
     def _collective(self, op: int, red: int, root: int, name: str, buf: Buffer,
-                    value: Any, ext: Optional[_Ext] = None) -> Handle:
-        """A collective in place (allreduce, broadcast, reduce, barrier)."""
+                    value: Any, ext: Optional[_Ext] = None, named: bool = False) -> Handle:
+        """A collective in place (allreduce, broadcast, reduce, barrier).
+        ``named``: with the NAMED flag (checked by :meth:`_named`); such a
+        call never takes the lane, which carries ordered calls only."""
         nb = len(name.encode("utf-8"))
         if nb > P.MAX_NAME_LEN:
             raise UsageError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
         what = _describe(op, name, buf)
-        call = P.Call(0, op, buf.dtype if op != P.OP_BARRIER else 0, red, buf.count, root, name)
+        call = P.Call(0, op, buf.dtype if op != P.OP_BARRIER else 0, red, buf.count, root, name,
+                      flags=P.CALL_NAMED if named else 0)
         _apply_ext(call, ext)
         xl = ext.size() if ext is not None else 0
+        small = buf.nbytes <= _lane.POLL_MAX_BYTES and not named  # may take the lane
+        h = Handle(self, what, value)
+        if named:
+            self._claim_name(name, h)  # before a scratch segment is taken: nothing to undo
         seg = self._find_segment(buf) if buf.nbytes else None
         cleanup: Optional[Callable[[], None]] = None
         copy_back: Optional[memoryview] = None
         if seg is not None:
             call.flags, call.segment, call.offset = call.flags | P.CALL_SHM, seg[0], seg[1]
         elif buf.nbytes <= self.info.inline_limit and (
-                self._lane is None or buf.nbytes > _lane.POLL_MAX_BYTES
-                or _lane_frame_fits(nb + xl, buf.nbytes)):
+                self._lane is None or not small or _lane_frame_fits(nb + xl, buf.nbytes)):
             call.data = buf.view
             copy_back = buf.view
         else:
             # Over the inline limit, or a small call whose frame would not
             # fit the lane's slot: its data goes through a scratch segment,
             # and the call on the lane (docs/TUNING.md, sections 18, 29).
-            sc, cleanup = self._copy_to_scratch(buf)
+            try:
+                sc, cleanup = self._copy_to_scratch(buf)
+            except BaseException:
+                self._release_name(h)
+                raise
             call.flags, call.segment, call.offset = call.flags | P.CALL_SHM, sc.id, 0
-        h = Handle(self, what, value)
         scratch_back = (buf.view, sc, 0) if call.flags & P.CALL_SHM and seg is None else None
-        self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back), what,
-                      handle=h, cleanup=cleanup, keep=(buf.owner, value),
-                      lane=buf.nbytes <= _lane.POLL_MAX_BYTES)
+        self._send_collective(call, h, self._on_call_ok(h, copy_back, scratch_back), cleanup,
+                              (buf.owner, value), small)
         return h
+
+    def _send_collective(self, call: P.Call, h: Handle, on_ok: Callable[[Any], Any],
+                         cleanup: Optional[Callable[[], None]], keep: Any, small: bool) -> None:
+        """Send a collective (:meth:`_request`); a named one's name is
+        freed if it could not be sent."""
+        try:
+            self._request(call, P.CALL_OK, on_ok, h.what, handle=h, cleanup=cleanup, keep=keep,
+                          lane=small)
+        except BaseException:
+            if h._name is not None and not h._done:
+                with self._lock:
+                    sent = any(p.handle is h for p in self._pending.values())
+                if not sent:
+                    self._release_name(h)
+            raise
 
     def _on_call_ok(self, h: Handle, copy_back: Optional[memoryview],
                     scratch_back: Optional[tuple[memoryview, _Scratch, int]],
@@ -1084,19 +1181,21 @@ class Client:
         return on_ok
 
     def _collective_out(self, op: int, red: int, name: str, buf: Buffer, out: Buffer,
-                        value: Any, ext: Optional[_Ext], own_at: int) -> Handle:
+                        value: Any, ext: Optional[_Ext], own_at: int,
+                        named: bool = False) -> Handle:
         """An allgather or reduce_scatter: ``buf`` in, the result into
         ``out``. ``own_at`` is the byte offset of the caller's own block
         in ``out`` (allgather) or in ``buf`` (reduce_scatter), where an
         empty span of the other side goes (the one overlap the protocol
         allows). Zero copy when both sides lie in the client's segments;
         else inline if both fit, else through a scratch segment for
-        whichever side does not."""
+        whichever side does not. ``named``: as for :meth:`_collective`."""
         nb = len(name.encode("utf-8"))
         if nb > P.MAX_NAME_LEN:
             raise UsageError(f"call name is {nb} bytes, limit {P.MAX_NAME_LEN}")
         what = _describe(op, name, buf)
-        call = P.Call(0, op, buf.dtype, red, buf.count, 0, name)
+        call = P.Call(0, op, buf.dtype, red, buf.count, 0, name,
+                      flags=P.CALL_NAMED if named else 0)
         _apply_ext(call, ext or _Ext())
         xl = (ext or _Ext()).size()
         in_seg = self._find_segment(buf) if buf.nbytes else None
@@ -1105,6 +1204,8 @@ class Client:
         copy_back: Optional[memoryview] = None
         scratch_back: Optional[tuple[memoryview, _Scratch, int]] = None
         limit = self.info.inline_limit
+        h = Handle(self, what, value)
+        claimed = False
         inline = not buf.nbytes and not out.nbytes  # nothing to carry: inline, empty
         if not inline and ((in_seg is None and buf.nbytes) or (out_seg is None and out.nbytes)):
             inline = (buf.nbytes <= limit and out.nbytes <= limit
@@ -1113,7 +1214,15 @@ class Client:
                 call.data, copy_back = buf.view, out.view
             else:
                 in_room = 0 if in_seg is not None else -(-buf.nbytes // 8) * 8
-                sc = self._take_scratch(max(1, in_room + (0 if out_seg is not None else out.nbytes)))
+                if named:  # claimed before the scratch segment: a refusal leaves nothing to undo
+                    self._claim_name(name, h)
+                    claimed = True
+                try:
+                    sc = self._take_scratch(max(1, in_room + (0 if out_seg is not None
+                                                              else out.nbytes)))
+                except BaseException:
+                    self._release_name(h)
+                    raise
                 cleanup = _freeing(sc)
                 if in_seg is None and buf.nbytes:
                     sc.view[:buf.nbytes] = buf.view
@@ -1121,6 +1230,8 @@ class Client:
                 if out_seg is None and out.nbytes:
                     out_seg = (sc.id, in_room)
                     scratch_back = (out.view, sc, in_room)
+        if named and not claimed:
+            self._claim_name(name, h)
         if not inline:
             # Shared memory. An empty side lies at the caller's own block of
             # the other, so that the spans overlap only as allowed.
@@ -1133,10 +1244,9 @@ class Client:
             call.segment, call.offset = in_seg
             call.xflags |= P.XF_OUT
             call.out_segment, call.out_offset = out_seg
-        h = Handle(self, what, value)
-        self._request(call, P.CALL_OK, self._on_call_ok(h, copy_back, scratch_back, False), what,
-                      handle=h, cleanup=cleanup, keep=(buf.owner, out.owner, value),
-                      lane=max(buf.nbytes, out.nbytes) <= _lane.POLL_MAX_BYTES)
+        self._send_collective(call, h, self._on_call_ok(h, copy_back, scratch_back, False),
+                              cleanup, (buf.owner, out.owner, value),
+                              max(buf.nbytes, out.nbytes) <= _lane.POLL_MAX_BYTES and not named)
         return h
 
     def _short_call(self, op: int, red: int, root: int, name: str, x: Any, numeric: bool,
@@ -1319,15 +1429,17 @@ class Client:
             self._send_held()
 
     def _call_now(self, op: int, red: int, root: int, name: str, buf: Buffer, value: Any,
-                  timeout: Optional[float], ext: Optional[_Ext] = None) -> Any:
+                  timeout: Optional[float], ext: Optional[_Ext] = None,
+                  named: bool = False) -> Any:
         """A collective waited for at once (allreduce, broadcast, barrier).
         A small one goes on the lane by a short way of its own when it can
         (nothing else in flight, its data inline or in a segment): in
         Python every step of the general path costs microseconds, and a
-        small call is little else."""
+        small call is little else. A named call never does: the lane
+        carries ordered calls only."""
         lane = self._lane
         n = buf.nbytes
-        if (lane is not None and n <= _lane.POLL_MAX_BYTES and not self._pending
+        if (lane is not None and not named and n <= _lane.POLL_MAX_BYTES and not self._pending
                 and not self._frees and _process_id == self._pid):
             seg = self._find_segment(buf) if n else None
             if seg is not None or n <= self.info.inline_limit:
@@ -1337,7 +1449,7 @@ class Client:
                     self._take_own_answer(lane, h, rid, result, buf.view, scratch,
                                           self.timeout if timeout is None else timeout)
                     return h.wait(timeout)
-        return self._collective(op, red, root, name, buf, value, ext).wait(timeout)
+        return self._collective(op, red, root, name, buf, value, ext, named).wait(timeout)
 
     def _take_own_answer(self, lane: _lane.Lane, h: Handle, rid: int, result: memoryview,
                          dst: memoryview, scratch: Optional[_Scratch], timeout: float) -> None:
@@ -1920,6 +2032,8 @@ class Client:
         if p.cleanup is not None:
             p.cleanup()
         self._release_slot()
+        if p.handle._name is not None:  # before _finish: its waiter may call the name again
+            self._release_name(p.handle)
         p.handle._keep = None
         p.handle._finish(value, error)
 

@@ -1,9 +1,10 @@
 """Frames of the collectived client protocol (docs/PROTOCOL.md).
 
 Pure encoding and decoding: no sockets here. The codec knows every frame
-type up to protocol version 3 (LANE, LANE_OK, WAKE and WAKE_CLIENT are
+type up to protocol version 4 (LANE, LANE_OK, WAKE and WAKE_CLIENT are
 version 2; version 3 adds ``first_call_timeout_ms`` to HELLO_OK, whose
-layout therefore depends on its version). The client asks for version 3
+layout therefore depends on its version; version 4 keeps version 3's
+layouts and adds the CALL flag NAMED). The client asks for version 4
 (:data:`PROTOCOL_VERSION`), and for an older one when the daemon refuses it.
 
 Every decode failure raises :class:`FrameError` whose ``check`` names the
@@ -19,6 +20,11 @@ Version 3's CALL extension (``CALL_EXT``: shape, per-rank counts, scale
 factors, a result span) is encoded and decoded here too; which calls may
 carry it, and what a daemon of an older version says, is the client's
 business.
+
+Version 4's NAMED flag (a call matched by its name, in any order) is a
+bit of CALL's flags; before version 4 it is undefined (``bad_flags``).
+That a named call needs a name is a request rule (the daemon's
+``BAD_REQUEST``), not checked here.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 #: The oldest protocol version the client still speaks.
 MIN_PROTOCOL_VERSION = 1
 #: The slack on the daemon's timeout bound (docs/PROTOCOL.md, Timeouts):
@@ -67,6 +73,9 @@ FLAG_FATAL = 0x01          # header flag of ERROR
 HELLO_OBSERVER = 0x0001    # HELLO payload flag
 CALL_SHM = 0x01            # CALL payload flag: the buffer is in a segment
 CALL_EXT = 0x02            # CALL payload flag: the extension follows the name (version 3)
+CALL_NAMED = 0x04          # CALL payload flag: matched by name, in any order (version 4)
+#: The protocol version that introduced each CALL payload flag (SHM: 1).
+CALL_FLAG_SINCE = {CALL_EXT: 3, CALL_NAMED: 4}
 # The extension's xflags (version 3).
 XF_COUNTS, XF_SCALE, XF_OUT = 0x01, 0x02, 0x04
 #: The most dimensions a CALL's shape may have.
@@ -97,8 +106,9 @@ REDUCE_SINCE = {RED_AVG: 3}
 
 _HDR = struct.Struct("<IBBHQ")
 _HELLO_FIXED = struct.Struct("<4sHHiI")
-_HELLO_OK = struct.Struct("<HHIIIIIIIIIIQQ")  # versions 1 and 2; 3 adds a u64
-_HELLO_OK_SIZES = {1: _HELLO_OK.size, 2: _HELLO_OK.size, 3: _HELLO_OK.size + 8}
+_HELLO_OK = struct.Struct("<HHIIIIIIIIIIQQ")  # versions 1 and 2; 3 (and 4) add a u64
+_HELLO_OK_SIZES = {1: _HELLO_OK.size, 2: _HELLO_OK.size, 3: _HELLO_OK.size + 8,
+                   4: _HELLO_OK.size + 8}
 _U64 = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
 _SEG_SIZE = struct.Struct("<IIQ")
@@ -149,7 +159,7 @@ class HelloOk:
     generation: int
     shm_quota: int
     timeout_ms: int
-    #: Version 3 only: the daemon's timeout for the first collective of a
+    #: Version 3 and later: the daemon's timeout for the first collective of a
     #: ring generation. None in a HELLO_OK of version 1 or 2, which has no
     #: such field (and must not be given one to encode).
     first_call_timeout_ms: Optional[int] = None
@@ -210,7 +220,11 @@ class Call:
     ``prescale`` and ``postscale`` (SCALE) and, on a shared-memory call,
     ``out_segment`` and ``out_offset`` (OUT: the result's span; an inline
     call with OUT has no such block). The fields are the shared vectors'
-    (clients/testdata/README.md). Without ``CALL_EXT`` they stay empty."""
+    (clients/testdata/README.md). Without ``CALL_EXT`` they stay empty.
+
+    With ``flags & CALL_NAMED`` (version 4) the call is matched by its
+    ``name`` (which must then not be empty) in whatever order each
+    trainer makes its named calls, instead of by order."""
 
     id: int
     op: int
@@ -231,6 +245,11 @@ class Call:
     postscale: float = 0.0
     out_segment: int = 0
     out_offset: int = 0
+
+    @property
+    def named(self) -> bool:
+        """Whether the call has the NAMED flag (version 4)."""
+        return bool(self.flags & CALL_NAMED)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -538,7 +557,7 @@ def decode_payload(ftype: int, flags: int, fid: int,
                    version: int = PROTOCOL_VERSION) -> Message:
     """Decode the payload of a frame whose header passed :func:`parse_header`,
     as on a connection of protocol ``version`` (a CALL's EXT flag is
-    undefined before 3).
+    undefined before 3, its NAMED flag before 4).
 
     Byte buffers (CALL data, CALL_OK result) are returned as memoryview
     slices of ``payload``, not copies.
@@ -620,8 +639,11 @@ def decode_payload(ftype: int, flags: int, fid: int,
 def _decode_call(p: memoryview, flags: int, fid: int, version: int = PROTOCOL_VERSION) -> Call:
     _need(p, _CALL_FIXED.size, "CALL", "the description")
     op, dtype, red, cflags, root, count, nlen = _CALL_FIXED.unpack_from(p, 0)
-    if cflags & ~(CALL_SHM | CALL_EXT):
+    if cflags & ~(CALL_SHM | CALL_EXT | CALL_NAMED):
         raise FrameError("bad_flags", f"CALL flags 0x{cflags:02x} not defined")
+    if cflags & CALL_NAMED and version < CALL_FLAG_SINCE[CALL_NAMED]:
+        raise FrameError("bad_flags", f"CALL flag NAMED on a connection of protocol version "
+                         f"{version} (named calls are version 4's)")
     off = _CALL_FIXED.size
     _need(p, off + nlen, "CALL", f"a {nlen}-byte name")
     name = _utf8(p[off:off + nlen], "CALL", "name")
