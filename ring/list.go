@@ -29,10 +29,13 @@ import (
 // chunk's segments: about one more frame per member. A member that alone
 // takes the small path has all its data in chunk 0 and nothing in the
 // others, yet takes a segment of every chunk: an empty frame in every
-// step that sends another chunk. Such members are better run apart (the
-// daemon fuses them into buffers that take the small path), or the
-// 16-bit floats refuse them anyway (FusibleSmall). An empty member takes
-// no segment.
+// step that sends another chunk. Measured on ResNet-50's step in world 2
+// (BenchmarkAllReduceList: 115 of its 161 tensors take the small path),
+// those frames cost no more than fusing the small members apart into 16
+// ops that take the small path: 456 frames a step against 242 and 16
+// more ops, and within the noise of one allreduce of all the bytes
+// either way. The 16-bit floats must run them apart unless FusibleSmall
+// (Exact refuses them). An empty member takes no segment.
 //
 // A fused count that takes the small path (its members then all do) is
 // run as AllReduceChunks runs it: every rank's members are folded and
