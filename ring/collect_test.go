@@ -178,7 +178,7 @@ func TestReductionsFollowTheDocumentedOrder(t *testing.T) {
 						} else {
 							chunk := 0
 							for c := 0; c < w.n; c++ {
-								if o, l := p.segment(c, 0); e*es >= o && e*es < o+l {
+								if _, o, l := p.segment(c, 0); e*es >= o && e*es < o+l {
 									chunk = c
 								}
 							}

@@ -153,14 +153,16 @@
 // then allgather, 2(N-1) steps. The count is cut into N chunks (the first
 // count%N one element longer, or as AllReduceChunks' caller says) and
 // every chunk into the same number of segments (at most SegmentBytes
-// each, the longest chunk's count). In reduce-scatter step s, rank r
-// sends chunk r-s and receives chunk r-s-1, folding it into its own
-// buffer; in allgather step t it sends chunk r+1-t and receives chunk r-t.
-// Within a step, segment j is queued for sending and then segment j is
-// received and reduced, so sending, receiving (reader goroutines) and
-// reducing overlap, and no size can deadlock: receivers always drain into
-// their buffers while every rank alternates sends and receives. Segment g
-// of an op goes on stream g mod S of the link.
+// each, the longest chunk's count; AllReduceList cuts each chunk at its
+// members' pieces too, segment j of every chunk one member's, list.go).
+// In reduce-scatter step s, rank r sends chunk r-s and receives chunk
+// r-s-1, folding it into its own buffer; in allgather step t it sends
+// chunk r+1-t and receives chunk r-t. Within a step, segment j is queued
+// for sending and then segment j is received and reduced, so sending,
+// receiving (reader goroutines) and reducing overlap, and no size can
+// deadlock: receivers always drain into their buffers while every rank
+// alternates sends and receives. Segment g of an op goes on stream g mod
+// S of the link.
 //
 // A ring of two: Start, Barrier and allreduces on the small path of at
 // most 4 KiB send and receive on one duplex stream, stream 0 of the link rank 0 dialled
@@ -233,7 +235,12 @@
 // float member of the small path beside large-path ones, where the two
 // paths round differently: FusibleSmall tells when they still agree (a
 // world of one, max and min, or a ring of two with one local buffer and
-// no prescale), and Fusion.Exact applies it to a plan.
+// no prescale), and Fusion.Exact applies it to a plan. AllReduceList
+// (list.go) runs the same layout without the fused buffer: a plan
+// (PlanList) cuts every member's piece of each chunk into segments of
+// that member alone, the same number in every chunk, so that the ring's
+// frames are sent from and received into the members' own buffers; the
+// bits are the fused buffer's, and a plan that is not Exact is refused.
 //
 // # Failures
 //

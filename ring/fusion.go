@@ -34,6 +34,8 @@ import (
 // plan.Count; AllReduceChunks(d, fused, plan.Chunks); then
 // plan.Scatter(member m's buffer l, m, fused[l]). A plan depends only on
 // the counts and the ring, so a set fused step after step can keep it.
+// AllReduceList (list.go) runs the same layout on the members' own
+// buffers, without Gather and Scatter.
 
 // Fusion is the layout of members in a fused allreduce (PlanFusion).
 // Offsets and counts are in elements; Gather and Scatter take bytes.

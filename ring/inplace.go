@@ -29,6 +29,7 @@ import "time"
 // each block is received once, before this rank sends it on.
 type placement struct {
 	buf       []byte
+	members   [][][]byte // a list's members (AllReduceList), buf unused
 	p         partition
 	total     uint64 // data frames this op receives
 	gather    blocks
@@ -54,8 +55,23 @@ func (r *Ring) placeFor(m uint64) []byte {
 	if g := uint64(t)*nseg + uint64(j); r.completed[g%r.nstreams] <= g/r.nstreams {
 		return nil // still being sent from there: this one takes the copy
 	}
-	ro, rl := pl.p.segment(mod(r.rank-t, n), j)
-	return pl.buf[ro : ro+rl : ro+rl]
+	rm, ro, rl := pl.p.segment(mod(r.rank-t, n), j)
+	b := pl.buf
+	if pl.members != nil {
+		b = pl.members[rm][0]
+	}
+	return b[ro : ro+rl : ro+rl]
+}
+
+// bufOf is the working buffer of segments of member m of the allreduce
+// under way: buf, or member m's first local buffer, in which case f is
+// pointed at the member's other local buffers.
+func (pl *placement) bufOf(m int, f *folder) []byte {
+	if pl.members == nil {
+		return pl.buf
+	}
+	f.others = pl.members[m][1:]
+	return pl.members[m][0]
 }
 
 // gatherPlace is placeFor for AllGatherInto: receive m is segment m%nseg

@@ -266,7 +266,7 @@ func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, chunks []int, 
 		if r.isSmall(len(buf), es) {
 			err = r.allReduceSmall(buf, &f)
 		} else {
-			err = r.allReduceRing(buf, r.partitionOf(len(buf)/es, es, chunks), &f)
+			err = r.allReduceRing(buf, nil, r.partitionOf(len(buf)/es, es, chunks), &f)
 		}
 	}
 	return r.end(err)
@@ -276,13 +276,27 @@ func (r *Ring) reduceOp(d *collective.Desc, buf []byte, f folder, chunks []int, 
 // rank folds the N buffers in rank order 0..N-1 (the same arithmetic on
 // every rank, so the results are bit-identical).
 func (r *Ring) allReduceSmall(buf []byte, f *folder) error {
-	n, L := r.size, len(buf)
+	L := len(buf)
 	f.local(buf, 0)
-	slot := func(i int) []byte { return r.scratch[i*L : (i+1)*L] }
-	copy(slot(r.rank), buf)
+	copy(r.smallSlot(r.rank, L), buf)
+	if err := r.circulate(L); err != nil {
+		return err
+	}
+	f.total(buf, func(i int) []byte { return r.smallSlot(i, L) }, r.size)
+	f.copyBack(buf, 0)
+	return nil
+}
+
+// smallSlot is where rank i's L bytes go in the small path's scratch.
+func (r *Ring) smallSlot(i, L int) []byte { return r.scratch[i*L : (i+1)*L] }
+
+// circulate passes every rank's small slot of L bytes (its own filled)
+// round the ring, N-1 steps of one frame, until each rank has all.
+func (r *Ring) circulate(L int) error {
+	n := r.size
 	for s := 0; s < n-1; s++ {
 		r.setStep(s)
-		if err := r.send(kindData, slot(mod(r.rank-s, n)), 0); err != nil {
+		if err := r.send(kindData, r.smallSlot(mod(r.rank-s, n), L), 0); err != nil {
 			return err
 		}
 		var b *rxBuf
@@ -298,11 +312,9 @@ func (r *Ring) allReduceSmall(buf []byte, f *folder) error {
 		if err := r.expectLen(b, L); err != nil {
 			return err
 		}
-		copy(slot(mod(r.rank-s-1, n)), b.data)
+		copy(r.smallSlot(mod(r.rank-s-1, n), L), b.data)
 		r.release(b)
 	}
-	f.total(buf, slot, n)
-	f.copyBack(buf, 0)
 	return nil
 }
 
@@ -317,11 +329,16 @@ func (r *Ring) allReduceSmall(buf []byte, f *folder) error {
 // chunk when its partial sum arrives. A segment's final value is copied
 // back when it is known: chunk r+1 as allgather step 0 sends it, every
 // other chunk as it arrives.
-func (r *Ring) allReduceRing(buf []byte, p partition, f *folder) error {
+//
+// The buffers are buf (members nil), or a list's members (AllReduceList):
+// a segment is then bytes of one member, whose working buffer is
+// members[m][0] and whose other local buffers the folder is pointed at
+// before it touches the segment.
+func (r *Ring) allReduceRing(buf []byte, members [][][]byte, p partition, f *folder) error {
 	n := r.size
-	// Allgather segments land in buf itself once their turn comes
-	// (inplace.go); end stops placing.
-	r.pl = placement{buf: buf, p: p, total: uint64(2 * (n - 1) * p.nseg)}
+	// Allgather segments land in the buffers themselves once their turn
+	// comes (inplace.go); end stops placing.
+	r.pl = placement{buf: buf, members: members, p: p, total: uint64(2 * (n - 1) * p.nseg)}
 	for step := 0; step < 2*(n-1); step++ {
 		r.setStep(step)
 		var sendC, recvC int
@@ -333,25 +350,26 @@ func (r *Ring) allReduceRing(buf []byte, p partition, f *folder) error {
 			sendC, recvC = mod(r.rank+1-t, n), mod(r.rank-t, n)
 		}
 		for j := 0; j < p.nseg; j++ {
-			so, sl := p.segment(sendC, j)
+			sm, so, sl := p.segment(sendC, j)
+			src := r.pl.bufOf(sm, f)[so : so+sl]
 			if step == 0 {
-				f.local(buf[so:so+sl], so)
+				f.local(src, so)
 			}
-			if err := r.send(kindData, buf[so:so+sl], 0); err != nil {
+			if err := r.send(kindData, src, 0); err != nil {
 				return err
 			}
 			if step == n-1 {
-				f.copyBack(buf[so:so+sl], so)
+				f.copyBack(src, so)
 			}
 			b, err := r.recv(kindData)
 			if err != nil {
 				return err
 			}
-			ro, rl := p.segment(recvC, j)
+			rm, ro, rl := p.segment(recvC, j)
 			if err := r.expectLen(b, rl); err != nil {
 				return err
 			}
-			dst := buf[ro : ro+rl]
+			dst := r.pl.bufOf(rm, f)[ro : ro+rl]
 			switch {
 			case !gather:
 				// Step n-2 completes the chunk this rank finishes.
@@ -387,10 +405,12 @@ func (r *Ring) allReduceRing(buf []byte, p partition, f *folder) error {
 // chunk travels in as many frames, so that each step's sends and
 // receives pair up. The chunks are even (the first count%n one element
 // longer) unless starts is set: then chunk c is elements
-// [starts[c], starts[c+1]) (AllReduceChunks).
+// [starts[c], starts[c+1]) (AllReduceChunks). A list's partition (list
+// set, AllReduceList) cuts each chunk into its members' pieces instead.
 type partition struct {
 	es, base, rem, nseg int
 	starts              []int
+	list                *List
 }
 
 func newPartition(count, n, es, segBytes int, starts []int) partition {
@@ -435,16 +455,26 @@ func (p partition) chunk(c int) (start, n int) {
 	return c*p.base + min(c, p.rem), n
 }
 
-// segment returns the byte offset and length of segment j of chunk c.
-func (p partition) segment(c, j int) (off, n int) {
-	cs, cn := p.chunk(c)
-	sb, sr := cn/p.nseg, cn%p.nseg
-	ss := j*sb + min(j, sr)
-	sn := sb
-	if j < sr {
-		sn++
+// segment returns segment j of chunk c: the member it belongs to (0 but
+// for a list) and its byte offset and length in that member's buffers.
+func (p partition) segment(c, j int) (m, off, n int) {
+	if p.list != nil {
+		return p.list.segment(c, j)
 	}
-	return (cs + ss) * p.es, sn * p.es
+	cs, cn := p.chunk(c)
+	ss, sn := split(cn, p.nseg, j)
+	return 0, (cs + ss) * p.es, sn * p.es
+}
+
+// split is part j of k of n elements (the first n%k one longer): its
+// start and length.
+func split(n, k, j int) (start, length int) {
+	sb, sr := n/k, n%k
+	start, length = j*sb+min(j, sr), sb
+	if j < sr {
+		length++
+	}
+	return start, length
 }
 
 func mod(a, n int) int { return ((a % n) + n) % n }
