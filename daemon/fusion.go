@@ -10,13 +10,13 @@ import (
 )
 
 // Fusion: the named allreduces a round runs that share a dtype, reduce
-// op and scales, each smaller than a pipeline segment, are packed into
-// ring operations of at most FusionThreshold bytes, each rank's buffers copied into one fused
-// buffer per local trainer and out again (ring.Fusion). The layout gives
-// every element the fold order it would have alone, so the results are
-// bit-identical to the calls run one by one. Members that alone take
-// the small path are fused only among themselves, into buffers that
-// take it too (planGroups).
+// op and scales are run as one ring operation of up to FusionThreshold
+// bytes, directly on the trainers' buffers (ring.AllReduceList: no
+// copies). Every member keeps the fold order it has alone, so the
+// results are bit-identical to the calls run one by one. Where a 16-bit
+// float that alone takes the small path would fold otherwise in a larger
+// operation (ring.FusibleSmall), such members are fused only with their
+// kind, in operations that stay small.
 
 // group is a ring operation a round runs: members indexes the round's
 // names (nm.taken holds L calls per name).
@@ -47,23 +47,14 @@ func (d *Daemon) planGroups(dst []group) []group {
 	for m := 0; m < len(nm.taken)/L; m++ {
 		desc := nm.taken[m*L].c.Desc
 		b := desc.Bytes()
-		// A call of a pipeline segment or more runs alone: it fills the
-		// ring's pipeline by itself, and copying it into and out of a
-		// fused buffer would cost more than the ring operation saved
-		// (docs/BENCHMARKS.md, "Named calls and fusion").
-		if desc.Op != collective.OpAllReduce || limit == 0 || b >= limit || int(b) >= d.cfg.SegmentBytes {
+		if desc.Op != collective.OpAllReduce || limit == 0 || b >= limit {
 			dst = append(dst, group{members: []int{m}, bytes: b})
 			continue
 		}
 		md := desc.Matched()
 		k := fusionKey{dtype: desc.DType, reduce: desc.Reduce, pre: math.Float64bits(md.PreScale), post: math.Float64bits(md.PostScale)}
 		bound := limit
-		if int(b) <= d.cfg.SmallBytes || int(desc.Count) < n {
-			// A call that alone takes the small path is fused only with
-			// its kind, in a buffer that takes it too: in a larger one
-			// it would sit wholly in chunk 0 (its fold order), which
-			// slows the ring down to that chunk, and for the 16-bit
-			// floats it would fold in another order (ring.FusibleSmall).
+		if small := int(b) <= d.cfg.SmallBytes || int(desc.Count) < n; small && !ring.FusibleSmall(desc, n, L) {
 			k.smallOnly = true
 			bound = min(limit, uint64(d.cfg.SmallBytes))
 		}
@@ -79,55 +70,38 @@ func (d *Daemon) planGroups(dst []group) []group {
 	return dst
 }
 
-// runFused runs a group of allreduces as one ring operation seq.
+// runFused runs a group of allreduces as one ring operation seq, on the
+// trainers' own buffers.
 func (d *Daemon) runFused(r *ring.Ring, seq uint64, g group) error {
 	nm := &d.nm
 	L := len(d.slots)
 	first := nm.taken[g.members[0]*L].c.Desc
-	es := first.DType.Size()
 	counts := make([]int, len(g.members))
+	members := make([][][]byte, len(g.members))
+	// The description's name carries a digest of the members, so that
+	// nodes whose plans differed (a bug: every node plans from the same
+	// round) would fail on the ring's comparison, not compute silently.
+	h := nameHash("")
 	for i, m := range g.members {
-		counts[i] = int(nm.taken[m*L].c.Desc.Count)
+		dm := nm.taken[m*L].c.Desc
+		counts[i] = int(dm.Count)
+		h = (h ^ nameHash(dm.Name) ^ dm.Count) * 1099511628211
+		members[i] = make([][]byte, L)
+		for l := 0; l < L; l++ {
+			members[i][l] = nm.taken[m*L+l].c.Buf
+		}
 	}
-	plan, err := ring.PlanFusion(counts, len(d.cfg.Peers), es, d.cfg.SmallBytes)
+	plan, err := ring.PlanList(counts, len(d.cfg.Peers), first.DType.Size(), d.cfg.SmallBytes, d.cfg.SegmentBytes)
 	if err != nil {
 		return failKind(errInternal, "collective %d: fusing %d named calls: %v", seq, len(g.members), err)
 	}
-	if !plan.Exact(first, L) {
-		return failKind(errInternal, "collective %d: fusing %d named calls would change their results; planGroups should not have grouped them", seq, len(g.members))
-	}
-	if len(nm.fused) < L {
-		nm.fused = make([][]byte, L)
-	}
-	size := plan.Count * es
-	for l := 0; l < L; l++ {
-		if cap(nm.fused[l]) < size {
-			nm.fused[l] = make([]byte, size)
-		}
-		nm.fused[l] = nm.fused[l][:size]
-		for i, m := range g.members {
-			if err := plan.Gather(nm.fused[l], i, nm.taken[m*L+l].c.Buf); err != nil {
-				return failKind(errInternal, "collective %d: %v", seq, err)
-			}
-		}
-	}
 	desc := collective.Desc{Op: collective.OpAllReduce, DType: first.DType, Reduce: first.Reduce, Count: uint64(plan.Count),
 		PreScale: first.PreScale, PostScale: first.PostScale,
-		Name: clipName(fmt.Sprintf("%d named calls fused, from %q", len(g.members), first.Name))}
+		Name: clipName(fmt.Sprintf("%d named calls fused (%016x), from %q", len(g.members), h, first.Name))}
 	d.mu.Lock()
 	d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: desc, since: time.Now()}
 	d.mu.Unlock()
-	if err := r.AllReduceChunks(desc, nm.fused[:L], plan.Chunks); err != nil {
-		return err
-	}
-	for l := 0; l < L; l++ {
-		for i, m := range g.members {
-			if err := plan.Scatter(nm.taken[m*L+l].c.Buf, i, nm.fused[l]); err != nil {
-				return failKind(errInternal, "collective %d: %v", seq, err)
-			}
-		}
-	}
-	return nil
+	return r.AllReduceList(desc, plan, members)
 }
 
 func clipName(s string) string {

@@ -27,8 +27,7 @@ type namedEngine struct {
 	// cleared, and a failure fails those left with the collective's
 	// error.
 	taken  []call
-	groups []group  // the round's ring operations (fusion.go)
-	fused  [][]byte // fusion buffers, one per local rank
+	groups []group // the round's ring operations (fusion.go)
 	// readySince is when names became ready here without a round since:
 	// they wait up to FusionCycle for company.
 	readySince time.Time
