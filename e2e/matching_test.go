@@ -45,6 +45,13 @@ func everyTrainer(t *testing.T, w *world) []*cvd.Client {
 // onEvery runs f for every trainer at once and returns their errors.
 func onEvery(t *testing.T, cs []*cvd.Client, f func(i int, c *cvd.Client) error) []error {
 	t.Helper()
+	return onEveryWithin(t, 90*time.Second, cs, f)
+}
+
+// onEveryWithin is onEvery for work that may take longer than one call
+// (many calls in a row), given its own bound.
+func onEveryWithin(t *testing.T, bound time.Duration, cs []*cvd.Client, f func(i int, c *cvd.Client) error) []error {
+	t.Helper()
 	errs := make([]error, len(cs))
 	var wg sync.WaitGroup
 	for i, c := range cs {
@@ -55,8 +62,8 @@ func onEvery(t *testing.T, cs []*cvd.Client, f func(i int, c *cvd.Client) error)
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(90 * time.Second):
-		t.Fatal("calls still waiting after 90 s (every call's own timeout is 60 s)")
+	case <-time.After(bound):
+		t.Fatalf("calls still waiting after %v (every call's own timeout is 60 s)", bound)
 	}
 	return errs
 }
