@@ -67,6 +67,15 @@ func (r refusedCounts) from(source, reason string) uint64 {
 // port's and the Unix socket's.
 func refusals(t *testing.T, socket string) (ring, sock refusedCounts) {
 	t.Helper()
+	var st refusedStatus
+	statusInto(t, socket, &st)
+	return st.Refused.Ring, st.Refused.Socket
+}
+
+// statusInto decodes the status document of the daemon at socket, asked
+// as an observer, into v (the part of it a test reads).
+func statusInto(t *testing.T, socket string, v any) {
+	t.Helper()
 	cl, err := cvd.Dial(cvd.Options{Socket: socket, Job: "e2e", Observer: true, LocalRank: -1,
 		Label: "e2e status", Timeout: 5 * time.Second, DialTimeout: 5 * time.Second})
 	if err != nil {
@@ -77,11 +86,9 @@ func refusals(t *testing.T, socket string) (ring, sock refusedCounts) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st refusedStatus
-	if err := json.Unmarshal(raw, &st); err != nil {
+	if err := json.Unmarshal(raw, v); err != nil {
 		t.Fatal(err)
 	}
-	return st.Refused.Ring, st.Refused.Socket
 }
 
 // waitSummary waits (up to two windows) for a summary line in log naming

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/collectived/collectived/ipc"
@@ -50,19 +49,8 @@ type namedStatus struct {
 
 func readNamedStatus(t *testing.T, socket string) namedStatus {
 	t.Helper()
-	cl, err := cvd.Dial(cvd.Options{Socket: socket, Job: "e2e", Observer: true, LocalRank: -1, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	raw, err := cl.StatusJSON()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var st namedStatus
-	if err := json.Unmarshal(raw, &st); err != nil {
-		t.Fatal(err)
-	}
+	statusInto(t, socket, &st)
 	return st
 }
 
