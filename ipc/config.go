@@ -60,6 +60,9 @@ const (
 	DefaultSocketPath  = "/run/collectived/collectived.sock"
 	DefaultSocketMode  = 0o660
 	DefaultInlineLimit = 64 << 10
+	// DefaultShmQuota is the shared memory one connection may hold unless
+	// configured otherwise (config.DefaultShmQuotaBytes refers to it).
+	DefaultShmQuota = 4 << 30
 	// maxInlineLimit keeps inline_limit + FrameOverhead within a u32 with
 	// a wide margin; bigger buffers belong in shared memory.
 	maxInlineLimit = 16 << 20
@@ -71,8 +74,8 @@ const (
 // DefaultServerConfig returns the defaults: the standard socket path, mode
 // 0660, own uid and root only, 5 s hello timeout, 10 s write timeout,
 // 64 KiB inline limit, polls re-armed after calls of 4 MiB and more, 64
-// calls in flight, 1 GiB of segments per connection in at most 1024
-// segments, 256 connections.
+// calls in flight, 4 GiB of segments per connection (DefaultShmQuota) in
+// at most 1024 segments, 256 connections.
 func DefaultServerConfig() ServerConfig {
 	return ServerConfig{
 		Path:          DefaultSocketPath,
@@ -82,7 +85,7 @@ func DefaultServerConfig() ServerConfig {
 		InlineLimit:   DefaultInlineLimit,
 		RearmMinBytes: DefaultRearmMinBytes,
 		MaxInFlight:   64,
-		ShmQuota:      1 << 30,
+		ShmQuota:      DefaultShmQuota,
 		MaxSegments:   1024,
 		MaxClients:    256,
 	}

@@ -62,7 +62,7 @@ func TestConfigDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
 	d := DefaultConfig()
 	if c.ConnectTimeout != d.ConnectTimeout || c.HandshakeTimeout != d.HandshakeTimeout ||
-		c.MaxPending != d.MaxPending || c.Streams != 1 || c.Logger == nil {
+		c.MaxPending != d.MaxPending || c.Streams != DefaultStreams || c.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }

@@ -89,13 +89,20 @@ const (
 // handshake's version (rendezvous.ProtocolVersion).
 const StripeSegments = 4
 
-// DefaultConfig returns a Config for a single rank with the defaults
-// measured on loopback (see BenchmarkAllReduce).
+// DefaultSegmentBytes is the pipeline segment collectived uses unless
+// configured otherwise (config.DefaultSegmentBytes refers to it): with two
+// streams per link, 512 KiB segments measured best on loopback (world 2,
+// 64 MiB busbw 2.1-2.4 GB/s against 1.56 with one stream of 1 MiB;
+// docs/BENCHMARKS.md, "Tuning").
+const DefaultSegmentBytes = 512 << 10
+
+// DefaultConfig returns a Config for a single rank with collectived's
+// defaults.
 func DefaultConfig() Config {
 	return Config{
 		Rank:              0,
 		Size:              1,
-		SegmentBytes:      256 << 10,
+		SegmentBytes:      DefaultSegmentBytes,
 		SmallBytes:        64 << 10,
 		OpTimeout:         60 * time.Second,
 		HeartbeatInterval: time.Second,
