@@ -5,6 +5,10 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/rendezvous"
+	"github.com/collectived/collectived/ring"
 )
 
 // Config is one node's view of a job: what the job is (name, token, local
@@ -146,11 +150,10 @@ const (
 	DefaultHeartbeat        = 1 * time.Second
 	DefaultHeartbeatTimeout = 10 * time.Second
 
-	// Two streams of 512 KiB segments measured best on loopback (world 2,
-	// 64 MiB busbw 2.1-2.4 GB/s against 1.56 with one stream of 1 MiB;
-	// docs/BENCHMARKS.md, "Tuning").
-	DefaultStreams      = 2
-	DefaultSegmentBytes = 512 * KiB
+	// Two streams of 512 KiB segments measured best on loopback; the
+	// packages that use them declare them, with the figures.
+	DefaultStreams            = rendezvous.DefaultStreams
+	DefaultSegmentBytes int64 = ring.DefaultSegmentBytes
 	// Buffers up to 64 KiB circulate whole: their frames are the largest
 	// the op writes itself (ring/direct.go). On 2 nodes 4-64 KiB calls
 	// took half the time or less than on the ring (docs/TUNING.md,
@@ -158,9 +161,9 @@ const (
 	DefaultSmallBytes = 64 * KiB
 	DefaultSpin       = 200 * time.Microsecond
 
-	DefaultInlineBytes   = 64 * KiB
-	DefaultShmQuotaBytes = 4 * GiB
-	DefaultMaxSegments   = 1024
+	DefaultInlineBytes         = 64 * KiB
+	DefaultShmQuotaBytes int64 = ipc.DefaultShmQuota
+	DefaultMaxSegments         = 1024
 	// A training step's named calls are all in flight at once: ResNet-50
 	// has 161 gradients, larger models several hundred.
 	DefaultMaxInFlight = 1024

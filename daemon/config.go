@@ -6,6 +6,10 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/collectived/collectived/ipc"
+	"github.com/collectived/collectived/rendezvous"
+	"github.com/collectived/collectived/ring"
 )
 
 // Config is everything the core needs, already resolved: cmd/collectived
@@ -66,8 +70,8 @@ func DefaultConfig() Config {
 	return Config{
 		LocalSize:         1,
 		SocketMode:        0o660,
-		Streams:           2,
-		SegmentBytes:      512 << 10,
+		Streams:           rendezvous.DefaultStreams,
+		SegmentBytes:      ring.DefaultSegmentBytes,
 		SmallBytes:        64 << 10,
 		ConnectTimeout:    60 * time.Second,
 		CollectiveTimeout: 300 * time.Second,
@@ -80,7 +84,7 @@ func DefaultConfig() Config {
 		FusionThreshold:   64 << 20,
 		FusionCycle:       time.Millisecond,
 		InlineBytes:       64 << 10,
-		ShmQuota:          4 << 30,
+		ShmQuota:          ipc.DefaultShmQuota,
 		MaxSegments:       1024,
 		MaxInFlight:       1024,
 		MaxClients:        256,
