@@ -73,7 +73,8 @@ extern "C" {
 #endif
 
 #define CVD_PROTOCOL_VERSION 4 /* the newest spoken; a daemon that refuses it is asked in 3 (no named
-				* calls), 2 (no first-call timeout), then 1 (no lane) */
+				* calls), 2 (nor version 3's ops, dtypes, shapes, scales and
+				* first-call timeout), then 1 (nor the lane) */
 /* The slack on the daemon's timeout bound (docs/PROTOCOL.md, Timeouts):
  * the same 5 s as every client's. */
 #define CVD_TIMEOUT_MARGIN_MS 5000
