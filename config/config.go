@@ -164,9 +164,7 @@ const (
 	DefaultInlineBytes         = 64 * KiB
 	DefaultShmQuotaBytes int64 = ipc.DefaultShmQuota
 	DefaultMaxSegments         = 1024
-	// A training step's named calls are all in flight at once: ResNet-50
-	// has 161 gradients, larger models several hundred.
-	DefaultMaxInFlight = 1024
+	DefaultMaxInFlight         = ipc.DefaultMaxInFlight
 	// Horovod's defaults: 64 MiB fusion buffers, cycles of a millisecond
 	// or a few.
 	DefaultFusionThreshold = 64 * MiB

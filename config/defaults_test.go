@@ -24,6 +24,9 @@ func TestDefaultsDeclaredOnce(t *testing.T) {
 	if got := ipc.DefaultServerConfig().ShmQuota; got != d.Limits.ShmQuotaBytes {
 		t.Errorf("ipc.DefaultServerConfig shm quota %d, config %d", got, d.Limits.ShmQuotaBytes)
 	}
+	if got := ipc.DefaultServerConfig().MaxInFlight; got != d.Limits.MaxInFlight {
+		t.Errorf("ipc.DefaultServerConfig max in flight %d, config %d", got, d.Limits.MaxInFlight)
+	}
 	if got := rendezvous.DefaultConfig().Streams; got != d.Ring.Streams {
 		t.Errorf("rendezvous.DefaultConfig streams %d, config %d", got, d.Ring.Streams)
 	}
@@ -39,6 +42,7 @@ func TestDefaultsDeclaredOnce(t *testing.T) {
 		{"streams", int64(d.Ring.Streams)},
 		{"segment_bytes", d.Ring.SegmentBytes},
 		{"shm_quota_bytes", d.Limits.ShmQuotaBytes},
+		{"max_in_flight", int64(d.Limits.MaxInFlight)},
 	} {
 		doc := documentedDefault(t, string(text), c.key)
 		got, err := ParseSize(doc)

@@ -86,7 +86,7 @@ func DefaultConfig() Config {
 		InlineBytes:       64 << 10,
 		ShmQuota:          ipc.DefaultShmQuota,
 		MaxSegments:       1024,
-		MaxInFlight:       1024,
+		MaxInFlight:       ipc.DefaultMaxInFlight,
 		MaxClients:        256,
 	}
 }

@@ -63,6 +63,11 @@ const (
 	// DefaultShmQuota is the shared memory one connection may hold unless
 	// configured otherwise (config.DefaultShmQuotaBytes refers to it).
 	DefaultShmQuota = 4 << 30
+	// DefaultMaxInFlight is the calls one connection may have outstanding
+	// (config.DefaultMaxInFlight refers to it): a training step's named
+	// calls are all in flight at once, ResNet-50's 161, larger models'
+	// several hundred.
+	DefaultMaxInFlight = 1024
 	// maxInlineLimit keeps inline_limit + FrameOverhead within a u32 with
 	// a wide margin; bigger buffers belong in shared memory.
 	maxInlineLimit = 16 << 20
@@ -73,8 +78,8 @@ const (
 
 // DefaultServerConfig returns the defaults: the standard socket path, mode
 // 0660, own uid and root only, 5 s hello timeout, 10 s write timeout,
-// 64 KiB inline limit, polls re-armed after calls of 4 MiB and more, 64
-// calls in flight, 4 GiB of segments per connection (DefaultShmQuota) in
+// 64 KiB inline limit, polls re-armed after calls of 4 MiB and more, 1024
+// calls in flight (DefaultMaxInFlight), 4 GiB of segments per connection (DefaultShmQuota) in
 // at most 1024 segments, 256 connections.
 func DefaultServerConfig() ServerConfig {
 	return ServerConfig{
@@ -84,7 +89,7 @@ func DefaultServerConfig() ServerConfig {
 		WriteTimeout:  10 * time.Second,
 		InlineLimit:   DefaultInlineLimit,
 		RearmMinBytes: DefaultRearmMinBytes,
-		MaxInFlight:   64,
+		MaxInFlight:   DefaultMaxInFlight,
 		ShmQuota:      DefaultShmQuota,
 		MaxSegments:   1024,
 		MaxClients:    256,
