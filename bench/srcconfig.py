@@ -1,9 +1,11 @@
 """The ring settings of the tree being measured, read from its source.
 
-The daemon's defaults (config/config.go) change as collectived is tuned;
-bench/compare reads them from the tree it builds so that the report states
-them. A value the patterns no longer find is None, and the report says so
-rather than guessing.
+The daemon's defaults change as collectived is tuned; bench/compare reads
+them from the tree it builds so that the report states them. Each is
+declared once, by the package that uses it (rendezvous/config.go for the
+streams, ring/config.go for the segment; config/config.go refers to them,
+and older trees declared them there). A value the patterns no longer find
+is None, and the report says so rather than guessing.
 """
 
 import os
@@ -37,8 +39,10 @@ _EXPR = r"(\d+)\s*(?:(<<|\*)\s*(\d+|KiB|MiB))?"
 
 def read(src: str) -> dict:
     cfg = _read(os.path.join(src, "config", "config.go"))
-    d_streams = re.search(r"DefaultStreams\s*=\s*(\d+)", cfg)
-    d_seg = re.search(r"DefaultSegmentBytes\s*=\s*" + _EXPR, cfg)
+    streams_src = _read(os.path.join(src, "rendezvous", "config.go")) + cfg
+    seg_src = _read(os.path.join(src, "ring", "config.go")) + cfg
+    d_streams = re.search(r"DefaultStreams\s*=\s*(\d+)", streams_src)
+    d_seg = re.search(r"DefaultSegmentBytes\s*=\s*" + _EXPR, seg_src)
     return {
         "daemon_streams": int(d_streams.group(1)) if d_streams else None,
         "daemon_segment_bytes": _size(d_seg),

@@ -647,6 +647,17 @@ class SrcConfigTest(unittest.TestCase):
             self.write_config(d, "\tDefaultStreams      = 2\n\tDefaultSegmentBytes = 512 * KiB\n")
             self.assertEqual(srcconfig.read(d), {"daemon_streams": 2, "daemon_segment_bytes": 512 << 10})
 
+    def test_reads_them_where_their_packages_declare_them(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.write_config(d, "\tDefaultStreams = rendezvous.DefaultStreams\n"
+                                 "\tDefaultSegmentBytes int64 = ring.DefaultSegmentBytes\n")
+            for pkg, decl in (("ring", "const DefaultSegmentBytes = 512 << 10\n"),
+                              ("rendezvous", "const DefaultStreams = 2\n")):
+                os.makedirs(os.path.join(d, pkg))
+                with open(os.path.join(d, pkg, "config.go"), "w") as f:
+                    f.write(decl)
+            self.assertEqual(srcconfig.read(d), {"daemon_streams": 2, "daemon_segment_bytes": 512 << 10})
+
     def test_missing_values_are_none_and_said_so(self):
         with tempfile.TemporaryDirectory() as d:
             self.write_config(d, "DefaultSegmentBytes = 1048576\n")
