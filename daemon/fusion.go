@@ -96,7 +96,7 @@ func (d *Daemon) runFused(r *ring.Ring, seq uint64, g group) error {
 		return failKind(errInternal, "collective %d: fusing %d named calls: %v", seq, len(g.members), err)
 	}
 	desc := collective.Desc{Op: collective.OpAllReduce, DType: first.DType, Reduce: first.Reduce, Count: uint64(plan.Count),
-		PreScale: first.PreScale, PostScale: first.PostScale,
+		PreScale: first.PreScale, PostScale: first.PostScale, Named: true, // no ordered call can match it
 		Name: clipName(fmt.Sprintf("%d named calls fused (%016x), from %q", len(g.members), h, first.Name))}
 	d.mu.Lock()
 	d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: desc, since: time.Now()}

@@ -50,9 +50,11 @@ const (
 
 // negotiateDesc is the ring operation of a round: every node must run it
 // at the same point, so a node that runs something else there (it went
-// on to an ordered call) meets a mismatch naming it.
+// on to an ordered call) meets a mismatch naming it. It is named, so that
+// no ordered call, whatever its description, can match it and be
+// answered with the nodes' blocks.
 var negotiateDesc = collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes, Count: roundBlock,
-	Name: "collectived: named calls ready"}
+	Name: "collectived: named calls ready", Named: true}
 
 // offer is one name a node offers in a round.
 type offer struct {

@@ -520,3 +520,26 @@ func TestNamedCacheInvalidation(t *testing.T) {
 	step(cs, map[string]int{"a": 8, "b": 4})
 	expect("entries 2, hits 5, misses 5, invalidations 1")
 }
+
+// TestNamedRoundsMatchNoOrderedCall: the daemons' own ring operations
+// (a negotiation round here) are named, so an ordered call made to look
+// exactly like one meets a mismatch instead of being answered with the
+// nodes' blocks.
+func TestNamedRoundsMatchNoOrderedCall(t *testing.T) {
+	w := startWorld(t, 2, 1, "")
+	cs := everyTrainer(t, w)
+	const block = 16 + 1024/8 + 64*128 // the daemon's round block (daemon/negotiate.go)
+	errs := onEvery(t, cs, func(r int, c *cvd.Client) error {
+		if r == 0 {
+			d := collective.Desc{Op: collective.OpAllReduce, DType: collective.Int32, Reduce: collective.Sum, Count: 1, Name: "x", Named: true}
+			return c.Do(d, make([]byte, 4))
+		}
+		d := collective.Desc{Op: collective.OpAllGather, DType: collective.Bytes, Count: block, Name: "collectived: named calls ready"}
+		return c.DoInto(d, make([]byte, block), make([]byte, 2*block))
+	})
+	for r, err := range errs {
+		if !errors.Is(err, cvd.ErrMismatch) {
+			t.Errorf("rank %d: %v, want MISMATCH", r, err)
+		}
+	}
+}
