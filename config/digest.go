@@ -10,22 +10,23 @@ import (
 
 // shapeDomain versions the digest encoding; change it whenever the fields
 // or their encoding change, so old and new daemons never agree by accident.
-const shapeDomain = "collectived config shape v1\x00"
+const shapeDomain = "collectived config shape v2\x00"
 
 // ShapeDigest is a SHA-256 over the settings every node of a job must
 // share, exchanged in the peer handshake so that a node started with a
 // different config is refused with both digests named (nccl#1267).
 //
 // It covers, in this order and encoding: the domain string
-// "collectived config shape v1\x00" naming the version of the encoding; the job name; the number of peers and each peer
+// "collectived config shape v2\x00" naming the version of the encoding; the job name; the number of peers and each peer
 // address exactly as written, in ring order; job.local_size; ring.streams,
-// ring.segment_bytes and ring.small_bytes; limits.inline_bytes. Strings are
+// ring.segment_bytes and ring.small_bytes; limits.inline_bytes;
+// fusion.threshold_bytes. Strings are
 // length-prefixed and every number is a big-endian uint64, so no two
 // configs share an encoding.
 //
 // It leaves out what may differ between nodes or must stay secret: the
 // token (it authenticates the handshake instead), rank, listen, socket,
-// timeouts, the other limits and log settings.
+// timeouts, the other limits, fusion.cycle and log settings.
 func (c *Config) ShapeDigest() [32]byte {
 	h := sha256.New()
 	var buf [8]byte
@@ -48,6 +49,10 @@ func (c *Config) ShapeDigest() [32]byte {
 	num(uint64(c.Ring.SegmentBytes))
 	num(uint64(c.Ring.SmallBytes))
 	num(uint64(c.Limits.InlineBytes))
+	// Every node cuts a round's named calls into ring operations by the
+	// fusion threshold: nodes that differ would meet mismatches at run
+	// time, so they refuse each other at the handshake instead.
+	num(uint64(c.Fusion.ThresholdBytes))
 	var d [32]byte
 	h.Sum(d[:0])
 	return d

@@ -27,7 +27,7 @@ func TestShapeDigestStable(t *testing.T) {
 	// The value was computed independently (Python, from the encoding in
 	// ShapeDigest's doc). A change of it means nodes running the old and the new code
 	// can no longer join one job: bump shapeDomain on purpose, then update.
-	const golden = "ad0325b766aa1424cde5968decece46163ea82a8a9a706dc3da260873e6b5dbb"
+	const golden = "a3296ad78e10f34986741a970c461d6aece9f74bb4d081638009f764024598e7"
 	d := a.ShapeDigest()
 	if got := hex.EncodeToString(d[:]); got != golden {
 		t.Errorf("ShapeDigest = %s, want the golden %s", got, golden)
@@ -48,6 +48,7 @@ func TestShapeDigestCoversSharedFields(t *testing.T) {
 		"segment bytes":  func(c *Config) { c.Ring.SegmentBytes = 512 * KiB },
 		"small bytes":    func(c *Config) { c.Ring.SmallBytes = 8192 },
 		"inline bytes":   func(c *Config) { c.Limits.InlineBytes = 128 * KiB },
+		"fusion bytes":   func(c *Config) { c.Fusion.ThresholdBytes = 0 },
 		"name into peer": func(c *Config) { c.Job.Name = "dem"; c.Peers[0] = "o" + c.Peers[0] },
 	} {
 		c := digestBase()
@@ -61,18 +62,19 @@ func TestShapeDigestCoversSharedFields(t *testing.T) {
 func TestShapeDigestIgnoresNodeLocalFields(t *testing.T) {
 	ref := digestBase().ShapeDigest()
 	for name, change := range map[string]func(*Config){
-		"rank":        func(c *Config) { c.Rank = FixedRank(1) },
-		"listen":      func(c *Config) { c.Listen = "0.0.0.0:7000" },
-		"token env":   func(c *Config) { c.Job.TokenEnv = "OTHER" },
-		"token file":  func(c *Config) { c.Job.TokenEnv, c.Job.TokenFile = "", "/etc/t" },
-		"socket path": func(c *Config) { c.Socket.Path = "/tmp/x.sock" },
-		"socket mode": func(c *Config) { c.Socket.Mode = 0o600 },
-		"socket uids": func(c *Config) { c.Socket.AllowedUIDs = []uint32{5} },
-		"log level":   func(c *Config) { c.Log.Level = "debug" },
-		"log format":  func(c *Config) { c.Log.Format = "json" },
-		"timeouts":    func(c *Config) { c.Timeouts.Collective = time.Hour },
-		"shm quota":   func(c *Config) { c.Limits.ShmQuotaBytes = GiB },
-		"max clients": func(c *Config) { c.Limits.MaxClients = 8 },
+		"rank":         func(c *Config) { c.Rank = FixedRank(1) },
+		"listen":       func(c *Config) { c.Listen = "0.0.0.0:7000" },
+		"token env":    func(c *Config) { c.Job.TokenEnv = "OTHER" },
+		"token file":   func(c *Config) { c.Job.TokenEnv, c.Job.TokenFile = "", "/etc/t" },
+		"socket path":  func(c *Config) { c.Socket.Path = "/tmp/x.sock" },
+		"socket mode":  func(c *Config) { c.Socket.Mode = 0o600 },
+		"socket uids":  func(c *Config) { c.Socket.AllowedUIDs = []uint32{5} },
+		"log level":    func(c *Config) { c.Log.Level = "debug" },
+		"log format":   func(c *Config) { c.Log.Format = "json" },
+		"timeouts":     func(c *Config) { c.Timeouts.Collective = time.Hour },
+		"shm quota":    func(c *Config) { c.Limits.ShmQuotaBytes = GiB },
+		"max clients":  func(c *Config) { c.Limits.MaxClients = 8 },
+		"fusion cycle": func(c *Config) { c.Fusion.Cycle = 5 * time.Millisecond },
 	} {
 		c := digestBase()
 		change(c)
