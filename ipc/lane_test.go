@@ -15,7 +15,13 @@ import (
 // attachV2 is attach in protocol version 2.
 func (c *client) attachV2() HelloOK {
 	c.t.Helper()
-	f := c.roundTrip(Hello{Version: 2, LocalRank: -1, PID: uint32(os.Getpid()), Job: "job", Label: "lane"}.Encode(1), -1)
+	return c.attachAt(2)
+}
+
+// attachAt is attach in protocol version v (2 or later: one with a lane).
+func (c *client) attachAt(v uint16) HelloOK {
+	c.t.Helper()
+	f := c.roundTrip(Hello{Version: v, LocalRank: -1, PID: uint32(os.Getpid()), Job: "job", Label: "lane"}.Encode(1), -1)
 	if f.Type != TypeHelloOK {
 		c.t.Fatalf("HELLO answered with %s: %v", f.Type, c.errorOf(f))
 	}
@@ -23,8 +29,8 @@ func (c *client) attachV2() HelloOK {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if ok.Version != 2 {
-		c.t.Fatalf("HELLO_OK in version %d, want 2", ok.Version)
+	if ok.Version != v {
+		c.t.Fatalf("HELLO_OK in version %d, want %d", ok.Version, v)
 	}
 	c.ok = ok
 	c.c.SetMaxFrame(ok.MaxFrame)
@@ -221,6 +227,16 @@ func TestLaneErrors(t *testing.T) {
 		Header{Length: LaneFrameMax, Type: TypeCall, ID: c.id()}.Put(hdr[:])
 		c.put(l, hdr[:])
 		c.expectError(c.read(), CodeBadFrame, true, "does not fit the lane's 4080")
+	})
+	t.Run("a named call on the lane", func(t *testing.T) {
+		c := dial(t, srv.Path())
+		c.attachAt(4)
+		l := c.openLane()
+		d := descInt32(1, "grad")
+		d.Named = true
+		call := Call{Desc: d, Data: []byte{1, 0, 0, 0}}
+		c.put(l, call.Encode(c.id()))
+		c.expectError(c.read(), CodeBadRequest, false, "a named call came on the lane, which carries ordered calls only")
 	})
 	t.Run("a second call before the first is answered", func(t *testing.T) {
 		h.setHold()
