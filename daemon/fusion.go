@@ -97,16 +97,9 @@ func (d *Daemon) runFused(r *ring.Ring, seq uint64, g group) error {
 	}
 	desc := collective.Desc{Op: collective.OpAllReduce, DType: first.DType, Reduce: first.Reduce, Count: uint64(plan.Count),
 		PreScale: first.PreScale, PostScale: first.PostScale, Named: true, // no ordered call can match it
-		Name: clipName(fmt.Sprintf("%d named calls fused (%016x), from %q", len(g.members), h, first.Name))}
+		Name: clip(fmt.Sprintf("%d named calls fused (%016x), from %q", len(g.members), h, first.Name), collective.MaxNameLen)}
 	d.mu.Lock()
 	d.inflight = inflight{active: true, seq: seq, phase: phaseRing, desc: desc, since: time.Now()}
 	d.mu.Unlock()
 	return r.AllReduceList(desc, plan, members)
-}
-
-func clipName(s string) string {
-	if len(s) > collective.MaxNameLen {
-		return s[:collective.MaxNameLen]
-	}
-	return s
 }
